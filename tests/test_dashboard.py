@@ -1,0 +1,130 @@
+"""The dashboard on a real llama-server: what /metrics says is what the panels show."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.fake_pynvml import FakeNvml, h200
+from tests.screen import screen_text
+from tui.app import AppConfig, EnginetopApp
+from tui.lifecycle.process import free_port
+from tui.screens.help import HelpScreen
+from tui.sources.engine import EngineTarget
+from tui.sources.gpu import GpuSampler
+
+
+def make_app(targets: list[EngineTarget], tmp_path: Path, nvml: FakeNvml | None = None) -> EnginetopApp:
+    nvml = nvml or FakeNvml([h200()])
+    return EnginetopApp(AppConfig(
+        targets=targets, poll_interval_s=0.5, gpu_interval_s=0.5, host_interval_s=0.5,
+        redraw_interval_s=0.25, screenshot_dir=tmp_path / "shots",
+        gpu_sampler=lambda: GpuSampler(nvml),
+    ))
+
+
+async def wait_for(pilot, predicate, timeout: float = 20.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        await pilot.pause(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def chat(url: str, max_tokens: int) -> dict:
+    async with httpx.AsyncClient(timeout=60) as client:
+        reply = await client.post(f"{url}/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "Count from one to fifty in words."}],
+            "max_tokens": max_tokens, "ignore_eos": True,
+        })
+        reply.raise_for_status()
+        return reply.json()
+
+
+async def test_panel_tracks_real_generation_counter(llama_server, tmp_path):
+    app = make_app([EngineTarget("llama", llama_server.url)], tmp_path)
+    async with app.run_test(size=(200, 60)) as pilot:
+        state = app.store.engines["llama"]
+        await wait_for(pilot, lambda: state.sample and state.sample.reading, what="first reading")
+        before = state.sample.reading.generation_tokens_total
+        reply = await chat(llama_server.url, 24)
+        produced = reply["usage"]["completion_tokens"]
+        assert produced == 24
+        await wait_for(
+            pilot, lambda: state.sample.reading.generation_tokens_total == before + produced,
+            what="generation counter to move by the completion tokens")
+        await wait_for(pilot, lambda: state.stats.gen_tps, what="a generation rate")
+        await pilot.pause(0.5)
+        text = screen_text(app)
+        assert "llamacpp" in text
+        assert "up" in text
+        assert state.sample.model and state.sample.model.rsplit("/", 1)[-1] in text
+        # llama.cpp has no TTFT histogram and no KV gauge: shown as n/a, never 0
+        assert re.search(r"TTFT p50/p90\s*n/a / n/a", text)
+        assert re.search(r"KV cache\s*n/a", text)
+        assert re.search(r"gen tok/s\s*\d+\.\d", text)
+        assert "NVIDIA H200" in text
+
+
+async def test_dead_engine_does_not_stop_the_live_one(llama_server, tmp_path):
+    dead = f"http://127.0.0.1:{free_port()}"
+    app = make_app([EngineTarget("dead", dead), EngineTarget("llama", llama_server.url)], tmp_path)
+    async with app.run_test(size=(200, 60)) as pilot:
+        live = app.store.engines["llama"]
+        await wait_for(pilot, lambda: live.sample and live.sample.reading, what="live engine reading")
+        down = app.store.engines["dead"].sample
+        assert down is not None and down.health == "down"
+        assert "refused" in (down.health_reason or "")
+        n = len(live.series["running"].points)
+        await wait_for(pilot, lambda: len(live.series["running"].points) > n + 1, what="more polls")
+        assert "refused" in screen_text(app)
+
+
+async def test_keys_pause_screenshot_help_quit(llama_server, tmp_path):
+    app = make_app([EngineTarget("llama", llama_server.url)], tmp_path)
+    async with app.run_test(size=(200, 60)) as pilot:
+        await wait_for(pilot, lambda: app.store.engines["llama"].sample, what="first poll")
+        await pilot.press("p")
+        assert app.paused and "PAUSED" in app.sub_title
+        polls = len(app.store.engines["llama"].series["running"].points)
+        await pilot.pause(1.2)
+        assert len(app.store.engines["llama"].series["running"].points) > polls, "recording stops on pause"
+        await pilot.press("p")
+        assert not app.paused
+        await pilot.press("s")
+        await pilot.pause(0.2)
+        shots = list((tmp_path / "shots").glob("*.svg"))
+        assert len(shots) == 1 and "<svg" in shots[0].read_text()
+        await pilot.press("question_mark")
+        await pilot.pause(0.2)
+        assert isinstance(app.screen, HelpScreen)
+        text = screen_text(app)
+        for key in ("q", "p", "s", "?"):
+            assert f" {key} " in text
+        await pilot.press("escape")
+        await pilot.pause(0.1)
+        assert not isinstance(app.screen, HelpScreen)
+        await pilot.press("q")
+        await asyncio.sleep(0.1)
+    assert app.return_code == 0 or app.return_code is None
+
+
+async def test_throttle_reason_is_shown_and_marked_on_plots(llama_server, tmp_path):
+    nvml = FakeNvml([h200()])
+    app = make_app([EngineTarget("llama", llama_server.url)], tmp_path, nvml=nvml)
+    async with app.run_test(size=(200, 60)) as pilot:
+        await wait_for(pilot, lambda: app.store.gpu and app.store.gpu.gpus, what="a GPU report")
+        assert "THROTTLED" not in screen_text(app)
+        nvml.set_clock_event_mask(0, 0x004)  # SW power cap
+        await wait_for(pilot, lambda: app.store.gpu.gpus[0].throttled, what="throttle seen")
+        await pilot.pause(0.6)
+        text = screen_text(app)
+        assert "THROTTLED: power cap" in text
+        now = time.monotonic()
+        assert app.store.throttle_spans(now - 60), "throttled period recorded for the plots"
+        assert "GPU throttled" in text  # the plots' legend names the red marking

@@ -1,0 +1,294 @@
+"""poll_engine against real HTTP servers on 127.0.0.1 that misbehave in the ways engines do."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tui.lifecycle.process import free_port
+from tui.sources.engine import EngineTarget, poll_engine
+
+DATA = Path(__file__).parent / "data" / "metrics"
+VLLM_BODY = (DATA / "vllm_0_33.txt").read_bytes()
+LLAMA_LOADING = b'{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}'
+MODELS = json.dumps({"object": "list", "data": [{"id": "Qwen/Qwen3-8B", "object": "model"}]}).encode()
+
+
+@dataclass
+class Route:
+    status: int = 200
+    body: bytes = b""
+    content_type: str = "text/plain; version=0.0.4; charset=utf-8"
+    delay: float = 0.0  # before the headers
+    drip: float | None = None  # send the body one byte every `drip` seconds
+    content_length: bool = True
+    require_key: str | None = None  # answer 401 unless `Authorization: Bearer <key>`
+    extra_length: int = 0  # announce this many bytes more than are sent, then close
+
+
+@dataclass
+class Fake:
+    url: str
+    port: int
+    routes: dict[str, Route] = field(default_factory=dict)
+    seen_auth: list[str | None] = field(default_factory=list)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+
+    def do_GET(self) -> None:
+        fake = self.server.fake
+        fake.seen_auth.append(self.headers.get("Authorization"))
+        route = fake.routes.get(self.path, Route(404, b'{"detail":"Not Found"}', "application/json"))
+        if route.delay:
+            time.sleep(route.delay)
+        key = route.require_key
+        if key is not None and self.headers.get("Authorization") != f"Bearer {key}":
+            route = Route(401, b'{"error":{"code":401,"message":"Invalid API Key"}}', "application/json")
+        try:
+            self.send_response(route.status)
+            self.send_header("Content-Type", route.content_type)
+            if route.content_length:
+                self.send_header("Content-Length", str(len(route.body) + route.extra_length))
+            self.end_headers()
+            if route.drip is None:
+                self.wfile.write(route.body)
+                return
+            for i in range(len(route.body)):
+                self.wfile.write(route.body[i : i + 1])
+                self.wfile.flush()
+                time.sleep(route.drip)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up, as it should
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False
+    fake: Fake
+
+
+@pytest.fixture
+def fake() -> Iterator[Fake]:
+    server = _Server(("127.0.0.1", 0), _Handler)
+    port = server.server_address[1]
+    server.fake = Fake(url=f"http://127.0.0.1:{port}", port=port)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.fake
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+def healthy(fake: Fake, metrics: Route | None = None) -> None:
+    fake.routes["/health"] = Route(200, b"")
+    fake.routes["/v1/models"] = Route(200, MODELS, "application/json")
+    fake.routes["/metrics"] = metrics or Route(200, VLLM_BODY)
+
+
+async def poll(fake: Fake, api_key: str | None = None, **kwargs: object):
+    async with httpx.AsyncClient() as client:
+        return await poll_engine(client, EngineTarget("e1", fake.url, api_key), **kwargs)
+
+
+async def test_healthy_engine_gives_model_and_reading(fake: Fake) -> None:
+    healthy(fake)
+    before = time.monotonic()
+    sample = await poll(fake)
+    assert sample.health == "up"
+    assert sample.health_reason is None
+    assert sample.model == "Qwen/Qwen3-8B"
+    assert sample.metrics_error is None
+    assert sample.reading is not None and sample.reading.dialect == "vllm"
+    assert sample.reading.running == 7
+    assert sample.name == "e1" and sample.url == fake.url
+    assert sample.t >= before
+
+
+async def test_connection_refused() -> None:
+    port = free_port()  # nothing listens there
+    async with httpx.AsyncClient() as client:
+        target = EngineTarget("e", f"http://127.0.0.1:{port}")
+        down = await poll_engine(client, target)
+        starting = await poll_engine(client, target, launched_by_us=True)
+    assert down.health == "down"
+    assert down.health_reason == f"connection refused at 127.0.0.1:{port} — is the engine running?"
+    assert down.reading is None and down.model is None
+    assert starting.health == "starting"  # vLLM refuses connections until its model is loaded
+    assert f"127.0.0.1:{port}" in starting.health_reason
+
+
+async def test_health_timeout(fake: Fake) -> None:
+    healthy(fake)
+    fake.routes["/health"] = Route(200, b"", delay=5.0)
+    began = time.monotonic()
+    sample = await poll(fake, timeout=0.3)
+    assert time.monotonic() - began < 4.0  # gave up long before the server answered
+    assert sample.health == "down"
+    assert sample.health_reason == f"no answer within 0.3s from 127.0.0.1:{fake.port}/health"
+
+
+async def test_metrics_slow_drip_hits_the_total_deadline(fake: Fake) -> None:
+    # Each byte arrives well within a read timeout, but the whole body would take minutes.
+    healthy(fake, Route(200, VLLM_BODY[:2000], drip=0.05))
+    sample = await poll(fake, timeout=0.5)
+    assert sample.health == "up"
+    assert sample.reading is None
+    assert sample.metrics_error == f"no answer within 0.5s from 127.0.0.1:{fake.port}/metrics"
+
+
+async def test_llama_server_loading(fake: Fake) -> None:
+    for path in ("/health", "/v1/models", "/metrics"):
+        fake.routes[path] = Route(503, LLAMA_LOADING, "application/json")
+    sample = await poll(fake)
+    assert sample.health == "loading"
+    assert sample.health_reason == "loading model"
+    assert sample.reading is None
+
+
+async def test_health_503_means_dead_unless_we_are_starting_it(fake: Fake) -> None:
+    fake.routes["/health"] = Route(503, b"")
+    assert (await poll(fake)).health == "down"
+    sample = await poll(fake, launched_by_us=True)
+    assert sample.health == "starting"
+    assert sample.health_reason == f"127.0.0.1:{fake.port}/health answered HTTP 503"
+
+
+async def test_health_500_quotes_the_error(fake: Fake) -> None:
+    fake.routes["/health"] = Route(500, b'{"error":{"message":"engine core died"}}', "application/json")
+    sample = await poll(fake)
+    assert sample.health == "down"
+    assert sample.health_reason == f"127.0.0.1:{fake.port}/health answered HTTP 500: engine core died"
+
+
+async def test_no_health_route_but_metrics_answer(fake: Fake) -> None:
+    healthy(fake)
+    del fake.routes["/health"]
+    sample = await poll(fake)
+    assert sample.health == "up"
+    assert sample.reading is not None
+
+
+async def test_nothing_answers_but_404(fake: Fake) -> None:
+    sample = await poll(fake)
+    assert sample.health == "down"
+    assert "no /health endpoint" in sample.health_reason
+    assert sample.metrics_error == "no /metrics endpoint: SGLang needs --enable-metrics"
+
+
+async def test_unauthorized_without_and_with_wrong_key(fake: Fake) -> None:
+    healthy(fake)
+    fake.routes["/metrics"].require_key = "right-key"
+    fake.routes["/v1/models"].require_key = "right-key"
+    sample = await poll(fake)
+    assert sample.health == "up"  # /health is public on every engine
+    assert sample.metrics_error == "unauthorized: set an API key for this engine"
+    assert sample.model is None
+
+    wrong = "wrong-key-s3cr3t"
+    sample = await poll(fake, api_key=wrong)
+    assert sample.metrics_error.startswith("unauthorized: the engine refused this API key")
+    assert wrong not in repr(sample)
+    assert f"Bearer {wrong}" in fake.seen_auth
+
+    sample = await poll(fake, api_key="right-key")
+    assert sample.metrics_error is None
+    assert sample.model == "Qwen/Qwen3-8B"
+
+
+async def test_api_key_never_in_repr_or_str() -> None:
+    target = EngineTarget("e", "http://127.0.0.1:1", "sk-very-secret")
+    assert "sk-very-secret" not in repr(target)
+    assert "sk-very-secret" not in str(target)
+    assert target.api_key == "sk-very-secret"
+
+
+async def test_api_key_that_cannot_be_a_header_is_refused_without_quoting_it(fake: Fake) -> None:
+    healthy(fake)
+    sample = await poll(fake, api_key="line\nbreak-secret")
+    assert sample.health == "down"
+    assert "break-secret" not in repr(sample)
+    assert "cannot carry" in sample.health_reason
+    assert fake.seen_auth == []  # nothing was sent
+
+
+@pytest.mark.parametrize(
+    ("route", "message"),
+    [
+        (Route(404, b"Not Found"), "no /metrics endpoint: SGLang needs --enable-metrics"),
+        (
+            Route(501, b'{"error":{"code":501,"message":"This server does not support metrics endpoint. '
+                  b'Start it with `--metrics`","type":"not_supported_error"}}', "application/json"),
+            "metrics disabled: start llama-server with --metrics",
+        ),
+        (Route(500, b'{"error":{"message":"boom"}}', "application/json"), "/metrics answered HTTP 500: boom"),
+        (Route(502, b"<html>\n<h1>Bad   Gateway</h1>\n</html>", "text/html"),
+         "/metrics answered HTTP 502: <html> <h1>Bad Gateway</h1> </html>"),
+    ],
+)
+async def test_metrics_status_messages(fake: Fake, route: Route, message: str) -> None:
+    healthy(fake, route)
+    sample = await poll(fake)
+    assert sample.health == "up"
+    assert sample.reading is None
+    assert sample.metrics_error == message
+
+
+@pytest.mark.parametrize("content_length", [True, False])
+async def test_metrics_body_over_the_cap(fake: Fake, content_length: bool) -> None:
+    healthy(fake, Route(200, VLLM_BODY, content_length=content_length))
+    sample = await poll(fake, max_body=64 * 1024)
+    assert sample.reading is None
+    assert sample.metrics_error == "/metrics body is larger than the 0.0625 MiB limit; not read"
+    sample = await poll(fake, max_body=len(VLLM_BODY))  # exactly at the cap is fine
+    assert sample.reading is not None
+
+
+async def test_malformed_metrics(fake: Fake) -> None:
+    healthy(fake, Route(200, b"vllm:num_requests_running 1\nvllm:num_requests_waiting{x=1} 2\n"))
+    sample = await poll(fake)
+    assert sample.health == "up"
+    assert sample.reading is None
+    assert sample.metrics_error == (
+        "malformed /metrics at family 2 (after vllm:num_requests_running): Invalid labels: x=1"
+    )
+
+
+async def test_nan_in_metrics_is_none_not_an_error(fake: Fake) -> None:
+    healthy(fake, Route(200, b"vllm:num_requests_running NaN\nvllm:num_requests_waiting 2\n"))
+    sample = await poll(fake)
+    assert sample.metrics_error is None
+    assert sample.reading.running is None
+    assert sample.reading.waiting == 2
+
+
+async def test_invalid_url_does_not_raise() -> None:
+    async with httpx.AsyncClient() as client:
+        sample = await poll_engine(client, EngineTarget("e", "127.0.0.1:8000"))
+    assert sample.health == "down"
+    assert sample.health_reason.startswith("invalid engine URL")
+
+
+async def test_server_closing_mid_response(fake: Fake) -> None:
+    healthy(fake, Route(200, VLLM_BODY[:5000], extra_length=1000))  # promises 1000 bytes it never sends
+    sample = await poll(fake)
+    assert sample.health == "up"
+    assert sample.reading is None
+    assert sample.metrics_error.startswith(
+        f"127.0.0.1:{fake.port}/metrics closed the connection or sent a malformed response: "
+    )

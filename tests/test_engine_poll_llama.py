@@ -1,0 +1,95 @@
+"""poll_engine against the real llama-server (Gemma 3 270M). A missing engine fails, never skips."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+
+from tui.engines.llamacpp import demo_model_path, llama_server_binary
+from tui.lifecycle.process import free_port, launch, stop_group
+from tui.paths import runs_dir
+from tui.sources.engine import EngineTarget, poll_engine
+from tui.sources.rates import derive
+
+pytestmark = pytest.mark.engine
+
+
+async def test_generation_counter_moves_by_exactly_the_completion_tokens(llama_server) -> None:
+    target = EngineTarget("llama", llama_server.url)
+    async with httpx.AsyncClient() as client:
+        before = await poll_engine(client, target)
+        assert before.health == "up", before.health_reason
+        assert before.metrics_error is None
+        assert before.reading.dialect == "llamacpp"
+        assert before.model  # /v1/models answered with the model id
+        reply = await client.post(
+            f"{llama_server.url}/v1/chat/completions",
+            json={
+                "messages": [{"role": "user", "content": "Count from one to fifty in words."}],
+                "max_tokens": 24,
+                "temperature": 0,
+                "stream": False,
+            },
+            timeout=120,
+        )
+        reply.raise_for_status()
+        usage = reply.json()["usage"]
+        # Generation counters are added when the slot is released, just after the reply is sent.
+        deadline = time.monotonic() + 10
+        while True:
+            after = await poll_engine(client, target)
+            moved = after.reading.generation_tokens_total != before.reading.generation_tokens_total
+            if moved or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.1)
+    gen_delta = after.reading.generation_tokens_total - before.reading.generation_tokens_total
+    assert gen_delta == usage["completion_tokens"]
+    assert usage["completion_tokens"] > 0
+    # prompt_tokens excludes cached tokens, so the lookups (prompt + cached) are the whole prompt.
+    lookups = after.reading.prefix_cache_queries_total - before.reading.prefix_cache_queries_total
+    assert lookups == usage["prompt_tokens"]
+    stats = derive(before.reading, before.t, after.reading, after.t)
+    assert stats.counter_reset is False
+    assert stats.gen_tps > 0
+    assert stats.decode_tps_busy > 0  # tokens per second of decode time
+    assert stats.ttft_p50_s is None  # llama.cpp has no latency histograms
+
+
+async def test_llama_server_without_metrics_flag_and_with_api_key() -> None:
+    key = "enginetop-test-key-4711"
+    port = free_port()
+    # demo_argv adds --metrics, so build the argv here; the key goes by environment, never argv.
+    argv = [
+        str(llama_server_binary()), "--model", str(demo_model_path()), "--host", "127.0.0.1",
+        "--port", str(port), "--ctx-size", "512", "--threads", "1",
+    ]
+    launched = launch(argv, runs_dir() / f"test-nometrics-{port}.log", env={"LLAMA_API_KEY": key})
+    try:
+        url = f"http://127.0.0.1:{port}"
+        async with httpx.AsyncClient() as client:
+            seen = set()
+            deadline = time.monotonic() + 120
+            while True:
+                anonymous = await poll_engine(client, EngineTarget("nometrics", url), launched_by_us=True)
+                seen.add(anonymous.health)
+                if anonymous.health == "up":
+                    break
+                assert launched.alive(), "\n".join(launched.log_tail(30))
+                assert time.monotonic() < deadline, f"not up after 120 s: {anonymous.health_reason}"
+                await asyncio.sleep(0.2)
+            assert seen <= {"starting", "loading", "up"}  # never "down" while it starts
+            assert anonymous.metrics_error == "unauthorized: set an API key for this engine"
+            assert anonymous.model is None  # /v1/models needs the key in this llama.cpp version
+
+            keyed = await poll_engine(client, EngineTarget("nometrics", url, key))
+            assert keyed.health == "up"
+            assert keyed.metrics_error == "metrics disabled: start llama-server with --metrics"
+            assert keyed.model  # with the key /v1/models answers
+            assert key not in repr(keyed)
+            assert key not in " ".join(argv)
+    finally:
+        stop_group(launched)
+    assert not launched.alive()

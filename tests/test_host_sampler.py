@@ -1,0 +1,180 @@
+"""HostSampler, engine_tree_pids and pid_listening_on against real processes and real sockets."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import psutil
+import pytest
+
+from tui.sources.host import HostSampler, engine_tree_pids, pid_listening_on
+
+MiB = 1 << 20
+LEAF_MIB = 64
+
+# Each node starts the next one down and prints the chain of PIDs below it; the leaf touches LEAF_MIB MiB.
+NODE = r"""
+import os, subprocess, sys, time
+depth = int(sys.argv[1])
+if depth > 0:
+    kid = subprocess.Popen([sys.executable, "-c", sys.argv[2], str(depth - 1), sys.argv[2]],
+                           stdout=subprocess.PIPE, text=True)
+    below = kid.stdout.readline().strip()
+    print(os.getpid(), below, flush=True)
+else:
+    data = b"\x01" * (int(os.environ["LEAF_MIB"]) << 20)  # bytes repetition writes every page
+    print(os.getpid(), flush=True)
+time.sleep(600)
+"""
+
+LISTENER = r"""
+import socket, sys, time
+s = socket.socket()
+s.bind((sys.argv[1], 0))
+s.listen()
+print(s.getsockname()[1], flush=True)
+time.sleep(600)
+"""
+
+
+@dataclass
+class Chain:
+    proc: subprocess.Popen[str]
+    root: int
+    middle: int
+    leaf: int
+
+
+def wait_until(condition, what: str, limit: float = 30.0) -> None:
+    deadline = time.monotonic() + limit
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting for {what}")
+        time.sleep(0.05)
+
+
+def kill_session(proc: subprocess.Popen[str]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+
+
+@pytest.fixture
+def chain() -> Iterator[Chain]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", NODE, "2", NODE],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "LEAF_MIB": str(LEAF_MIB)},
+    )
+    try:
+        assert proc.stdout is not None
+        root, middle, leaf = (int(p) for p in proc.stdout.readline().split())
+        yield Chain(proc, root, middle, leaf)
+    finally:
+        kill_session(proc)
+
+
+def by_engine(sample) -> dict:
+    return {e.engine: e for e in sample.engines}
+
+
+def test_tree_rss_and_process_count(chain: Chain) -> None:
+    assert chain.root == chain.proc.pid
+    sampler = HostSampler()
+    engines = by_engine(sampler.sample({"whole": chain.root, "middle": chain.middle, "leaf": chain.leaf}))
+    whole, middle, leaf = engines["whole"], engines["middle"], engines["leaf"]
+    assert (whole.pid, whole.processes) == (chain.root, 3)
+    assert (middle.processes, leaf.processes) == (2, 1)
+    assert leaf.rss_bytes >= LEAF_MIB * MiB
+    # every Python interpreter above the leaf holds at least a few MiB of its own
+    assert middle.rss_bytes >= leaf.rss_bytes + 4 * MiB
+    assert whole.rss_bytes >= LEAF_MIB * MiB + 2 * 4 * MiB
+    assert whole.rss_bytes > middle.rss_bytes
+
+
+def test_engine_tree_pids(chain: Chain) -> None:
+    assert engine_tree_pids(chain.root) == {chain.root, chain.middle, chain.leaf}
+    assert engine_tree_pids(chain.middle) == {chain.middle, chain.leaf}
+    assert engine_tree_pids(chain.leaf) == {chain.leaf}
+
+
+def test_vanished_processes(chain: Chain) -> None:
+    sampler = HostSampler()
+    os.kill(chain.leaf, signal.SIGKILL)  # the middle never reaps it: it stays a zombie in the tree
+    wait_until(lambda: psutil.Process(chain.leaf).status() == psutil.STATUS_ZOMBIE, "the leaf to be a zombie")
+    engines = by_engine(sampler.sample({"whole": chain.root, "leaf": chain.leaf}))
+    assert engines["whole"].processes == 2
+    assert engines["whole"].rss_bytes < LEAF_MIB * MiB
+    assert "leaf" not in engines  # a zombie has no memory to report
+    kill_session(chain.proc)
+    wait_until(lambda: not psutil.pid_exists(chain.middle), "the middle process to go")
+    assert sampler.sample({"whole": chain.root}).engines == ()
+    assert engine_tree_pids(chain.root) == set()
+
+
+def test_host_figures() -> None:
+    sampler = HostSampler()
+    deadline = time.process_time() + 0.3
+    while time.process_time() < deadline:  # some CPU work since the priming call
+        pass
+    s = sampler.sample()
+    assert s.cpu_count == os.cpu_count()
+    assert s.cpu_pct is not None and 0.0 < s.cpu_pct <= 100.0
+    with open("/proc/meminfo") as meminfo:
+        fields = dict(line.split(":", 1) for line in meminfo)
+    assert s.ram_total_bytes == int(fields["MemTotal"].split()[0]) * 1024
+    assert s.ram_used_bytes is not None and 0 < s.ram_used_bytes <= s.ram_total_bytes
+    assert s.swap_total_bytes == int(fields["SwapTotal"].split()[0]) * 1024
+    assert s.swap_used_bytes is not None and 0 <= s.swap_used_bytes <= s.swap_total_bytes
+    assert s.engines == ()
+
+
+def start_listener(address: str) -> tuple[subprocess.Popen[str], int]:
+    proc = subprocess.Popen([sys.executable, "-c", LISTENER, address], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    assert proc.stdout is not None
+    return proc, int(proc.stdout.readline())
+
+
+def test_pid_listening_on_loopback() -> None:
+    proc, port = start_listener("127.0.0.1")
+    try:
+        assert pid_listening_on(port) == proc.pid
+        assert pid_listening_on(port, "127.0.0.1") == proc.pid
+        assert pid_listening_on(port, "localhost") == proc.pid
+        assert pid_listening_on(port, "203.0.113.7") is None  # another machine's address
+        assert pid_listening_on(port, "engine.example.invalid") is None  # names are not resolved
+    finally:
+        kill_session(proc)
+    assert pid_listening_on(port) is None
+
+
+def test_pid_listening_on_wildcard() -> None:
+    proc, port = start_listener("0.0.0.0")
+    try:
+        assert pid_listening_on(port, "127.0.0.1") == proc.pid
+        assert pid_listening_on(port, "localhost") == proc.pid
+        assert pid_listening_on(port, "203.0.113.7") is None  # not this machine, though the port matches
+    finally:
+        kill_session(proc)
+
+
+def test_pid_listening_on_ignores_connected_sockets() -> None:
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            client_port = client.getsockname()[1]
+            assert pid_listening_on(port) == os.getpid()
+            assert pid_listening_on(client_port) is None  # ESTABLISHED, not LISTEN

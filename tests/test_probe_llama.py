@@ -1,0 +1,93 @@
+"""The probe client against the real llama-server (Gemma 3 270M, 4 slots). A missing engine fails."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tui.probe.client import ProbeClient
+from tui.probe.results import ProbeResult
+from tui.probe.stats import median
+from tui.probe.sweep import SweepConfig, run_sweep
+from tui.probe.workloads import WorkloadParams, run_workload
+from tui.sources.engine import EngineTarget
+
+pytestmark = pytest.mark.engine
+ROOT = Path(__file__).resolve().parents[1]
+
+
+async def collect(url: str, workload: str, params: WorkloadParams, repeat: int) -> list[ProbeResult]:
+    target = EngineTarget(name="llama", url=url)
+    async with ProbeClient() as client:
+        return [r async for r in run_workload(client, target, workload, params, repeat)]
+
+
+async def test_decode_rate_agrees_with_server_timings(llama_server) -> None:
+    results = await collect(llama_server.url, "short", WorkloadParams(max_tokens=128), 5)
+    assert all(r.ok for r in results), [r.error for r in results]
+    for r in results:
+        assert r.token_source == "server" and r.completion_tokens == 128  # ignore_eos holds the length
+        assert r.server is not None and r.server.source == "llamacpp" and r.server.predicted_n == 128
+        assert r.finish_reason == "length"
+    client = median(r.decode_tps for r in results)
+    server = median(r.server_decode_tps for r in results)
+    assert client is not None and server is not None
+    assert client == pytest.approx(server, rel=0.03), (client, server)
+
+
+async def test_agent_turns_after_the_first_hit_the_prompt_cache(llama_server) -> None:
+    params = WorkloadParams(max_tokens=16, agent_context_tokens=300)
+    results = await collect(llama_server.url, "agent", params, 4)
+    assert all(r.ok for r in results), [r.error for r in results]
+    assert [r.turn for r in results] == [1, 2, 3, 4]
+    prompts = [r.prompt_tokens for r in results]
+    assert prompts == sorted(prompts) and prompts[0] is not None and prompts[0] > 300
+    for r in results[1:]:
+        assert r.cached_tokens is not None and r.cached_tokens > 0
+        assert r.cached_share is not None and r.cached_share > 0.5
+
+
+async def test_long_prefill_is_not_served_from_the_cache(llama_server) -> None:
+    results = await collect(llama_server.url, "long-prefill", WorkloadParams(prompt_tokens=1500), 2)
+    assert all(r.ok for r in results), [r.error for r in results]
+    for r in results:
+        assert r.completion_tokens == 1 and r.decode_tps is None  # one token: no decode rate to claim
+        assert r.prompt_tokens is not None and 1200 <= r.prompt_tokens <= 1900
+        # The seeded nonce makes every prompt new after the template's first few tokens.
+        assert r.cached_tokens is not None and r.cached_tokens < 20
+        assert r.prefill_source == "server" and r.prefill_tps is not None and r.prefill_tps > 0
+
+
+async def test_thinking_off_is_accepted(llama_server) -> None:
+    (r,) = await collect(llama_server.url, "thinking-off", WorkloadParams(max_tokens=8), 1)
+    assert r.ok and r.status == 200 and r.completion_tokens == 8
+
+
+async def test_sweep_four_streams_beat_one(llama_server) -> None:
+    config = SweepConfig(levels=(1, 4), requests_per_stream=2, params=WorkloadParams(max_tokens=32))
+    async with ProbeClient() as client:
+        result = await run_sweep(client, EngineTarget(name="llama", url=llama_server.url), config)
+    one, four = result.levels
+    assert one.ok == 2 and four.ok == 8, (one.errors, four.errors)
+    assert one.token_source == four.token_source == "server"
+    assert one.aggregate_tps is not None and four.aggregate_tps is not None
+    assert four.aggregate_tps > one.aggregate_tps, (one.aggregate_tps, four.aggregate_tps)
+
+
+def test_cli_probe_against_llama(llama_server) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "tui", "probe", "--engine", llama_server.url, "--repeat", "2",
+         "--max-tokens", "16", "--json"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    *requests, summary = [json.loads(line) for line in proc.stdout.splitlines()]
+    for r in requests:
+        assert r["ok"] and r["token_source"] == "server" and r["completion_tokens"] == 16
+        assert r["server_decode_tps"] is not None and r["prefill_source"] == "server"
+        assert r["server_timings"]["predicted_n"] == 16
+    assert summary["ok"] == 2

@@ -1,0 +1,240 @@
+"""Profile loading and validation: one test per kind of mistake, each pointing at file, line and field."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+
+from tui.lifecycle import profiles as prof
+from tui.lifecycle.profiles import (
+    ProfileError,
+    load_profiles,
+    parse_profile,
+    repo_profiles_dir,
+    resolve,
+)
+
+GOOD = """\
+name = "good"
+engine = "llama.cpp"
+argv = ["/bin/true", "--port", "${PORT}"]
+port = 8123
+"""
+
+
+def write(directory: Path, filename: str, text: str) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / filename
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def only_issue(text: str, tmp_path: Path, environ: dict[str, str] | None = None):
+    path = write(tmp_path, "p.toml", text)
+    profile, issues = parse_profile(text, path, environ or {})
+    errors = [i for i in issues if i.severity == "error"]
+    assert len(errors) == 1, issues
+    return profile, errors[0]
+
+
+def test_unknown_key_names_file_line_and_key(tmp_path: Path) -> None:
+    profile, issue = only_issue(GOOD + "\nprot = 9000\n", tmp_path)
+    assert profile is None
+    assert (issue.path.name, issue.line, issue.field) == ("p.toml", 6, "prot")
+    assert "unknown key" in issue.message
+    assert str(issue).startswith(f"{tmp_path / 'p.toml'}:6: error: prot: unknown key")
+
+
+def test_argv_given_as_a_string_is_rejected(tmp_path: Path) -> None:
+    text = GOOD.replace('argv = ["/bin/true", "--port", "${PORT}"]', 'argv = "llama-server --port 8080"')
+    profile, issue = only_issue(text, tmp_path)
+    assert profile is None
+    assert (issue.line, issue.field) == (3, "argv")
+    assert "list of strings" in issue.message and "not a single string" in issue.message
+
+
+def test_missing_port(tmp_path: Path) -> None:
+    profile, issue = only_issue(GOOD.replace("port = 8123\n", ""), tmp_path)
+    assert profile is None
+    assert issue.field == "port" and "missing required key 'port'" in issue.message
+
+
+@pytest.mark.parametrize(
+    ("line", "field", "words"),
+    [
+        ('port = "8123"', "port", "must be an integer, got a string"),
+        ("port = true", "port", "must be an integer, got a boolean"),
+        ('vram_threshold_gib = "4"', "vram_threshold_gib", "must be a positive number"),
+        ("notes = 3", "notes", "must be a string, got an integer"),
+    ],
+)
+def test_wrong_type(tmp_path: Path, line: str, field: str, words: str) -> None:
+    text = GOOD.replace("port = 8123", line) if field == "port" else GOOD + line + "\n"
+    profile, issue = only_issue(text, tmp_path)
+    assert profile is None
+    assert issue.field == field and words in issue.message
+    assert issue.line == text.splitlines().index(line) + 1
+
+
+def test_wrong_type_inside_env_table(tmp_path: Path) -> None:
+    text = GOOD + "\n[env]\nOMP_NUM_THREADS = 2\n"
+    profile, issue = only_issue(text, tmp_path)
+    assert profile is None
+    assert (issue.line, issue.field) == (7, "env.OMP_NUM_THREADS")
+
+
+def test_duplicate_name_rejects_the_later_file_and_keeps_the_first(tmp_path: Path) -> None:
+    first = write(tmp_path / "repo", "a.toml", GOOD)
+    second = write(tmp_path / "user", "b.toml", "# mine\n" + GOOD.replace("8123", "8124"))
+    loaded = load_profiles([tmp_path / "repo", tmp_path / "user"], environ={})
+    assert loaded.profiles["good"].path == first and loaded.profiles["good"].port == 8123
+    [issue] = loaded.issues
+    assert (issue.path, issue.line, issue.field) == (second, 2, "name")
+    assert "duplicate name 'good'" in issue.message and str(first) in issue.message
+
+
+def test_unset_variable_is_reported_and_blocks_the_start(tmp_path: Path) -> None:
+    text = GOOD.replace('"/bin/true"', '"/bin/true", "--model",\n    "${NOT_SET_MODEL}"')
+    path = write(tmp_path, "p.toml", text)
+    profile, issues = parse_profile(text, path, environ={})
+    assert profile is not None  # listed, with the reason it cannot start
+    [issue] = issues
+    assert (issue.line, issue.field) == (4, "argv[2]")
+    assert "${NOT_SET_MODEL} is not set" in issue.message
+    with pytest.raises(ProfileError, match=r"NOT_SET_MODEL\} is not set") as exc:
+        resolve(profile, environ={})
+    assert exc.value.issues[0].line == 4
+    assert resolve(profile, environ={"NOT_SET_MODEL": "/m.gguf"}).argv == (
+        "/bin/true",
+        "--model",
+        "/m.gguf",
+        "--port",
+        "8123",
+    )
+
+
+def test_one_bad_file_does_not_stop_the_others(tmp_path: Path) -> None:
+    write(tmp_path, "a-broken.toml", 'name = "broken"\nargv = [1,\nport = 1\n')
+    write(tmp_path, "b-unknown.toml", GOOD.replace('"good"', '"other"') + "colour = 1\n")
+    write(tmp_path, "c-good.toml", GOOD)
+    loaded = load_profiles([tmp_path], environ={})
+    assert list(loaded.profiles) == ["good"]
+    by_file = {i.path.name: i for i in loaded.issues}
+    assert set(by_file) == {"a-broken.toml", "b-unknown.toml"}
+    assert by_file["a-broken.toml"].line == 3 and "invalid TOML" in by_file["a-broken.toml"].message
+    assert by_file["b-unknown.toml"].line == 5 and by_file["b-unknown.toml"].field == "colour"
+
+
+@pytest.mark.parametrize("argv", ['["srv", "--api-key", "s3cret"]', '["srv", "--api-key=s3cret"]'])
+def test_api_key_on_argv_is_rejected(tmp_path: Path, argv: str) -> None:
+    profile, issue = only_issue(GOOD.replace('["/bin/true", "--port", "${PORT}"]', argv), tmp_path)
+    assert profile is None and issue.line == 3 and issue.field.startswith("argv[")
+    assert "api_key_file" in issue.message
+
+
+def test_api_key_in_env_is_rejected(tmp_path: Path) -> None:
+    profile, issue = only_issue(GOOD + '[env]\nVLLM_API_KEY = "s3cret"\n', tmp_path)
+    assert profile is None and (issue.line, issue.field) == (6, "env.VLLM_API_KEY")
+
+
+def test_non_loopback_host_without_key_is_warned(tmp_path: Path) -> None:
+    path = write(tmp_path, "p.toml", GOOD + 'host = "0.0.0.0"\n')
+    profile, issues = parse_profile(path.read_text(), path, environ={})
+    assert profile is not None  # 0.0.0.0 is reachable from other machines
+    [warning] = issues
+    assert warning.severity == "warning" and warning.field == "host" and warning.line == 5
+    keyed = GOOD + 'host = "192.168.1.5"\napi_key_file = "/k"\n'
+    assert parse_profile(keyed, path, environ={})[1] == []
+
+
+def test_api_key_file_reaches_the_engine_but_never_argv_or_repr(tmp_path: Path) -> None:
+    key_file = write(tmp_path, "key", "# comment\n\nsk-very-secret\n")
+    llama = GOOD + f'api_key_file = "{key_file}"\n'
+    profile, _ = parse_profile(llama, tmp_path / "l.toml", environ={})
+    resolved = resolve(profile, environ={})
+    assert resolved.api_key == "sk-very-secret"
+    assert resolved.argv[-2:] == ("--api-key-file", str(key_file))
+    assert "sk-very-secret" not in repr(resolved) and "sk-very-secret" not in shlex.join(resolved.argv)
+    vllm = llama.replace('"llama.cpp"', '"vllm"')
+    resolved = resolve(parse_profile(vllm, tmp_path / "v.toml", environ={})[0], environ={})
+    assert resolved.env["VLLM_API_KEY"] == "sk-very-secret" and "--api-key-file" not in resolved.argv
+    empty = write(tmp_path, "empty", "# nothing\n")
+    profile, _ = parse_profile(GOOD + f'api_key_file = "{empty}"\n', tmp_path / "e.toml", environ={})
+    with pytest.raises(ProfileError, match="contains no key"):
+        resolve(profile, environ={})
+
+
+def test_builtin_variables_resolve_lazily(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    monkeypatch.setattr(prof, "_builtin_value", lambda name: calls.append(name) or f"/builtin/{name}")
+    text = GOOD.replace('"/bin/true"', '"${ENGINETOP_LLAMA_SERVER}", "-m", "${ENGINETOP_DEMO_MODEL}"')
+    write(tmp_path, "p.toml", text)
+    loaded = load_profiles([tmp_path], environ={})
+    assert loaded.issues == [] and calls == []  # listing profiles never touches the demo engine
+    resolved = resolve(loaded.get("good"), environ={"PORT": "1"})  # the profile's port wins over $PORT
+    assert resolved.argv == (
+        "/builtin/ENGINETOP_LLAMA_SERVER",
+        "-m",
+        "/builtin/ENGINETOP_DEMO_MODEL",
+        "--port",
+        "8123",
+    )
+    overridden = resolve(loaded.get("good"), environ={"ENGINETOP_LLAMA_SERVER": "/opt/llama-server"})
+    assert overridden.argv[0] == "/opt/llama-server"
+
+
+def test_unknown_profile_name_lists_the_known_ones(tmp_path: Path) -> None:
+    write(tmp_path, "p.toml", GOOD)
+    with pytest.raises(ProfileError, match=r"no profile named 'nope' \(known: good\)"):
+        load_profiles([tmp_path], environ={}).get("nope")
+
+
+def test_user_config_dir_is_searched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    write(tmp_path / "enginetop" / "profiles", "mine.toml", GOOD.replace('"good"', '"mine-only"'))
+    assert "mine-only" in load_profiles(environ={}).profiles
+
+
+# ---------------------------------------------------------------- shipped profiles
+
+
+def shipped():
+    return load_profiles([repo_profiles_dir()], environ={})
+
+
+def test_shipped_profiles_load_and_only_miss_user_variables() -> None:
+    loaded = shipped()
+    assert {
+        "demo-cpu-threads1",
+        "demo-cpu-threads2",
+        "llamacpp-qwen27b-mtp",
+        "llamacpp-qwen27b",
+        "vllm-qwen27b",
+        "sglang-example",
+    } <= set(loaded.profiles)
+    for issue in loaded.issues:
+        assert "is not set in the environment" in issue.message, str(issue)
+    assert loaded.issues_for("demo-cpu-threads1") == [] and loaded.issues_for("demo-cpu-threads2") == []
+
+
+def test_shipped_seed_configs_match_the_report() -> None:
+    loaded = shipped()
+    mtp = loaded.get("llamacpp-qwen27b-mtp")
+    joined = " ".join(mtp.argv)
+    assert (
+        "--ctx-size 262144 --flash-attn on --cache-type-k q8_0 --cache-type-v q8_0 --n-gpu-layers 999 "
+        "--spec-type draft-mtp --spec-draft-n-max 2 --spec-draft-p-min 0.75"
+    ) in joined
+    assert "--parallel" not in joined and "--metrics" in mtp.argv and mtp.host == "127.0.0.1"
+    plain = loaded.get("llamacpp-qwen27b")
+    assert "--spec-type" not in plain.argv and "--parallel" not in plain.argv
+    vllm = loaded.get("vllm-qwen27b")
+    assert (
+        "--max-model-len 32768 --gpu-memory-utilization 0.88 --max-num-seqs 32 "
+        '--limit-mm-per-prompt {"image":0,"video":0}'
+    ) in " ".join(vllm.argv)
+    a, b = loaded.get("demo-cpu-threads1"), loaded.get("demo-cpu-threads2")
+    differ = [(x, y) for x, y in zip(a.argv, b.argv, strict=True) if x != y]
+    assert differ == [("1", "2")] and a.argv[a.argv.index("1") - 1] == "--threads"

@@ -1,0 +1,142 @@
+"""API keys: read from file or env, sent as Bearer, never printed (stdout, stderr, JSON, errors, reprs)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sse_server import Scenario, SSEServer, running
+
+from tui.probe.client import ProbeClient
+from tui.secrets import SecretError, read_api_key, redact
+from tui.sources.engine import EngineTarget
+
+KEY = "sk-test-5f3a9c1e77d04b2a"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_key_file_first_real_line_stripped(tmp_path: Path) -> None:
+    path = tmp_path / "key"
+    path.write_text(f"# comment\n\n   {KEY}  \r\nsecond\n")
+    assert read_api_key(path) == KEY
+    assert read_api_key(str(path)) == KEY
+
+
+def test_key_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ENGINETOP_TEST_KEY", f" {KEY}\n")
+    assert read_api_key(env_var="ENGINETOP_TEST_KEY") == KEY
+    assert read_api_key() is None
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "does not exist"),
+        ("", "has no key"),
+        ("# only a comment\n\n", "has no key"),
+        ("sk key with spaces\n", "spaces or non-ASCII"),
+        ("sk-ключ\n", "spaces or non-ASCII"),
+    ],
+)
+def test_key_file_errors_are_readable_and_silent(tmp_path: Path, content: str | None, message: str) -> None:
+    path = tmp_path / "key"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(SecretError) as err:
+        read_api_key(path)
+    assert message in str(err.value) and str(path) in str(err.value)
+    if content and not content.startswith("#"):
+        assert content.strip() not in str(err.value) and "sk-" not in str(err.value)
+
+
+def test_key_file_directory_and_not_utf8(tmp_path: Path) -> None:
+    with pytest.raises(SecretError, match="is a directory"):
+        read_api_key(tmp_path)
+    bad = tmp_path / "bin"
+    bad.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(SecretError, match="not UTF-8"):
+        read_api_key(bad)
+
+
+def test_env_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ENGINETOP_NO_SUCH_VAR", raising=False)
+    with pytest.raises(SecretError, match="ENGINETOP_NO_SUCH_VAR is not set"):
+        read_api_key(env_var="ENGINETOP_NO_SUCH_VAR")
+    monkeypatch.setenv("ENGINETOP_EMPTY_VAR", "  ")
+    with pytest.raises(SecretError, match="ENGINETOP_EMPTY_VAR is empty"):
+        read_api_key(env_var="ENGINETOP_EMPTY_VAR")
+    with pytest.raises(SecretError, match="not both"):
+        read_api_key("/x", "Y")
+
+
+def test_redact() -> None:
+    assert redact(f"bad key Bearer {KEY}!", KEY) == "bad key Bearer ***!"
+    assert redact("nothing here", KEY) == "nothing here"
+    assert redact("text", None) == "text" and redact("text", "") == "text"
+
+
+@pytest.fixture(scope="module")
+def keyed() -> Iterator[SSEServer]:
+    with running({"keyed": Scenario(require_key=KEY)}) as server:
+        yield server
+
+
+async def test_key_is_sent_as_bearer_and_never_in_results(keyed: SSEServer) -> None:
+    good = EngineTarget(name="k", url=keyed.url_for("keyed"), api_key=KEY)
+    wrong = EngineTarget(name="k", url=keyed.url_for("keyed"), api_key=KEY[::-1])
+    async with ProbeClient() as client:
+        ok = await client.chat(good, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
+        bad = await client.chat(wrong, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
+    assert ok.ok, ok.error
+    assert keyed.requests[-2].headers["authorization"] == f"Bearer {KEY}"
+    # The server echoes the wrong key it got; the client must not pass it on.
+    assert not bad.ok and bad.status == 401
+    assert bad.error == "HTTP 401: Invalid API key: Bearer ***"
+    for r in (ok, bad):
+        for text in (repr(r), json.dumps(r.to_json()), str(r.error)):
+            assert KEY not in text and KEY[::-1] not in text
+    assert KEY not in repr(good)
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tui", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, env={**os.environ, **(env or {})},
+    )
+
+
+@pytest.mark.parametrize("how", ["file", "env"])
+def test_cli_sends_key_and_prints_it_nowhere(keyed: SSEServer, tmp_path: Path, how: str) -> None:
+    key_file = tmp_path / "key"
+    key_file.write_text(KEY + "\n")
+    source = ["--api-key-file", str(key_file)] if how == "file" else ["--api-key-env", "ENGINETOP_TEST_KEY"]
+    before = len(keyed.requests)
+    for fmt in (["--json"], []):
+        proc = _cli("probe", "--engine", keyed.url_for("keyed"), "--repeat", "2", "--max-tokens", "4",
+                    *source, *fmt, env={"ENGINETOP_TEST_KEY": KEY})
+        assert proc.returncode == 0, proc.stderr
+        assert KEY not in proc.stdout and KEY not in proc.stderr
+    sent = list(keyed.requests)[before:]
+    assert len(sent) == 4 and all(req.headers["authorization"] == f"Bearer {KEY}" for req in sent)
+
+
+def test_cli_wrong_key_fails_without_echoing_it(keyed: SSEServer, tmp_path: Path) -> None:
+    key_file = tmp_path / "key"
+    key_file.write_text("sk-wrong-0123456789\n")
+    proc = _cli("probe", "--engine", keyed.url_for("keyed"), "--repeat", "1", "--api-key-file", str(key_file),
+                "--json")
+    assert proc.returncode == 1
+    assert "sk-wrong-0123456789" not in proc.stdout + proc.stderr
+    assert "HTTP 401: Invalid API key: Bearer ***" in proc.stderr
+
+
+def test_cli_missing_key_file_is_bad_input(tmp_path: Path) -> None:
+    proc = _cli("probe", "--engine", "http://127.0.0.1:9", "--api-key-file", str(tmp_path / "nope"), "--json")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"enginetop probe: API key file {tmp_path / 'nope'} does not exist"
+    assert proc.stdout == ""

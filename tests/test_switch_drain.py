@@ -1,0 +1,189 @@
+"""The drain step of a safe switch against a scripted NVML (tests/fake_pynvml.py, read through the real
+GpuSampler): the next engine starts only once VRAM is below the threshold and no old PID holds the GPU.
+
+The old engine is a real process with a real listening port (python -m http.server); the target is the
+real llama-server demo profile, so "never started" and "started" are checked on the real port.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from fake_pynvml import NVML_ERROR_LIBRARY_NOT_FOUND, FakeNvml, h200
+
+from tui.lifecycle import switch as switch_mod
+from tui.lifecycle.engine import EngineInstance, launch_instance
+from tui.lifecycle.process import free_port, port_open
+from tui.lifecycle.profiles import GIB, Profile, load_profiles, resolve
+from tui.lifecycle.switch import EngineManager, StepEvent
+from tui.sources.gpu import GpuSampler
+from tui.sources.samples import GpuReport
+
+DEMO = """\
+name = "{name}"
+engine = "llama.cpp"
+argv = ["${{ENGINETOP_LLAMA_SERVER}}", "--model", "${{ENGINETOP_DEMO_MODEL}}", "--host", "127.0.0.1",
+        "--port", "${{PORT}}", "--metrics", "--ctx-size", "2048", "--threads", "1"]
+port = {port}
+start_timeout_s = 120
+stop_timeout_s = 10
+drain_timeout_s = {drain}
+vram_threshold_gib = 4
+"""
+
+
+def demo_profile(tmp_path: Path, name: str, drain: float = 30) -> Profile:
+    path = tmp_path / f"{name}.toml"
+    path.write_text(DEMO.format(name=name, port=free_port(), drain=drain), encoding="utf-8")
+    loaded = load_profiles([tmp_path])
+    assert not [i for i in loaded.issues if i.path == path], loaded.issues
+    return loaded.get(name)
+
+
+@pytest.fixture
+def old_engine(tmp_path: Path) -> Iterator[EngineInstance]:
+    """A real process on a real port, standing in for the engine being switched away from."""
+    port = free_port()
+    profile = Profile(
+        name="old-engine",
+        engine="other",
+        port=port,
+        path=tmp_path / "old.toml",
+        argv=(sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"),
+    )
+    instance = launch_instance(resolve(profile), log_dir=tmp_path)
+    deadline = time.monotonic() + 15
+    while not port_open("127.0.0.1", port) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert port_open("127.0.0.1", port), instance.log_tail()
+    yield instance
+    if instance.alive():
+        from tui.lifecycle.process import stop_group
+
+        stop_group(instance.launched)
+
+
+class ScriptedGpu:
+    """The real GpuSampler over FakeNvml; each sample applies the next (VRAM GiB, old PID on GPU?) stage."""
+
+    def __init__(self, old_pid: int, stages: list[tuple[float, bool]]) -> None:
+        self.nvml = FakeNvml([h200()])
+        self.sampler = GpuSampler(self.nvml)
+        self.old_pid = old_pid
+        self.stages = stages
+        self.reports: list[GpuReport] = []
+        self.log: list[tuple[str, object]] = []  # samples and step events, interleaved in time order
+
+    def __call__(self) -> GpuReport:
+        gib, holds = self.stages[min(len(self.reports), len(self.stages) - 1)]
+        self.nvml.set_vram_used(0, int(gib * GIB))
+        self.nvml.gpus[0].compute_procs = [(self.old_pid, int(gib * GIB))] if holds else []
+        report = self.sampler.sample()
+        self.reports.append(report)
+        self.log.append(("sample", gib))
+        return report
+
+    def on_step(self, event: StepEvent) -> None:
+        self.log.append(("step", event))
+
+
+@pytest.fixture
+def fast_poll(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(switch_mod, "DRAIN_POLL_S", 0.05)
+
+
+def test_vram_that_stays_high_never_starts_the_next_engine(
+    tmp_path: Path, old_engine: EngineInstance, fast_poll: None
+) -> None:
+    target = demo_profile(tmp_path, "target-never", drain=1.5)
+    gpu = ScriptedGpu(old_engine.pid, [(20.0, False)])
+    manager = EngineManager(gpu=gpu, log_dir=tmp_path, record_state=False)
+    manager.adopt(old_engine)
+    result = manager.switch(target, on_step=gpu.on_step)
+
+    assert not result.ok and result.failed_step == "drain"
+    assert result.message.startswith("step 'drain' timed out after 2 s")
+    assert "GPU 0: VRAM used 20.0 GiB (threshold 4 GiB)" in result.message
+    assert [s.name for s in result.steps] == ["resolve", "stop", "drain"]
+    assert not old_engine.alive()  # the stop itself succeeded
+    assert not port_open("127.0.0.1", target.port)  # nothing was started
+    assert not list(tmp_path.glob("target-never-*.log"))
+    assert len(gpu.reports) >= 10  # it kept polling until the timeout
+    assert manager.poll_status().state == "idle"
+
+
+def test_vram_falling_in_steps_starts_only_once_drained(
+    tmp_path: Path, old_engine: EngineInstance, fast_poll: None
+) -> None:
+    target = demo_profile(tmp_path, "target-drained")
+    # 30 -> 20 -> 10 GiB, then 3 GiB while an old PID still holds the GPU, then 3 GiB and released.
+    stages = [(30.0, True), (20.0, True), (10.0, True), (3.0, True), (3.0, False)]
+    gpu = ScriptedGpu(old_engine.pid, stages)
+    manager = EngineManager(gpu=gpu, log_dir=tmp_path, record_state=False)
+    manager.adopt(old_engine)
+    result = manager.switch(target, on_step=gpu.on_step)
+    try:
+        assert result.ok, result.message
+        assert [s.name for s in result.steps] == ["resolve", "stop", "drain", "port", "start", "ready"]
+        samples_before_start = []
+        for kind, item in gpu.log:
+            if kind == "sample":
+                samples_before_start.append(item)
+            elif item.name == "start":
+                break
+        assert samples_before_start == [30.0, 20.0, 10.0, 3.0, 3.0]  # no start before the last stage
+        waits = [e.message for k, e in gpu.log if k == "step" and e.name == "drain" and e.status == "running"]
+        assert f"old engine PIDs {old_engine.pid} still hold GPU memory" in waits[-1]
+        assert "VRAM used 10.0 GiB" in waits[-2]
+        assert "GPU 0 VRAM used 3.0 GiB" in result.steps[2].message
+        assert httpx.get(f"{target.url}/health", timeout=5).status_code == 200  # it really runs
+    finally:
+        assert manager.stop().ok
+
+
+def test_cancel_during_drain_starts_nothing(
+    tmp_path: Path, old_engine: EngineInstance, fast_poll: None
+) -> None:
+    target = demo_profile(tmp_path, "target-cancelled", drain=60)
+    gpu = ScriptedGpu(old_engine.pid, [(20.0, True)])
+    manager = EngineManager(gpu=gpu, log_dir=tmp_path, record_state=False)
+    manager.adopt(old_engine)
+    cancel = threading.Event()
+    threading.Timer(0.5, cancel.set).start()
+    began = time.monotonic()
+    result = manager.switch(target, cancel=cancel)
+    assert time.monotonic() - began < 10
+    assert not result.ok and result.failed_step == "drain"
+    assert result.steps[-1].status == "cancelled" and "cancelled during step 'drain'" in result.message
+    assert not port_open("127.0.0.1", target.port)
+
+
+def test_without_a_gpu_the_drain_checks_processes_and_port(
+    tmp_path: Path, old_engine: EngineInstance, llama_server
+) -> None:
+    """NVML unavailable (no driver): the drain is processes gone + port closed; the target here attaches to
+    the shared real llama-server, so nothing is launched and readiness is checked over real HTTP."""
+    attach = tmp_path / "attach.toml"
+    attach.write_text(
+        f'name = "attached"\nengine = "llama.cpp"\nport = {llama_server.port}\n', encoding="utf-8"
+    )
+    target = load_profiles([tmp_path]).get("attached")
+    sampler = GpuSampler(FakeNvml(init_error=NVML_ERROR_LIBRARY_NOT_FOUND))
+    manager = EngineManager(gpu=sampler.sample, log_dir=tmp_path, record_state=False)
+    manager.adopt(old_engine)
+    result = manager.switch(target)
+    assert result.ok, result.message
+    drain = result.steps[2]
+    assert drain.name == "drain" and drain.status == "ok"
+    assert "old processes gone, old port closed; no GPU (" in drain.message
+    assert [s.status for s in result.steps] == ["ok", "ok", "ok", "skipped", "skipped", "ok"]
+    status = manager.poll_status()
+    assert status.state == "ready" and status.attached and status.url == llama_server.url
+    stop = manager.stop()  # an attached server is never stopped by enginetop
+    assert stop.ok and stop.steps[0].status == "skipped" and llama_server.launched.alive()

@@ -1,0 +1,271 @@
+"""enginetop against the real vLLM (CPU build, tiny random-weight model): the raw API, /metrics as parsed by
+tui.sources, rates and quantiles from real histogram deltas, and probes. A missing install fails.
+
+The tiny model makes every engine step take a few ms; what is compared here is counts (exact) and
+latencies within what the histogram buckets can resolve (see the quantile test).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from tui.engines import models
+from tui.probe.client import ProbeClient
+from tui.probe.results import CHUNK_ESTIMATE_NOTE
+from tui.probe.stats import quantile
+from tui.sources.engine import EngineTarget, poll_engine
+from tui.sources.metrics import parse_reading
+from tui.sources.rates import derive
+from tui.sources.samples import EngineReading
+
+MODEL = models.TINY_NAME
+
+
+def chat_body(content: str, max_tokens: int, **extra: object) -> dict:
+    return {"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
+            "ignore_eos": True, "temperature": 0, **extra}
+
+
+def stream_events(url: str, body: dict) -> list[dict | str]:
+    """The decoded `data:` events of one streamed chat completion ("[DONE]" kept as a string)."""
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    events: list[dict | str] = []
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=120) as reply:
+        assert reply.status_code == 200, reply.read()[:300]
+        for line in reply.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            payload = line[len("data: "):]
+            events.append(payload if payload == "[DONE]" else json.loads(payload))
+    return events
+
+
+def reading(url: str) -> EngineReading:
+    return parse_reading(httpx.get(f"{url}/metrics", timeout=10).text)
+
+
+def wait_finished(url: str, before: EngineReading, n: int, timeout: float = 15.0) -> EngineReading:
+    """The first reading that counts `n` more finished requests than `before`.
+
+    Token counters and the finished-request counter are recorded from the same engine iteration stats,
+    so once the requests count as finished, their tokens are in the counters too.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        cur = reading(url)
+        assert before.requests_finished_total is not None and cur.requests_finished_total is not None
+        if cur.requests_finished_total - before.requests_finished_total >= n or time.monotonic() > deadline:
+            return cur
+        time.sleep(0.1)
+
+
+def test_health_version_and_model(vllm_server) -> None:
+    health = httpx.get(f"{vllm_server.url}/health", timeout=5)
+    assert health.status_code == 200 and health.text == ""
+    assert httpx.get(f"{vllm_server.url}/version", timeout=5).json() == {"version": "0.32.0"}
+    models_reply = httpx.get(f"{vllm_server.url}/v1/models", timeout=5).json()
+    assert [m["id"] for m in models_reply["data"]] == [MODEL]
+    assert models_reply["data"][0]["max_model_len"] == 2048
+
+
+def test_stream_starts_with_role_only_chunk_and_ends_with_usage_chunk(vllm_server) -> None:
+    events = stream_events(vllm_server.url, chat_body("Say something.", 48))
+    assert events[-1] == "[DONE]"
+    first, usage_chunk = events[0], events[-2]
+    assert isinstance(first, dict) and isinstance(usage_chunk, dict)
+    delta = first["choices"][0]["delta"]
+    assert delta["role"] == "assistant" and not delta.get("content")  # role only, no text yet
+    assert usage_chunk["choices"] == []
+    usage = usage_chunk["usage"]
+    assert usage["completion_tokens"] == 48  # ignore_eos holds the length
+    assert usage["total_tokens"] == usage["prompt_tokens"] + 48
+    middle = [e for e in events[1:-2] if isinstance(e, dict)]
+    texts = [c["choices"][0]["delta"].get("content") for c in middle if c["choices"]]
+    # Partial UTF-8 can leave a token's chunk without text, never the other way round.
+    assert 0 < sum(1 for t in texts if t) <= 48
+    assert [c["choices"][0]["finish_reason"] for c in middle if c["choices"]][-1] == "length"
+
+
+def test_metrics_body_is_labelled_per_engine_and_model(vllm_server) -> None:
+    text = httpx.get(f"{vllm_server.url}/metrics", timeout=10).text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    engine_families = [f for name, f in families.items() if name.startswith("vllm:")]
+    assert len(engine_families) >= 30
+    # Two exceptions, as in the source: the frontend's admission counter has no engine index, and the
+    # cache-config info gauge carries the engine and its config but no model name.
+    no_engine = {s.name for f in engine_families for s in f.samples if "engine" not in s.labels}
+    no_model = {s.name for f in engine_families for s in f.samples if s.labels.get("model_name") != MODEL}
+    assert no_engine == {"vllm:admission_rejections_total", "vllm:admission_rejections_created"}
+    assert no_model == {"vllm:cache_config_info"}
+    assert {s.labels["engine"] for f in engine_families for s in f.samples if "engine" in s.labels} == {"0"}
+    # prometheus_client's `_created` gauge families sit beside the counters and histograms.
+    assert "vllm:generation_tokens_created" in families
+    assert families["vllm:generation_tokens_created"].type == "gauge"
+    assert any(name.startswith("http_") for name in families)
+    assert "process_resident_memory_bytes" in families and "python_info" in families
+
+
+def test_generation_and_prompt_counters_move_by_the_reported_usage(vllm_server) -> None:
+    url = vllm_server.url
+    before = reading(url)
+    usages = [httpx.post(f"{url}/v1/chat/completions", json=chat_body("Count to ten.", 37), timeout=60)
+              .json()["usage"]]
+    events = stream_events(url, chat_body("Name a colour.", 21))
+    usages.append(events[-2]["usage"])  # type: ignore[index]
+    after = wait_finished(url, before, 2)
+    assert after.requests_finished_total - before.requests_finished_total == 2
+    assert after.generation_tokens_total - before.generation_tokens_total == 37 + 21
+    assert [u["completion_tokens"] for u in usages] == [37, 21]
+    # vLLM's prompt counter counts the whole prompt, cached tokens included.
+    assert after.prompt_tokens_total - before.prompt_tokens_total == sum(u["prompt_tokens"] for u in usages)
+
+
+def test_running_rises_with_concurrent_requests_and_falls_back(vllm_server) -> None:
+    url = vllm_server.url
+    seen: list[tuple[float, float]] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        # One kept-alive connection, as the dashboard's pooled client has: while the frontend is saturated
+        # (the tiny model makes it, not the engine, the bottleneck) it accepts new connections only late.
+        with httpx.Client(timeout=30) as http:
+            while not done.is_set():
+                r = parse_reading(http.get(f"{url}/metrics").text)
+            assert r.running is not None and r.waiting is not None
+            seen.append((r.running, r.waiting))
+            time.sleep(0.05)
+
+    def generate(i: int) -> int:
+        reply = httpx.post(f"{url}/v1/chat/completions", json=chat_body(f"Story {i}", 1500), timeout=120)
+        return reply.json()["usage"]["completion_tokens"]
+
+    # Not streamed: on two cores the frontend's per-token SSE work for four streams can hold /metrics
+    # answers back for seconds (seen: one 10 s answer per generation), and the watcher would miss it all.
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            assert list(pool.map(generate, range(4))) == [1500] * 4
+    finally:
+        done.set()
+        watcher.join()
+    assert max(running for running, _ in seen) == 4, seen
+    assert all(running + waiting <= 4 for running, waiting in seen)
+    idle = reading(url)
+    assert (idle.running, idle.waiting) == (0, 0)
+
+
+async def test_poll_engine_reads_vllm(vllm_server) -> None:
+    async with httpx.AsyncClient() as client:
+        sample = await poll_engine(client, EngineTarget("vllm", vllm_server.url), launched_by_us=True)
+    assert sample.health == "up" and sample.health_reason is None
+    assert sample.model == MODEL and sample.metrics_error is None
+    assert sample.reading is not None and sample.reading.dialect == "vllm"
+    r = sample.reading
+    assert r.kv_cache_usage is not None and 0 <= r.kv_cache_usage <= 1
+    assert r.ttft_buckets is not None and r.ttft_buckets[-1][0] == float("inf")
+    assert r.prefix_cache_queries_total is not None and r.prefix_cache_hits_total is not None
+
+
+def test_startup_is_shown_as_starting_while_connections_are_refused(vllm_server) -> None:
+    # Recorded by the fixture with the dashboard's own poller (launched_by_us=True) while vLLM loaded.
+    startup = vllm_server.startup
+    assert len(startup) >= 3
+    before_up = [s for s in startup if s.health != "up"]
+    assert before_up, "vLLM answered /health on the very first poll: nothing was observed while loading"
+    assert {s.health for s in before_up} == {"starting"}
+    assert all("not accepting connections yet" in (s.health_reason or "") for s in before_up)
+    # Once up it stays up: "starting" only ever precedes "up".
+    healths = [s.health for s in startup]
+    if "up" in healths:
+        assert set(healths[healths.index("up"):]) == {"up"}
+
+
+def _bucket_of(value: float, buckets: tuple[tuple[float, float], ...]) -> tuple[float, float]:
+    lower = 0.0
+    for bound, _ in buckets:
+        if value <= bound:
+            return lower, bound
+        lower = bound
+    raise AssertionError(f"{value} is above every bucket")
+
+
+def _next_bound(upper: float, buckets: tuple[tuple[float, float], ...]) -> float:
+    bounds = [b for b, _ in buckets]
+    i = bounds.index(upper)
+    return bounds[min(i + 1, len(bounds) - 1)]
+
+
+def test_ttft_and_itl_quantiles_from_histogram_deltas_match_the_client(vllm_server) -> None:
+    """Quantiles from `derive` over a window holding only these requests, against the client's own clock.
+
+    Tolerance: histogram_quantile interpolates inside the bucket that holds the rank, so it only locates
+    the true server quantile within that bucket: 10 ms wide for ITL's first bucket, 5-20 ms for TTFT's
+    low buckets. The client sees each token later than the server stamps it (SSE write, loopback, its own
+    scheduling: ~1 ms here), and token batching in the frontend shortens some client gaps. So the
+    client's median must lie in the estimate's bucket or the next one up. The p90 has a one-sided bound
+    only: on this 2-core machine a request sent while the engine is still busy with the previous one
+    sometimes gets nothing until it has finished (seen: ~120 ms instead of ~8 ms, for the whole
+    stream, on fresh and kept-alive connections alike), a delay the engine's TTFT does not contain. A
+    client TTFT can never be shorter than the server's, so the client p90 is at least the lower edge of
+    the estimate's bucket. Requests are spaced by an idle gap to keep that effect out of the medians.
+    """
+    url = vllm_server.url
+    prev, prev_t = reading(url), time.monotonic()
+    n_requests, n_tokens = 15, 64
+    ttfts: list[float] = []
+    gaps: list[float] = []
+    with httpx.Client(timeout=120) as http:
+        for i in range(n_requests):
+            time.sleep(0.3)
+            body = {**chat_body(f"Request {i}: tell me about rivers.", n_tokens), "stream": True}
+            arrivals: list[float] = []
+            sent = time.perf_counter()
+            with http.stream("POST", f"{url}/v1/chat/completions", json=body) as reply:
+                for line in reply.iter_lines():
+                    now = time.perf_counter()
+                    if line.startswith("data: {"):
+                        delta = (json.loads(line[6:])["choices"] or [{}])[0].get("delta", {})
+                        if delta.get("content"):
+                            arrivals.append(now)
+            ttfts.append(arrivals[0] - sent)
+            gaps += [b - a for a, b in itertools.pairwise(arrivals)]
+    cur = wait_finished(url, prev, n_requests)
+    stats = derive(prev, prev_t, cur, time.monotonic())
+    assert not stats.counter_reset
+    assert cur.ttft_buckets is not None and prev.ttft_buckets is not None
+    # The window holds exactly these requests' first tokens.
+    assert cur.ttft_buckets[-1][1] - prev.ttft_buckets[-1][1] == n_requests
+
+    assert stats.ttft_p50_s is not None and stats.itl_p50_s is not None and stats.ttft_p90_s is not None
+    for what, server, client, buckets in (("TTFT", stats.ttft_p50_s, quantile(ttfts, 0.5), cur.ttft_buckets),
+                                          ("ITL", stats.itl_p50_s, quantile(gaps, 0.5), cur.itl_buckets)):
+        assert client is not None
+        lower, upper = _bucket_of(server, buckets)
+        assert lower <= client <= _next_bound(upper, buckets), (what, server, client, (lower, upper))
+    client_p90 = quantile(ttfts, 0.9)
+    assert client_p90 is not None
+    assert client_p90 >= _bucket_of(stats.ttft_p90_s, cur.ttft_buckets)[0], (stats.ttft_p90_s, client_p90)
+
+
+async def test_probe_counts_tokens_from_the_final_usage_chunk(vllm_server) -> None:
+    target = EngineTarget("vllm", vllm_server.url)
+    body = chat_body("Describe a lighthouse.", 40)
+    expected_prompt = httpx.post(f"{vllm_server.url}/v1/chat/completions", json=body, timeout=60).json()[
+        "usage"]["prompt_tokens"]
+    async with ProbeClient() as client:
+        result = await client.chat(target, body, workload="short")
+    assert result.ok, result.error
+    assert result.token_source == "server" and CHUNK_ESTIMATE_NOTE not in result.notes
+    assert result.completion_tokens == 40 and result.prompt_tokens == expected_prompt
+    assert result.finish_reason == "length"
+    assert 0 < result.chunks <= 40  # the role-only first chunk carries no text and is not counted
+    assert result.ttft_s is not None and result.decode_tps is not None and result.decode_tps > 0
+

@@ -1,0 +1,462 @@
+"""Interleaved A/B(/C...) comparison over fresh engine instances, and its analysis.
+
+Method (what the report's "method" section states):
+- Every instance of every arm is a fresh start through the safe switch (stop, VRAM/PIDs/port drained,
+  start, /health and a real 1-token completion), then `warmup_requests` unrecorded requests.
+- A block is `requests_per_block` sequential single-stream requests of one workload; its value is the
+  median over its successful requests. Each block also records the GPU state sampled while it ran.
+- Two schedules:
+  * "coresident": instance i of every arm runs at the same time (distinct ports); blocks alternate
+    arms A B A B ... (B A B A in odd rounds), so drift hits every arm alike. Used when the engines fit
+    side by side (no GPU, or attached servers). Attached servers are never restarted: their
+    "instances" are rounds.
+  * "switch": one engine at a time (a GPU that holds only one). Round i starts instance i of each arm
+    in turn, A B in even rounds and B A in odd ones, and runs that instance's blocks back to back.
+    Arms are interleaved at the instance level; restarting for every block would turn blocks into
+    instances and multiply cold starts (165 s for vLLM in the seeds).
+- Per arm: median, CV% and range over blocks; the median of each instance; CV% across instance medians
+  decides the verdict (stats.verdict). Ratios of medians against the first arm get a hierarchical
+  bootstrap 95% interval (instances, then blocks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from tui.compare.engines import ArmEngine, Started, StartError, engine_version
+from tui.compare.gpu_watch import GpuSource, GpuWatch
+from tui.compare.platform_info import platform_info
+from tui.compare.stats import (
+    DEFAULT_CV_THRESHOLD_PCT,
+    bootstrap_ratio_ci,
+    cv_pct,
+    median,
+    summarize,
+    verdict,
+)
+from tui.probe.client import ProbeClient, ProbeLimits
+from tui.probe.results import ProbeResult
+from tui.probe.sweep import SweepConfig, SweepResult, run_sweep
+from tui.probe.workloads import WORKLOADS, WorkloadParams, run_workload
+
+SCHEMA = "enginetop.compare/1"
+Mode = Literal["switch", "coresident"]
+METRICS = ("decode_tps", "ttft_s", "prefill_tps", "server_decode_tps")
+
+
+@dataclass(frozen=True)
+class ABConfig:
+    instances: int = 3
+    blocks: int = 4
+    requests_per_block: int = 3
+    workload: str = "short"
+    max_tokens: int | None = None  # None: the workload's default
+    warmup_requests: int = 1
+    cv_threshold_pct: float = DEFAULT_CV_THRESHOLD_PCT
+    exclude_throttled: bool = False
+    mode: Mode = "switch"
+    seed: int = 0
+    concurrency: tuple[int, ...] = ()  # levels for a sweep on each arm's first instance; () = none
+    gpu_interval_s: float = 0.5
+    bootstrap_samples: int = 5000
+    request_timeout_s: float = 300.0
+
+    def check(self) -> None:
+        if self.instances < 1 or self.blocks < 1 or self.requests_per_block < 1:
+            raise ValueError("instances, blocks and requests per block must each be at least 1")
+        if self.workload not in WORKLOADS or self.workload == "agent":
+            allowed = ", ".join(w for w in WORKLOADS if w != "agent")
+            raise ValueError(
+                f"workload {self.workload!r} cannot be compared in blocks; choose one of {allowed}"
+            )
+        if self.max_tokens is not None and self.max_tokens < 2:
+            raise ValueError("max tokens must be at least 2: decode speed needs two tokens")
+        if any(level < 1 for level in self.concurrency):
+            raise ValueError("concurrency levels must be positive integers")
+        if self.cv_threshold_pct <= 0:
+            raise ValueError("the CV threshold must be a positive percentage")
+
+
+@dataclass
+class Arm:
+    """One configuration under test. `argv` is exactly what gets launched (None: attached)."""
+
+    name: str
+    engine: ArmEngine
+    argv: list[str] | None = None
+    engine_kind: str | None = None
+    url: str | None = None
+    profile_path: str | None = None
+    param: dict[str, str] | None = None  # sweeps: {"option": "--threads", "value": "2"}
+    notes: str = ""
+
+
+Progress = Callable[[str], None]
+
+
+def _now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+@dataclass
+class _Run:
+    arms: Sequence[Arm]
+    config: ABConfig
+    gpu: GpuSource | None
+    progress: Progress
+    blocks: list[dict[str, Any]] = field(default_factory=list)
+    instances: list[dict[str, Any]] = field(default_factory=list)
+    concurrency: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    versions: dict[str, str | None] = field(default_factory=dict)
+    seq: int = 0
+
+    # ---- one instance ---------------------------------------------------------------------------------
+    def start(self, arm: Arm, instance: int) -> Started | None:
+        what = "round" if arm.engine.attached else "starting instance"
+        self.progress(f"{arm.name}: {what} {instance + 1}")
+        t0 = time.time()
+        try:
+            started = arm.engine.start()
+        except (StartError, OSError) as exc:
+            self.errors.append(f"{arm.name} instance {instance + 1}: {exc}")
+            self.progress(f"{arm.name}: instance {instance + 1} failed to start: {exc}")
+            self.instances.append(
+                {"arm": arm.name, "instance": instance, "ok": False, "error": str(exc), "wall_start": t0}
+            )
+            return None
+        if arm.name not in self.versions:
+            self.versions[arm.name] = engine_version(started.target)
+        arm.url = arm.url or started.target.url
+        if started.argv is not None:
+            arm.argv = list(started.argv)
+        self.instances.append(
+            {
+                "arm": arm.name,
+                "instance": instance,
+                "ok": True,
+                "wall_start": t0,
+                "cold_start_s": started.cold_start_s,
+                "pid": started.pid,
+                "url": started.target.url,
+                "log_path": started.log_path,
+                "switch_steps": list(started.steps),
+            }
+        )
+        warm = self.warmup(started, instance)
+        self.instances[-1]["warmup_ok"] = warm
+        return started
+
+    def stop(self, arm: Arm) -> None:
+        try:
+            arm.engine.stop()
+        except (StartError, OSError) as exc:
+            self.errors.append(f"{arm.name}: {exc}")
+
+    def params(self, seed: int) -> WorkloadParams:
+        return WorkloadParams(max_tokens=self.config.max_tokens, seed=seed)
+
+    def warmup(self, started: Started, instance: int) -> int:
+        if self.config.warmup_requests < 1:
+            return 0
+        seed = 10_000_000 + self.config.seed * 100_000 + self.seq * 10 + instance
+        results = asyncio.run(self._requests(started, self.config.warmup_requests, seed))
+        return sum(r.ok for r in results)
+
+    async def _requests(self, started: Started, n: int, seed: int) -> list[ProbeResult]:
+        limits = ProbeLimits(read_s=self.config.request_timeout_s, total_s=self.config.request_timeout_s)
+        async with ProbeClient(limits) as client:
+            return [
+                r
+                async for r in run_workload(
+                    client, started.target, self.config.workload, self.params(seed), repeat=n
+                )
+            ]
+
+    # ---- one block ------------------------------------------------------------------------------------
+    def block(self, arm: Arm, started: Started, instance: int, block: int) -> None:
+        seed = self.config.seed * 100_000 + self.seq
+        wall_start = time.time()
+        with GpuWatch(self.gpu, self.config.gpu_interval_s) as watch:
+            results = asyncio.run(self._requests(started, self.config.requests_per_block, seed))
+        gpu = watch.summary()
+        good = [r for r in results if r.ok]
+        record: dict[str, Any] = {
+            "arm": arm.name,
+            "instance": instance,
+            "block": block,
+            "seq": self.seq,
+            "wall_start": wall_start,
+            "wall_end": time.time(),
+            "requests": [r.to_json() for r in results],
+            "ok": len(good),
+            "failed": len(results) - len(good),
+            "errors": sorted({r.error for r in results if r.error}),
+            "token_source": _token_source(good),
+            "gpu": gpu,
+            "throttled": bool(gpu.get("throttled")),
+        }
+        for metric in METRICS:
+            record[metric] = median([v for r in good if (v := getattr(r, metric)) is not None])
+        self.blocks.append(record)
+        self.seq += 1
+        flag = "  THROTTLED" if record["throttled"] else ""
+        decode = record["decode_tps"]
+        self.progress(
+            f"{arm.name}: instance {instance + 1} block {block + 1}: "
+            f"decode {'n/a' if decode is None else f'{decode:.1f}'} tok/s, "
+            f"{record['ok']}/{len(results)} ok{flag}"
+        )
+
+    # ---- concurrency sweep (tui.probe.sweep) -----------------------------------------------------
+    def sweep(self, arm: Arm, started: Started) -> None:
+        seed = 20_000_000 + self.config.seed * 100_000 + self.seq
+        sweep_config = SweepConfig(levels=self.config.concurrency, requests_per_stream=2,
+                                   workload=self.config.workload, params=self.params(seed))
+        self.progress(f"{arm.name}: concurrency sweep {', '.join(map(str, self.config.concurrency))}")
+        swept = asyncio.run(self._sweep(started, sweep_config))
+        for level in swept.levels:
+            self.concurrency.append({"arm": arm.name, **level.to_json()})
+        self.seq += 1
+
+    async def _sweep(self, started: Started, sweep_config: SweepConfig) -> SweepResult:
+        limits = ProbeLimits(read_s=self.config.request_timeout_s, total_s=self.config.request_timeout_s)
+        async with ProbeClient(limits) as client:
+            return await run_sweep(client, started.target, sweep_config)
+
+
+def _token_source(results: list[ProbeResult]) -> str | None:
+    sources = {r.token_source for r in results}
+    if not sources:
+        return None
+    return sources.pop() if len(sources) == 1 else "mixed"
+
+
+def run_comparison(
+    arms: Sequence[Arm],
+    config: ABConfig,
+    *,
+    gpu: GpuSource | None = None,
+    progress: Progress | None = None,
+    kind: str = "ab",
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Run the whole schedule and return the result (JSON-ready dict) with its analysis."""
+    config.check()
+    names = [a.name for a in arms]
+    if len(arms) < 1 or len(set(names)) != len(names):
+        raise ValueError(f"arms need distinct names, got {names}")
+    run = _Run(arms, config, gpu, progress or (lambda _msg: None))
+    started_at = _now_iso()
+    first_gpu = gpu() if gpu is not None else None
+    try:
+        if config.mode == "coresident":
+            _coresident(run)
+        else:
+            _switch(run)
+    finally:
+        for arm in arms:
+            run.stop(arm)
+    result: dict[str, Any] = {
+        "schema": SCHEMA,
+        "kind": kind,
+        "started": started_at,
+        "finished": _now_iso(),
+        "platform": platform_info(first_gpu),
+        "config": {**asdict(config), "concurrency": list(config.concurrency)},
+        "arms": [
+            {
+                "name": a.name,
+                "engine": a.engine_kind,
+                "argv": a.argv,
+                "url": a.url,
+                "attached": a.engine.attached,
+                "profile_path": a.profile_path,
+                "param": a.param,
+                "notes": a.notes,
+                "engine_version": run.versions.get(a.name),
+            }
+            for a in arms
+        ],
+        "instances": run.instances,
+        "blocks": run.blocks,
+        "concurrency": run.concurrency,
+        "errors": run.errors,
+        **(extra or {}),
+    }
+    result["analysis"] = analyze(result)
+    return result
+
+
+def _switch(run: _Run) -> None:
+    for i in range(run.config.instances):
+        order = list(run.arms) if i % 2 == 0 else list(reversed(run.arms))
+        for arm in order:
+            started = run.start(arm, i)
+            if started is None:
+                continue
+            try:
+                for b in range(run.config.blocks):
+                    run.block(arm, started, i, b)
+                if i == 0 and run.config.concurrency:
+                    run.sweep(arm, started)
+            finally:
+                if not arm.engine.attached:
+                    run.stop(arm)
+
+
+def _coresident(run: _Run) -> None:
+    for i in range(run.config.instances):
+        live: dict[str, Started] = {}
+        try:
+            for arm in run.arms:
+                started = run.start(arm, i)
+                if started is not None:
+                    live[arm.name] = started
+            for b in range(run.config.blocks):
+                # A B A B within a round; the next round starts with B so no arm always goes first.
+                order = list(run.arms) if i % 2 == 0 else list(reversed(run.arms))
+                for arm in order:
+                    if arm.name in live:
+                        run.block(arm, live[arm.name], i, b)
+            if i == 0 and run.config.concurrency:
+                for arm in run.arms:
+                    if arm.name in live:
+                        run.sweep(arm, live[arm.name])
+        finally:
+            for arm in run.arms:
+                if arm.name in live and not arm.engine.attached:
+                    run.stop(arm)
+
+
+# ---- analysis (pure: works on the stored result, so a report can be re-rendered from JSON) ---------------
+
+
+def _blocks_used(result: dict[str, Any], arm: str) -> tuple[list[dict[str, Any]], int]:
+    exclude = bool(result["config"].get("exclude_throttled"))
+    metric = primary_metric(result)
+    mine = [b for b in result["blocks"] if b["arm"] == arm and b.get(metric) is not None]
+    used = [b for b in mine if not (exclude and b.get("throttled"))]
+    return used, len(mine) - len(used)
+
+
+def primary_metric(result: dict[str, Any]) -> str:
+    """What the verdict is about: decode speed, except for long-prefill (1 token out: prefill speed)."""
+    return "prefill_tps" if result["config"].get("workload") == "long-prefill" else "decode_tps"
+
+
+def primary_metric_name(cmp: dict[str, Any]) -> str:
+    return cmp.get("verdict_metric", "decode_tps")
+
+
+def _groups(blocks: list[dict[str, Any]], metric: str) -> list[list[float]]:
+    by_instance: dict[int, list[float]] = {}
+    for b in blocks:
+        if b.get(metric) is not None:
+            by_instance.setdefault(b["instance"], []).append(float(b[metric]))
+    return [by_instance[k] for k in sorted(by_instance)]
+
+
+def _mean_of(blocks: list[dict[str, Any]], key: str) -> float | None:
+    values = [b["gpu"][key] for b in blocks if b.get("gpu") and b["gpu"].get(key) is not None]
+    return sum(values) / len(values) if values else None
+
+
+def analyze_arm(result: dict[str, Any], arm: dict[str, Any]) -> dict[str, Any]:
+    threshold = float(result["config"]["cv_threshold_pct"])
+    used, excluded = _blocks_used(result, arm["name"])
+    all_blocks = [b for b in result["blocks"] if b["arm"] == arm["name"]]
+    groups = _groups(used, primary_metric(result))
+    instance_medians = [median(g) for g in groups]
+    instance_values = [v for v in instance_medians if v is not None]
+    temps = [b["gpu"]["temp_c_max"] for b in used if b.get("gpu") and b["gpu"].get("temp_c_max") is not None]
+    return {
+        "name": arm["name"],
+        "blocks_total": len(all_blocks),
+        "blocks_used": len(used),
+        "blocks_excluded_throttled": excluded,
+        "blocks_throttled": sum(1 for b in all_blocks if b.get("throttled")),
+        "blocks_without_data": sum(1 for b in all_blocks if b.get(primary_metric(result)) is None),
+        "verdict_metric": primary_metric(result),
+        "instances": len(groups),
+        "instance_unit": "rounds (attached: no restarts)" if arm.get("attached") else "instances",
+        "instance_decode_tps": instance_values,
+        "instance_cv_pct": cv_pct(instance_values),
+        "verdict": verdict(instance_values, threshold),
+        **{metric: summarize([b.get(metric) for b in used]).as_dict() for metric in METRICS},
+        "token_source": _merge_sources(b.get("token_source") for b in used),
+        "gpu_util_pct": _mean_of(used, "util_gpu_pct_mean"),
+        "power_w": _mean_of(used, "power_w_mean"),
+        "mem_bw_pct": _mean_of(used, "mem_bw_pct_mean"),
+        "temp_c_max": max(temps) if temps else None,
+    }
+
+
+def _merge_sources(sources: Any) -> str | None:
+    found = {s for s in sources if s}
+    if not found:
+        return None
+    return found.pop() if len(found) == 1 else "mixed"
+
+
+def compare_arms(result: dict[str, Any], base: str, other: str) -> dict[str, Any]:
+    """Ratio other/base of medians per metric, with the bootstrap interval and what it allows to say."""
+    base_used, _ = _blocks_used(result, base)
+    other_used, _ = _blocks_used(result, other)
+    cfg = result["config"]
+    out: dict[str, Any] = {"base": base, "other": other, "verdict_metric": primary_metric(result)}
+    for metric in ("decode_tps", "ttft_s", "prefill_tps"):
+        num, den = _groups(other_used, metric), _groups(base_used, metric)
+        num_med = median([v for g in num for v in g])
+        den_med = median([v for g in den for v in g])
+        entry: dict[str, Any] = {"ratio": None, "ci_low": None, "ci_high": None}
+        if num and den and num_med is not None and den_med:
+            entry["ratio"] = num_med / den_med
+            try:
+                lo, hi = bootstrap_ratio_ci(
+                    num, den, n_boot=int(cfg.get("bootstrap_samples", 5000)), seed=int(cfg.get("seed", 0))
+                )
+                entry["ci_low"], entry["ci_high"] = lo, hi
+            except ValueError as exc:
+                entry["error"] = str(exc)
+        out[metric] = entry
+    return out
+
+
+def comparison_verdict(cmp: dict[str, Any], arms: dict[str, dict[str, Any]]) -> str:
+    decode = cmp[primary_metric_name(cmp)]
+    if decode["ratio"] is None:
+        return "no data"
+    bad = [n for n in (cmp["base"], cmp["other"]) if arms[n]["verdict"] != "reproducible"]
+    lo, hi = decode["ci_low"], decode["ci_high"]
+    if lo is not None and hi is not None and (lo > 1 or hi < 1):
+        words = f"{cmp['other']} {'faster' if lo > 1 else 'slower'} than {cmp['base']} (interval excludes 1)"
+    else:
+        what = "decode" if primary_metric_name(cmp) == "decode_tps" else "prefill"
+        words = f"no {what} difference shown between {cmp['other']} and {cmp['base']} (interval includes 1)"
+    if bad:
+        words += (
+            f"; but {', '.join(bad)} {'is' if len(bad) == 1 else 'are'} not reproducible across instances"
+        )
+    return words
+
+
+def analyze(result: dict[str, Any]) -> dict[str, Any]:
+    arms = {a["name"]: analyze_arm(result, a) for a in result["arms"]}
+    names = [a["name"] for a in result["arms"]]
+    comparisons = []
+    for other in names[1:]:
+        cmp = compare_arms(result, names[0], other)
+        cmp["verdict"] = comparison_verdict(cmp, arms)
+        comparisons.append(cmp)
+    return {
+        "cv_threshold_pct": result["config"]["cv_threshold_pct"],
+        "exclude_throttled": result["config"].get("exclude_throttled", False),
+        "arms": arms,
+        "comparisons": comparisons,
+    }

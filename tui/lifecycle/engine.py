@@ -1,0 +1,359 @@
+"""One engine instance: launch it, decide when it is ready, stop it, and tell whether it still runs.
+
+Every verdict comes from an independent check, never from the engine's own words: the OS says whether
+the process lives, a TCP connect says whether the port listens, HTTP status codes say whether /health
+and a real 1-token completion succeed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shlex
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import httpx
+import psutil
+
+from tui.lifecycle.process import (
+    Launched,
+    describe_process,
+    group_members,
+    launch,
+    pid_alive,
+    port_listeners,
+    port_open,
+    reap,
+    stop_pgid,
+    tail_lines,
+)
+from tui.lifecycle.profiles import Profile, ResolvedProfile
+from tui.paths import runs_dir
+
+LOG_TAIL_LINES = 20
+
+
+class StepError(RuntimeError):
+    """A lifecycle step failed; the message names the step and says why, in words a user can act on."""
+
+    def __init__(self, step: str, message: str, timed_out: bool = False) -> None:
+        self.step = step
+        self.timed_out = timed_out
+        super().__init__(message)
+
+
+class Cancelled(StepError):
+    def __init__(self, step: str) -> None:
+        super().__init__(step, f"cancelled during step '{step}'")
+
+
+def timeout_message(step: str, seconds: float, detail: str) -> str:
+    return f"step '{step}' timed out after {seconds:.0f} s: {detail}"
+
+
+def exit_words(code: int | None) -> str:
+    if code is None:
+        return "exit code unknown (not a child of this process)"
+    if code < 0:
+        try:
+            return f"exit code {code} (killed by {signal.Signals(-code).name})"
+        except ValueError:
+            return f"exit code {code}"
+    return f"exit code {code}"
+
+
+@dataclass
+class EngineInstance:
+    """A running (or attached) engine. `launched` is set when this process started it (exit code known);
+    an instance adopted from a state file has only pid/pgid/create_time."""
+
+    resolved: ResolvedProfile
+    pid: int | None = None
+    pgid: int | None = None
+    create_time: float | None = None  # psutil's, to tell our PID from a reused one
+    log_path: Path | None = None
+    launched: Launched | None = None
+    started_mono: float = field(default_factory=time.monotonic)
+    started_wall: float = field(default_factory=time.time)
+    cold_start_s: float | None = None
+    pids_seen: dict[int, float] = field(default_factory=dict)  # PID -> create time, every one of its tree
+    stopping: bool = False  # set before we signal it, so its exit is not reported as a crash
+
+    @property
+    def profile(self) -> Profile:
+        return self.resolved.profile
+
+    @property
+    def name(self) -> str:
+        return self.profile.name
+
+    @property
+    def url(self) -> str:
+        return self.profile.url
+
+    @property
+    def attached(self) -> bool:
+        return self.pid is None
+
+    def alive(self) -> bool:
+        if self.pid is None:
+            return False
+        if self.launched is not None:
+            return self.launched.alive()
+        reap(self.pid)
+        return pid_alive(self.pid, self.create_time)
+
+    def exit_code(self) -> int | None:
+        if self.launched is not None:
+            return self.launched.proc.poll()
+        return None
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> list[str]:
+        return tail_lines(self.log_path, lines) if self.log_path else []
+
+    def tree_pids(self) -> set[int]:
+        """The live PIDs of its process tree and group now; remembered in pids_seen with their start
+        times, so a PID reused later by an unrelated process is never taken for (or killed as) ours."""
+        procs: list[psutil.Process] = []
+        if self.pid is None:
+            return set()
+        try:
+            root = psutil.Process(self.pid)
+            if self.create_time is None or abs(root.create_time() - self.create_time) < 0.01:
+                procs.append(root)
+                procs += root.children(recursive=True)
+        except psutil.Error:
+            pass
+        if self.pgid is not None:
+            procs += group_members(self.pgid)
+        pids: set[int] = set()
+        for proc in procs:
+            try:
+                self.pids_seen.setdefault(proc.pid, proc.create_time())
+                pids.add(proc.pid)
+            except psutil.Error:
+                continue
+        return pids
+
+    def survivors(self) -> list[int]:
+        """PIDs seen in its tree that still run (the same processes, not reused PIDs)."""
+        return sorted(pid for pid, started in self.pids_seen.items() if pid_alive(pid, started))
+
+
+def new_log_path(profile: Profile, directory: Path | None = None) -> Path:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in profile.name)
+    return (directory or runs_dir()) / f"{safe}-{stamp}-{profile.port}.log"
+
+
+def launch_instance(resolved: ResolvedProfile, log_dir: Path | None = None) -> EngineInstance:
+    """Start the resolved argv (no shell, own process group, output to a fresh log file)."""
+    profile = resolved.profile
+    if resolved.argv is None:
+        return EngineInstance(resolved=resolved)
+    log_path = new_log_path(profile, log_dir)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    # The argv is safe to log: a key on it is rejected when the profile loads; the env is not logged.
+    with log_path.open("a", encoding="utf-8") as log:
+        log.write(f"# enginetop {datetime.now().isoformat(timespec='seconds')}: profile {profile.name}\n")
+        log.write(f"# argv: {shlex.join(resolved.argv)}\n")
+        if resolved.workdir:
+            log.write(f"# cwd: {resolved.workdir}\n")
+    try:
+        launched = launch(list(resolved.argv), log_path, env=resolved.env, cwd=resolved.workdir)
+    except OSError as exc:
+        raise StepError("start", f"cannot run {resolved.argv[0]!r}: {exc.strerror or exc}") from exc
+    try:
+        create_time = psutil.Process(launched.pid).create_time()
+    except psutil.Error:
+        create_time = None
+    instance = EngineInstance(
+        resolved=resolved,
+        pid=launched.pid,
+        pgid=launched.pid,
+        create_time=create_time,
+        log_path=log_path,
+        launched=launched,
+        started_mono=launched.started_at,
+    )
+    instance.tree_pids()
+    return instance
+
+
+# ---------------------------------------------------------------- readiness
+
+
+@dataclass(frozen=True, slots=True)
+class Readiness:
+    ready: bool
+    stage: str  # the first check that is not yet met: process, port, health, completion; "ready"
+    message: str
+
+
+def _headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def _served_model(client: httpx.Client, url: str, headers: dict[str, str]) -> str | None:
+    """The first model id from /v1/models; vLLM and SGLang want it in the request, llama.cpp ignores it."""
+    try:
+        reply = client.get(f"{url}/v1/models", headers=headers)
+        data = reply.json().get("data") if reply.status_code == 200 else None
+        if isinstance(data, list) and data and isinstance(data[0], dict):
+            return data[0].get("id")
+    except (httpx.HTTPError, ValueError, AttributeError):
+        pass
+    return None
+
+
+def check_ready(instance: EngineInstance, client: httpx.Client) -> Readiness:
+    """One pass over the readiness checks, each independent, stopping at the first unmet one."""
+    profile = instance.profile
+    if not instance.attached and not instance.alive():
+        raise StepError("ready", crash_message(instance, "while starting"))
+    if not port_open(profile.connect_host, profile.port, timeout=1.0):
+        return Readiness(False, "port", f"port {profile.port} on {profile.connect_host} not listening yet")
+    headers = _headers(instance.resolved.api_key)
+    url = profile.url
+    try:
+        health = client.get(f"{url}{profile.health_path}", headers=headers)
+    except httpx.HTTPError as exc:
+        return Readiness(False, "health", f"{profile.health_path}: {type(exc).__name__}")
+    if health.status_code != 200:
+        return Readiness(
+            False, "health", f"{profile.health_path} answered {health.status_code}{_short_reason(health)}"
+        )
+    body: dict[str, object] = {"prompt": "Hello", "max_tokens": 1, "temperature": 0}
+    model = _served_model(client, url, headers)
+    if model:
+        body["model"] = model
+    try:
+        reply = client.post(f"{url}/v1/completions", json=body, headers=headers)
+    except httpx.HTTPError as exc:
+        return Readiness(False, "completion", f"1-token completion: {type(exc).__name__}")
+    if reply.status_code != 200:
+        return Readiness(
+            False, "completion", f"1-token completion answered {reply.status_code}{_short_reason(reply)}"
+        )
+    try:
+        choices = reply.json().get("choices")
+    except (ValueError, AttributeError):
+        choices = None
+    if not isinstance(choices, list) or not choices:
+        return Readiness(False, "completion", "1-token completion answered 200 without choices")
+    return Readiness(True, "ready", "process alive, port listening, health 200, 1-token completion answered")
+
+
+def _short_reason(reply: httpx.Response) -> str:
+    try:
+        data = reply.json()
+        error = data.get("error") if isinstance(data, dict) else None
+        message = error.get("message") if isinstance(error, dict) else None
+    except (ValueError, AttributeError):
+        message = None
+    return f" ({str(message)[:80]})" if message else ""
+
+
+def wait_ready(
+    instance: EngineInstance,
+    cancel: threading.Event | None = None,
+    progress: Callable[[str], None] | None = None,
+    timeout: float | None = None,
+    interval: float = 0.25,
+) -> float:
+    """Poll check_ready until ready; returns and records the cold-start time (launch to ready)."""
+    timeout = instance.profile.start_timeout_s if timeout is None else timeout
+    deadline = time.monotonic() + timeout
+    last = ""
+    with httpx.Client(timeout=httpx.Timeout(30.0, connect=2.0)) as client:
+        while True:
+            if cancel is not None and cancel.is_set():
+                raise Cancelled("ready")
+            state = check_ready(instance, client)
+            if state.ready:
+                instance.cold_start_s = time.monotonic() - instance.started_mono
+                instance.tree_pids()
+                return instance.cold_start_s
+            if state.message != last and progress is not None:
+                progress(state.message)
+            last = state.message
+            if time.monotonic() >= deadline:
+                raise StepError("ready", timeout_message("ready", timeout, last), timed_out=True)
+            instance.tree_pids()  # children (vLLM's engine core) appear while it loads
+            time.sleep(interval)
+
+
+def crash_message(instance: EngineInstance, when: str = "") -> str:
+    tail = instance.log_tail()
+    where = f" (log {instance.log_path})" if instance.log_path else ""
+    text = f"engine {instance.name} (PID {instance.pid}) exited {when}".rstrip()
+    text += f" with {exit_words(instance.exit_code())}{where}"
+    if tail:
+        text += "; last log lines:\n" + "\n".join(tail)
+    return text
+
+
+# ---------------------------------------------------------------- stopping
+
+
+def stop_instance(instance: EngineInstance, timeout: float | None = None) -> str:
+    """TERM the group, KILL after the timeout, then verify independently that every process we saw is gone
+    and the port is closed. Returns what happened; raises StepError("stop") when something survived."""
+    if instance.attached:
+        return "attached to a server enginetop did not start: left running"
+    timeout = instance.profile.stop_timeout_s if timeout is None else timeout
+    instance.stopping = True
+    instance.tree_pids()
+    how = stop_pgid(
+        instance.pgid or instance.pid, timeout, instance.launched.proc if instance.launched else None
+    )
+    # Children that left the group (setsid) are signalled by PID: they were part of the engine.
+    for pid in instance.survivors():
+        with contextlib.suppress(psutil.Error):
+            psutil.Process(pid).kill()
+    survivors: list[int] = []
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        for pid in instance.pids_seen:
+            reap(pid)
+        survivors = instance.survivors()
+        listening = port_open(instance.profile.connect_host, instance.profile.port)
+        if not survivors and not listening:
+            break
+        time.sleep(0.1)
+    else:
+        if survivors:
+            names = ", ".join(describe_process(_proc(pid)) for pid in survivors)
+            raise StepError("stop", f"still running after SIGKILL: {names}")
+        raise StepError(
+            "stop",
+            f"every process of {instance.name} is gone but port {instance.profile.port} "
+            f"is still listening: {port_holder_words(instance.profile.port)}",
+        )
+    words = {
+        "terminated": "stopped by SIGTERM",
+        "killed": f"did not stop within {timeout:.0f} s: SIGKILL",
+        "gone": "was not running",
+    }[how]
+    return (
+        f"{words}; {len(instance.pids_seen)} process(es) verified gone, port {instance.profile.port} closed"
+    )
+
+
+def _proc(pid: int) -> psutil.Process | None:
+    try:
+        return psutil.Process(pid)
+    except psutil.Error:
+        return None
+
+
+def port_holder_words(port: int) -> str:
+    holders = port_listeners(port)
+    if not holders:
+        return "held by a process this user cannot see"
+    return ", ".join(describe_process(p) for p in holders)

@@ -1,0 +1,28 @@
+"""Where enginetop keeps what outlives one clone: built engines, the demo model, logs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def cache_dir() -> Path:
+    """Shared by every clone on the machine, so the ~8 min llama-server build happens once."""
+    root = os.environ.get("ENGINETOP_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "enginetop"
+    )
+    path = Path(root)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def config_dir() -> Path:
+    root = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
+    return Path(root) / "enginetop"
+
+
+def runs_dir() -> Path:
+    """Per-instance logs and recordings of engines that enginetop launched."""
+    path = cache_dir() / "runs"
+    path.mkdir(parents=True, exist_ok=True)
+    return path

@@ -1,0 +1,320 @@
+"""Immutable results of probe requests, and the figures derived from them.
+
+Token counts come from the server (`usage`, or llama.cpp `timings`); when a server sends neither, the
+count of non-empty stream chunks stands in and the result says so (`token_source == "chunks"`).
+Client-clock times and server-side times are kept apart and labelled; "not available" is None.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from tui.probe.stats import median, quantile
+
+TokenSource = Literal["server", "chunks"]
+PrefillSource = Literal["server", "client-lower-bound"]
+
+CHUNK_ESTIMATE_NOTE = "completion tokens estimated from chunks: the server sent no token counts"
+
+
+def _num(obj: dict[str, Any], key: str) -> float | None:
+    value = obj.get(key)
+    # bool is an int in Python; a server sending true is not sending a number.
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if not math.isfinite(value) or value < 0:
+        return None
+    return float(value)
+
+
+def _int(obj: dict[str, Any], key: str) -> int | None:
+    value = _num(obj, key)
+    return None if value is None else int(value)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerTimings:
+    """Server-side timing of one request, as the engine reported it (llama.cpp `timings`, vLLM `metrics`)."""
+
+    source: Literal["llamacpp", "vllm"]
+    # llama.cpp `timings`
+    cache_n: int | None = None  # prompt tokens reused from the cache
+    prompt_n: int | None = None  # prompt tokens actually processed
+    prompt_ms: float | None = None
+    prompt_per_second: float | None = None
+    predicted_n: int | None = None
+    predicted_ms: float | None = None  # first token -> last token
+    predicted_per_second: float | None = None  # (predicted_n - 1) / predicted_ms
+    draft_n: int | None = None
+    draft_n_accepted: int | None = None
+    # vLLM per-request `metrics` (--enable-per-request-metrics)
+    ttft_ms: float | None = None  # scheduled -> first token: excludes queueing
+    queue_ms: float | None = None
+    generation_ms: float | None = None
+    mean_itl_ms: float | None = None
+    tokens_per_second: float | None = None  # vLLM: all generated tokens / inference interval
+
+    @classmethod
+    def from_llamacpp(cls, timings: dict[str, Any]) -> ServerTimings:
+        return cls(
+            source="llamacpp",
+            cache_n=_int(timings, "cache_n"),
+            prompt_n=_int(timings, "prompt_n"),
+            prompt_ms=_num(timings, "prompt_ms"),
+            prompt_per_second=_num(timings, "prompt_per_second"),
+            predicted_n=_int(timings, "predicted_n"),
+            predicted_ms=_num(timings, "predicted_ms"),
+            predicted_per_second=_num(timings, "predicted_per_second"),
+            draft_n=_int(timings, "draft_n"),
+            draft_n_accepted=_int(timings, "draft_n_accepted"),
+        )
+
+    @classmethod
+    def from_vllm(cls, metrics: dict[str, Any]) -> ServerTimings:
+        return cls(
+            source="vllm",
+            ttft_ms=_num(metrics, "time_to_first_token_ms"),
+            queue_ms=_num(metrics, "queue_time_ms"),
+            generation_ms=_num(metrics, "generation_time_ms"),
+            mean_itl_ms=_num(metrics, "mean_itl_ms"),
+            tokens_per_second=_num(metrics, "tokens_per_second"),
+        )
+
+    @property
+    def decode_tps(self) -> float | None:
+        """Server-side decode rate: llama.cpp's own figure; for vLLM 1 / mean inter-token latency."""
+        if self.source == "llamacpp":
+            return self.predicted_per_second or None
+        if self.mean_itl_ms:
+            return 1000.0 / self.mean_itl_ms
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__slots__ if getattr(self, k) is not None}
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeResult:
+    """One streamed chat completion. Times are `time.perf_counter()` seconds; None = did not happen."""
+
+    engine: str
+    url: str
+    workload: str
+    index: int  # request number within its run
+    wall_start: float  # time.time() at send, for reports
+    sent_at: float
+    first_token_at: float | None = None  # first chunk carrying content or reasoning text
+    last_token_at: float | None = None
+    ended_at: float | None = None
+    status: int | None = None  # HTTP status; None if no response arrived
+    error: str | None = None
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    token_source: TokenSource = "server"
+    chunks: int = 0  # chunks with non-empty content/reasoning text
+    server: ServerTimings | None = None
+    turn: int | None = None  # agent workload: 1-based turn number
+    notes: tuple[str, ...] = ()
+    text: str = field(default="", repr=False)  # the reply; the agent workload appends it to the chat
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def estimated(self) -> bool:
+        return self.token_source == "chunks"
+
+    @property
+    def ttft_s(self) -> float | None:
+        if self.first_token_at is None:
+            return None
+        return self.first_token_at - self.sent_at
+
+    @property
+    def e2e_s(self) -> float | None:
+        if self.ended_at is None:
+            return None
+        return self.ended_at - self.sent_at
+
+    @property
+    def decode_s(self) -> float | None:
+        if self.first_token_at is None or self.last_token_at is None:
+            return None
+        return self.last_token_at - self.first_token_at
+
+    @property
+    def decode_tps(self) -> float | None:
+        """(completion_tokens - 1) / (last - first): the first token is prefill's, the rest are decode's."""
+        span = self.decode_s
+        if not self.ok or span is None or span <= 0 or self.completion_tokens is None:
+            return None
+        if self.completion_tokens < 2:
+            return None
+        return (self.completion_tokens - 1) / span
+
+    @property
+    def server_decode_tps(self) -> float | None:
+        return self.server.decode_tps if self.server is not None else None
+
+    @property
+    def prefill_source(self) -> PrefillSource | None:
+        if self.server_prefill_tps is not None:
+            return "server"
+        if self._client_prefill_tps() is not None:
+            return "client-lower-bound"
+        return None
+
+    @property
+    def server_prefill_tps(self) -> float | None:
+        if self.server is None or not self.ok:
+            return None
+        if self.server.source == "llamacpp":
+            return self.server.prompt_per_second or None
+        if self.server.ttft_ms and self.prompt_tokens is not None and self._uncached_prompt_tokens():
+            return self._uncached_prompt_tokens() / (self.server.ttft_ms / 1000.0)
+        return None
+
+    def _uncached_prompt_tokens(self) -> int:
+        assert self.prompt_tokens is not None
+        return max(0, self.prompt_tokens - (self.cached_tokens or 0))
+
+    def _client_prefill_tps(self) -> float | None:
+        # Client TTFT includes connect, queueing and the first decode step, so this is a lower bound.
+        # Cached tokens are not prefilled; counting them would inflate the figure past any bound.
+        ttft = self.ttft_s
+        if not self.ok or ttft is None or ttft <= 0 or self.prompt_tokens is None:
+            return None
+        # A fully cached prompt was not prefilled at all: there is no rate to report.
+        return (self._uncached_prompt_tokens() / ttft) or None
+
+    @property
+    def prefill_tps(self) -> float | None:
+        """Server-side prefill rate when given, else uncached prompt tokens / TTFT (a lower bound)."""
+        server = self.server_prefill_tps
+        return server if server is not None else self._client_prefill_tps()
+
+    @property
+    def cached_share(self) -> float | None:
+        if self.cached_tokens is None or not self.prompt_tokens:
+            return None
+        return self.cached_tokens / self.prompt_tokens
+
+    @property
+    def chunk_gap(self) -> int | None:
+        """completion_tokens - chunks: tokens that arrived several to a chunk (or as empty chunks)."""
+        if self.token_source != "server" or self.completion_tokens is None:
+            return None
+        return self.completion_tokens - self.chunks
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "type": "request",
+            "engine": self.engine,
+            "url": self.url,
+            "workload": self.workload,
+            "index": self.index,
+            "turn": self.turn,
+            "ok": self.ok,
+            "status": self.status,
+            "error": self.error,
+            "finish_reason": self.finish_reason,
+            "ttft_s": self.ttft_s,
+            "decode_tps": self.decode_tps,
+            "prefill_tps": self.prefill_tps,
+            "prefill_source": self.prefill_source,
+            "e2e_s": self.e2e_s,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "cached_tokens": self.cached_tokens,
+            "cached_share": self.cached_share,
+            "chunks": self.chunks,
+            "chunk_gap": self.chunk_gap,
+            "token_source": self.token_source,
+            "estimated_from_chunks": self.estimated,
+            "server_decode_tps": self.server_decode_tps,
+            "server_prefill_tps": self.server_prefill_tps,
+            "server_timings": self.server.to_json() if self.server is not None else None,
+            "wall_start": self.wall_start,
+            "notes": list(self.notes),
+        }
+
+
+def token_source_of(results: list[ProbeResult]) -> str | None:
+    sources = {r.token_source for r in results if r.ok}
+    if not sources:
+        return None
+    return sources.pop() if len(sources) == 1 else "mixed"
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeSummary:
+    """Medians over the successful requests of one run; failures are counted, never averaged in."""
+
+    requests: int
+    ok: int
+    ttft_s_p50: float | None
+    ttft_s_p90: float | None
+    decode_tps_p50: float | None
+    prefill_tps_p50: float | None
+    prefill_source: str | None
+    server_decode_tps_p50: float | None
+    e2e_s_p50: float | None
+    completion_tokens: int
+    chunks: int
+    token_source: str | None  # "server", "chunks", "mixed", or None when nothing succeeded
+    errors: tuple[str, ...]  # distinct error texts, first few
+
+    @property
+    def failed(self) -> int:
+        return self.requests - self.ok
+
+    @classmethod
+    def of(cls, results: list[ProbeResult]) -> ProbeSummary:
+        good = [r for r in results if r.ok]
+        errors: list[str] = []
+        for r in results:
+            if r.error is not None and r.error not in errors and len(errors) < 5:
+                errors.append(r.error)
+        prefill_sources = {r.prefill_source for r in good if r.prefill_source is not None}
+        return cls(
+            requests=len(results),
+            ok=len(good),
+            ttft_s_p50=median(r.ttft_s for r in good),
+            ttft_s_p90=quantile((r.ttft_s for r in good), 0.9),
+            decode_tps_p50=median(r.decode_tps for r in good),
+            prefill_tps_p50=median(r.prefill_tps for r in good),
+            prefill_source=(prefill_sources.pop() if len(prefill_sources) == 1 else "mixed")
+            if prefill_sources
+            else None,
+            server_decode_tps_p50=median(r.server_decode_tps for r in good),
+            e2e_s_p50=median(r.e2e_s for r in good),
+            completion_tokens=sum(r.completion_tokens or 0 for r in good),
+            chunks=sum(r.chunks for r in good),
+            token_source=token_source_of(good),
+            errors=tuple(errors),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "type": "summary",
+            "requests": self.requests,
+            "ok": self.ok,
+            "failed": self.failed,
+            "ttft_s_p50": self.ttft_s_p50,
+            "ttft_s_p90": self.ttft_s_p90,
+            "decode_tps_p50": self.decode_tps_p50,
+            "prefill_tps_p50": self.prefill_tps_p50,
+            "prefill_source": self.prefill_source,
+            "server_decode_tps_p50": self.server_decode_tps_p50,
+            "e2e_s_p50": self.e2e_s_p50,
+            "completion_tokens": self.completion_tokens,
+            "chunks": self.chunks,
+            "token_source": self.token_source,
+            "estimated_from_chunks": self.token_source in ("chunks", "mixed"),
+            "errors": list(self.errors),
+        }

@@ -1,0 +1,103 @@
+"""The async API for the dashboard: one probe (or sweep) at a time per engine, cancellable.
+
+Use from a Textual worker (an asyncio task):
+
+    runner = ProbeRunner()
+    results = await runner.probe(target, "short", repeat=5, on_result=post)  # post sees each one
+    sweep = await runner.sweep(target, SweepConfig(levels=(1, 2, 4)), on_level=...)
+
+Cancelling the worker's task (or `runner.cancel(target)`) stops the request in flight; its connection is
+closed. A second probe on a busy engine raises `ProbeBusy` at once instead of queueing behind the first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+
+from tui.probe.client import ProbeClient, ProbeLimits, ProbeTarget
+from tui.probe.results import ProbeResult
+from tui.probe.sweep import LevelResult, SweepConfig, SweepResult, run_sweep
+from tui.probe.workloads import WorkloadParams, run_workload
+
+
+class ProbeBusy(RuntimeError):
+    """A probe is already running against this engine."""
+
+
+class ProbeRunner:
+    def __init__(self, limits: ProbeLimits | None = None) -> None:
+        self._limits = limits
+        self._client: ProbeClient | None = None
+        self._active: dict[str, asyncio.Task[object]] = {}
+
+    def _key(self, target: ProbeTarget) -> str:
+        return target.url.rstrip("/")
+
+    def busy(self, target: ProbeTarget) -> bool:
+        return self._key(target) in self._active
+
+    def cancel(self, target: ProbeTarget) -> bool:
+        """Cancel the task running a probe on `target`; False if none runs."""
+        task = self._active.get(self._key(target))
+        if task is None:
+            return False
+        task.cancel()
+        return True
+
+    def _claim(self, target: ProbeTarget) -> str:
+        key = self._key(target)
+        if key in self._active:
+            raise ProbeBusy(f"a probe is already running on {target.name}")
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("ProbeRunner must be used from an asyncio task")
+        self._active[key] = task
+        if self._client is None:
+            # Created lazily inside the running loop that will use it.
+            self._client = ProbeClient(self._limits)
+        return key
+
+    async def probe(
+        self,
+        target: ProbeTarget,
+        workload: str = "short",
+        params: WorkloadParams | None = None,
+        repeat: int = 1,
+        on_result: Callable[[ProbeResult], None] | None = None,
+    ) -> tuple[ProbeResult, ...]:
+        """Run `repeat` requests (agent: turns) in order; `on_result` sees each one as it completes."""
+        key = self._claim(target)
+        results: list[ProbeResult] = []
+        try:
+            assert self._client is not None
+            workload_iter = run_workload(self._client, target, workload, params or WorkloadParams(), repeat)
+            async with contextlib.aclosing(workload_iter):
+                async for result in workload_iter:
+                    results.append(result)
+                    if on_result is not None:
+                        on_result(result)
+        finally:
+            self._active.pop(key, None)
+        return tuple(results)
+
+    async def sweep(
+        self,
+        target: ProbeTarget,
+        config: SweepConfig | None = None,
+        on_level: Callable[[LevelResult], None] | None = None,
+    ) -> SweepResult:
+        key = self._claim(target)
+        try:
+            assert self._client is not None
+            return await run_sweep(self._client, target, config or SweepConfig(), on_level)
+        finally:
+            self._active.pop(key, None)
+
+    async def aclose(self) -> None:
+        for task in list(self._active.values()):
+            task.cancel()
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None

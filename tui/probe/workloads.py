@@ -1,0 +1,158 @@
+"""Named, parameterised, deterministic probe workloads (seeded text; nothing is downloaded).
+
+Every request that measures prefill starts with a seeded nonce, so a prompt cache (llama.cpp keeps the
+last prompt of each slot) cannot serve a repeat and make TTFT lie. The `agent` workload is the opposite
+on purpose: it grows one conversation, so the cache *should* hit, and the per-turn cached share shows
+whether it does.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from tui.probe.client import ProbeClient, ProbeTarget
+from tui.probe.results import ProbeResult
+
+WORKLOADS: tuple[str, ...] = ("short", "long-prefill", "agent", "thinking-off")
+
+# Common English words; most are one token with a leading space in the usual BPE/SentencePiece
+# vocabularies, so N words are roughly N tokens. The server's usage says exactly how many.
+_VOCAB_TEXT = (
+    "the of and to in is was for on that with as by at from his her they this had are but not "
+    "one all were when we there can an which their said if do will each about how up out them then "
+    "she many some so these would other into has more two like him see time could no make than first "
+    "been its who now people my made over did down only way find use may water long little very after "
+    "called just where most know get through back much before go good new write our used me man too "
+    "any day same right look think also around another came come work three word must because does "
+    "part even place well such here take why things help put years different away again off went old "
+    "number great tell men say small every found still between name should home big give air line set "
+    "own under read last never us left end along while might next sound below saw something thought "
+    "both few those always looked show large often together asked house world going want school "
+    "important until form food keep children feet land side without boy once animals life enough took "
+    "sometimes four head above kind began almost live page got earth need far hand high year mother "
+    "light parts country father let night following picture being study second eyes soon times story"
+)
+_VOCAB = _VOCAB_TEXT.split()
+
+_TOPICS = (
+    "a lighthouse keeper who finds a map", "a city that moves at night", "a river that forgets its source",
+    "two clocks that disagree", "a garden on a ship", "a letter that arrives a century late",
+    "a mountain village and its last bell", "a robot learning to paint", "a library with no doors",
+)
+
+SHORT_MAX_TOKENS = 128
+AGENT_MAX_TOKENS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadParams:
+    max_tokens: int | None = None  # None: the workload's own default
+    prompt_tokens: int = 8192  # long-prefill: approximate prompt length (the demo server has 4096 ctx)
+    seed: int = 0
+    ignore_eos: bool = True  # llama.cpp, vLLM and SGLang honour it; it keeps the output length fixed
+    model: str | None = None  # sent only when given (llama.cpp ignores it; vLLM defaults to its model)
+    agent_context_tokens: int = 600  # agent: size of the first message (like a system prompt with tools)
+    agent_turn_tokens: int = 60  # agent: size of each new user message
+
+
+def seeded_words(seed: int, n: int) -> str:
+    rng = random.Random(seed)
+    return " ".join(rng.choice(_VOCAB) for _ in range(max(0, n)))
+
+
+def nonce(seed: int) -> str:
+    """A short seeded prefix that makes otherwise equal prompts differ from their first tokens."""
+    rng = random.Random(f"nonce-{seed}")
+    return f"[{rng.randrange(16**8):08x}]"
+
+
+def _base(params: WorkloadParams, messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
+    body: dict[str, Any] = {"messages": messages, "max_tokens": max_tokens, "temperature": 0}
+    if params.ignore_eos:
+        body["ignore_eos"] = True
+    if params.model:
+        body["model"] = params.model
+    return body
+
+
+def short_body(params: WorkloadParams, index: int) -> dict[str, Any]:
+    seed = params.seed * 1_000_003 + index
+    topic = _TOPICS[random.Random(seed).randrange(len(_TOPICS))]
+    prompt = f"{nonce(seed)} Write a long story about {topic}. Do not stop early."
+    return _base(params, [{"role": "user", "content": prompt}], params.max_tokens or SHORT_MAX_TOKENS)
+
+
+def thinking_off_body(params: WorkloadParams, index: int) -> dict[str, Any]:
+    body = short_body(params, index)
+    body["chat_template_kwargs"] = {"enable_thinking": False}
+    return body
+
+
+def long_prefill_body(params: WorkloadParams, index: int) -> dict[str, Any]:
+    seed = params.seed * 1_000_003 + index
+    # Leave room for the template and the question; the server's usage reports the real count.
+    filler = seeded_words(seed, params.prompt_tokens - 24)
+    prompt = f"{nonce(seed)} {filler}\n\nAnswer with one word: what is the first word above?"
+    return _base(params, [{"role": "user", "content": prompt}], params.max_tokens or 1)
+
+
+class AgentConversation:
+    """A chat that grows like an agent loop: each turn appends the reply and a new user message."""
+
+    def __init__(self, params: WorkloadParams) -> None:
+        self.params = params
+        context = seeded_words(params.seed * 7919 + 1, params.agent_context_tokens)
+        self.messages: list[dict[str, str]] = [
+            {"role": "user", "content": f"{nonce(params.seed)} You are a careful agent. Notes: {context}"},
+            {"role": "assistant", "content": "Understood. Send the first task."},
+        ]
+        self.turn = 0
+        self._pending: dict[str, str] | None = None
+
+    def next_body(self) -> dict[str, Any]:
+        self.turn += 1
+        words = seeded_words(self.params.seed * 7919 + 1 + self.turn, self.params.agent_turn_tokens)
+        task = f"Step {self.turn}. Tool output: {words}. Summarise it and say what to do next."
+        self._pending = {"role": "user", "content": task}
+        return _base(self.params, [*self.messages, self._pending], self.params.max_tokens or AGENT_MAX_TOKENS)
+
+    def observe(self, result: ProbeResult) -> None:
+        # A failed turn is dropped: the next turn re-asks from the last good state, as an agent would.
+        if result.ok and self._pending is not None:
+            self.messages += [self._pending, {"role": "assistant", "content": result.text}]
+
+
+def request_body(workload: str, params: WorkloadParams, index: int) -> dict[str, Any]:
+    """The body of request `index` of a stateless workload."""
+    if workload == "short":
+        return short_body(params, index)
+    if workload == "thinking-off":
+        return thinking_off_body(params, index)
+    if workload == "long-prefill":
+        return long_prefill_body(params, index)
+    if workload == "agent":
+        raise ValueError("the agent workload is stateful: use AgentConversation or run_workload")
+    raise ValueError(f"unknown workload {workload!r}; choose one of {', '.join(WORKLOADS)}")
+
+
+async def run_workload(
+    client: ProbeClient, target: ProbeTarget, workload: str, params: WorkloadParams, repeat: int = 1
+) -> AsyncIterator[ProbeResult]:
+    """Send `repeat` requests one after another (agent: `repeat` turns), yielding each result."""
+    if workload not in WORKLOADS:
+        raise ValueError(f"unknown workload {workload!r}; choose one of {', '.join(WORKLOADS)}")
+    if repeat < 1:
+        raise ValueError(f"repeat must be at least 1, got {repeat}")
+    conversation = AgentConversation(params) if workload == "agent" else None
+    for index in range(repeat):
+        if conversation is not None:
+            body = conversation.next_body()
+            result = await client.chat(target, body, workload=workload, index=index, turn=conversation.turn)
+            conversation.observe(result)
+        else:
+            body = request_body(workload, params, index)
+            result = await client.chat(target, body, workload=workload, index=index)
+        yield result

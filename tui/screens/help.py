@@ -1,0 +1,41 @@
+"""The help screen: every key the dashboard knows, generated from the bindings so it cannot drift."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+ABOUT = (
+    "Rates come from counters (Δ/Δt over the rate window), never from llama.cpp's reset-on-scrape gauges. "
+    "Latency quantiles come from histogram bucket deltas (vLLM, SGLang). "
+    "'n/a' = the engine does not expose it; '–' = exposed but idle in the window."
+)
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS = [Binding("escape,q,question_mark", "dismiss", "Close")]
+    DEFAULT_CSS = """
+    HelpScreen { align: center middle; }
+    HelpScreen > Vertical {
+        width: 90; height: auto; border: thick $primary; background: $surface; padding: 1 2;
+    }
+    """
+
+    def __init__(self, bindings: list[tuple[str, str]]) -> None:
+        super().__init__()
+        self._keys = bindings
+
+    def compose(self) -> ComposeResult:
+        table = Table(title="enginetop keys", expand=True, show_edge=False)
+        table.add_column("key", style="bold cyan", no_wrap=True)
+        table.add_column("does")
+        for key, description in self._keys:
+            table.add_row(key, description)
+        with Vertical():
+            yield Static(table)
+            yield Static(ABOUT, classes="about")
+            yield Static("[dim]escape / q / ? closes this screen[/dim]")

@@ -1,0 +1,220 @@
+"""Poll one engine: /health, /v1/models, /metrics. Never raises: each failure becomes words to act on.
+
+The httpx.AsyncClient is passed in so the app can share one connection pool across engines. The API key
+is sent as `Authorization: Bearer` (vLLM, llama.cpp and SGLang all accept it) and is scrubbed from every
+message this module produces.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+from tui.sources.metrics import MetricsFormatError, parse_reading
+from tui.sources.samples import EngineReading, EngineSample, Health
+
+_ERROR_BODY_BYTES = 4096  # enough of an error response to quote its message
+
+
+@dataclass(frozen=True)
+class EngineTarget:
+    name: str
+    url: str  # base URL, e.g. http://127.0.0.1:8080
+    api_key: str | None = field(default=None, repr=False)
+
+    @property
+    def base(self) -> str:
+        return self.url.rstrip("/")
+
+
+class _Failed(Exception):
+    """One request failed; the message is final, user-facing text."""
+
+    def __init__(self, message: str, refused: bool = False) -> None:
+        super().__init__(message)
+        self.refused = refused
+
+
+def _where(url: str) -> str:
+    try:
+        u = httpx.URL(url)
+    except (httpx.InvalidURL, ValueError):
+        return url
+    port = u.port or {"http": 80, "https": 443}.get(u.scheme)
+    return f"{u.host}:{port}" if port else u.host or url
+
+
+def _transport_failure(exc: Exception, where: str, timeout: float, path: str) -> _Failed:
+    if isinstance(exc, (httpx.TimeoutException, TimeoutError)):
+        return _Failed(f"no answer within {timeout:g}s from {where}{path}")
+    text = str(exc)
+    low = text.lower()
+    if isinstance(exc, httpx.ConnectError):
+        if "refused" in low or "connect call failed" in low or "all connection attempts failed" in low:
+            return _Failed(f"connection refused at {where} — is the engine running?", refused=True)
+        if "name or service not known" in low or "nodename nor servname" in low or "getaddrinfo" in low:
+            return _Failed(f"cannot resolve the host of {where}: check the engine URL")
+        return _Failed(f"cannot connect to {where}: {text or type(exc).__name__}")
+    if isinstance(exc, httpx.UnsupportedProtocol | httpx.InvalidURL):
+        return _Failed(f"invalid engine URL {where!r}: {text}")
+    if isinstance(exc, httpx.RemoteProtocolError):
+        return _Failed(f"{where}{path} closed the connection or sent a malformed response: {text}")
+    return _Failed(f"{where}{path} failed: {type(exc).__name__}: {text}")
+
+
+def _error_text(body: bytes) -> str:
+    """The `message` of an OpenAI-style error JSON, else the start of the body on one line."""
+    text = body.decode("utf-8", "replace").strip()
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    if isinstance(data, dict):
+        err = data.get("error", data)
+        msg = err.get("message") if isinstance(err, dict) else err
+        if isinstance(msg, str) and msg:
+            text = msg
+        elif isinstance(data.get("detail"), str):
+            text = data["detail"]
+    text = " ".join(text.split())
+    return text[:200] + ("…" if len(text) > 200 else "")
+
+
+async def _get(client: httpx.AsyncClient, url: str, headers: dict[str, str], timeout: float,
+               limit: int) -> tuple[int, bytes, bool]:
+    """GET with a total deadline and a body cap: (status, body, over_cap). The body of a non-200 answer is
+    read only far enough to quote it."""
+    async with asyncio.timeout(timeout), client.stream("GET", url, headers=headers, timeout=timeout) as resp:
+        cap = limit if resp.status_code == 200 else _ERROR_BODY_BYTES
+        length = resp.headers.get("content-length", "")
+        if resp.status_code == 200 and length.isdigit() and int(length) > cap:
+            return resp.status_code, b"", True
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in resp.aiter_bytes():
+            size += len(chunk)
+            if size > cap:
+                if resp.status_code == 200:
+                    return resp.status_code, b"", True
+                chunks.append(chunk[: cap - (size - len(chunk))])
+                break
+            chunks.append(chunk)
+        return resp.status_code, b"".join(chunks), False
+
+
+async def _fetch(client: httpx.AsyncClient, target: EngineTarget, path: str, headers: dict[str, str],
+                 timeout: float, limit: int) -> tuple[int, bytes, bool]:
+    try:
+        return await _get(client, target.base + path, headers, timeout, limit)
+    except (httpx.HTTPError, httpx.InvalidURL, TimeoutError, OSError, ValueError) as exc:
+        raise _transport_failure(exc, _where(target.url), timeout, path) from None
+
+
+def _metrics_status_message(status: int, body: bytes, has_key: bool) -> str:
+    if status in (401, 403):
+        return _auth_message(has_key)
+    if status == 404:
+        return "no /metrics endpoint: SGLang needs --enable-metrics"
+    if status == 501:
+        return "metrics disabled: start llama-server with --metrics"
+    detail = _error_text(body)
+    return f"/metrics answered HTTP {status}" + (f": {detail}" if detail else "")
+
+
+def _auth_message(has_key: bool) -> str:
+    if has_key:
+        return "unauthorized: the engine refused this API key; check the key set for this engine"
+    return "unauthorized: set an API key for this engine"
+
+
+def _model_id(body: bytes) -> str | None:
+    try:
+        data = json.loads(body)
+        model = data["data"][0]["id"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None
+    return model if isinstance(model, str) else None
+
+
+async def poll_engine(client: httpx.AsyncClient, target: EngineTarget, *, timeout: float = 2.0,
+                      max_body: int = 8 * 2**20, launched_by_us: bool = False) -> EngineSample:
+    """One poll. `launched_by_us`: a refused connection means "still starting" (vLLM binds its port only
+    after loading the model), not "down"."""
+    headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
+    where = _where(target.url)
+
+    def sample(health: Health, reason: str | None = None, model: str | None = None,
+               reading: EngineReading | None = None, metrics_error: str | None = None) -> EngineSample:
+        return EngineSample(
+            name=target.name, url=target.url, t=time.monotonic(), wall=time.time(), health=health,
+            health_reason=_scrub(reason, target), model=model, reading=reading,
+            metrics_error=_scrub(metrics_error, target),
+        )
+
+    if target.api_key is not None and not (target.api_key.isascii() and target.api_key.isprintable()):
+        # httpx would fail on it, and its error could quote the header: say so without the key.
+        return sample("down", "the API key for this engine has characters an HTTP header cannot carry "
+                      "(a line break, control or non-ASCII character)")
+
+    # /health first: when the engine is down or loading, /models and /metrics would only repeat that.
+    health: Health = "up"
+    try:
+        status, body, _ = await _fetch(client, target, "/health", headers, timeout, _ERROR_BODY_BYTES)
+    except _Failed as exc:
+        if exc.refused and launched_by_us:
+            return sample("starting", f"not accepting connections yet at {where} (starting up)")
+        return sample("down", str(exc))
+    no_health_route = status == 404
+    if status == 503:
+        detail = _error_text(body)
+        if "loading model" in detail.lower():  # llama-server answers every path so while it loads
+            return sample("loading", "loading model")
+        reason = f"{where}/health answered HTTP 503" + (f": {detail}" if detail else "")
+        return sample("starting" if launched_by_us else "down", reason)
+    if status in (401, 403):
+        return sample("down", _auth_message(bool(target.api_key)))
+    if status != 200 and not no_health_route:
+        detail = _error_text(body)
+        return sample("down", f"{where}/health answered HTTP {status}" + (f": {detail}" if detail else ""))
+
+    model = None
+    models_ok = False
+    try:
+        status, body, _ = await _fetch(client, target, "/v1/models", headers, timeout, 1 << 20)
+        if status == 200:
+            models_ok = True
+            model = _model_id(body)
+    except _Failed:
+        pass  # the model name is a nicety; /metrics below reports reachability problems in full
+
+    reading: EngineReading | None = None
+    metrics_error: str | None = None
+    try:
+        status, body, over = await _fetch(client, target, "/metrics", headers, timeout, max_body)
+    except _Failed as exc:
+        metrics_error = str(exc)
+    else:
+        if over:
+            metrics_error = f"/metrics body is larger than the {max_body / 2**20:g} MiB limit; not read"
+        elif status != 200:
+            metrics_error = _metrics_status_message(status, body, bool(target.api_key))
+        else:
+            try:
+                reading = parse_reading(body.decode("utf-8", "replace"))
+            except MetricsFormatError as exc:
+                metrics_error = str(exc)
+
+    if no_health_route and not models_ok and reading is None:
+        reason = f"no /health endpoint at {where}, and neither /v1/models nor /metrics answered"
+        return sample("down", reason, model, reading, metrics_error)
+    return sample(health, None, model, reading, metrics_error)
+
+
+def _scrub(message: str | None, target: EngineTarget) -> str | None:
+    if message is None or not target.api_key:
+        return message
+    return message.replace(target.api_key, "***")

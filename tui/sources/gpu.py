@@ -1,0 +1,365 @@
+"""NVIDIA GPU sampler over NVML (nvidia-ml-py's `pynvml`). Never raises: what NVML cannot say is None.
+
+Error policy follows nvitop's `nvmlQuery`: NotSupported / NoPermission / other NVML errors make that one
+field None; FunctionNotFound (driver older than the binding) makes the field None, is logged once and the
+function is not called again; GpuIsLost turns that GPU's sample into an error while the others continue.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from tui.sources.samples import (
+    REAL_THROTTLE_MASK,
+    THROTTLE_REASON_WORDS,
+    GpuProcess,
+    GpuReport,
+    GpuSample,
+)
+
+log = logging.getLogger(__name__)
+
+# A missing driver does not appear while the dashboard runs, so probing for it every sample is waste.
+INIT_RETRY_S = 30.0
+
+SOURCE_GPM = "gpm"
+SOURCE_UTIL = "util.memory x peak"
+
+_KNOWN_REASON_BITS = sum(THROTTLE_REASON_WORDS)  # distinct single bits, so the sum is their OR
+
+
+class _Lost(Exception):
+    """The GPU under a handle answered NVML_ERROR_GPU_IS_LOST."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+@dataclass
+class _Device:
+    """Per-GPU state kept between samples: static facts and the previous GPM sample."""
+
+    handle: Any = None
+    static_done: bool = False
+    name: str | None = None
+    uuid: str | None = None
+    peak_bw_gbps: float | None = None
+    gpm_supported: bool | None = None
+    gpm_prev: Any = None  # the last c_nvmlGpmSample_t, baseline for the next DRAM_BW_UTIL reading
+
+
+def throttle_words(mask: int) -> tuple[str, ...]:
+    """Every active clock event reason in words; unknown bits as hex so nothing is silently dropped."""
+    words = [word for bit, word in THROTTLE_REASON_WORDS.items() if mask & bit]
+    unknown = mask & ~_KNOWN_REASON_BITS
+    if unknown:
+        words.append(f"other reason bits {unknown:#x}")
+    return tuple(words)
+
+
+def peak_bandwidth_gbps(max_mem_clock_mhz: float | None, bus_width_bits: float | None) -> float | None:
+    """Theoretical DRAM bandwidth in GB/s: max memory clock x 2 (double data rate) x bus width / 8."""
+    if not max_mem_clock_mhz or not bus_width_bits:
+        return None
+    return max_mem_clock_mhz * 1e6 * 2 * bus_width_bits / 8 / 1e9
+
+
+class GpuSampler:
+    """Samples every NVIDIA GPU. Not thread-safe: call `sample()` from one thread at a time.
+
+    `nvml` is the `pynvml` module (default) or a stand-in exposing the same names (tests).
+    `clock` is injectable so the init-retry interval can be checked without sleeping.
+    """
+
+    def __init__(
+        self, nvml: ModuleType | Any | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._nvml = nvml
+        self._clock = clock
+        self._initialized = False
+        self._unavailable: str | None = None
+        self._next_init_try = float("-inf")
+        self._driver_version: str | None = None
+        self._devices: list[_Device] = []
+        self._missing: set[str] = set()  # functions the driver lacks (FunctionNotFound)
+        self._logged: set[tuple[str, str]] = set()
+
+    # ---- public -------------------------------------------------------------------------------------
+
+    def sample(self, engine_pids: dict[str, set[int]] | None = None) -> GpuReport:
+        """All GPUs now. `engine_pids`: engine name -> its process-tree PIDs (host.engine_tree_pids)."""
+        now = self._clock()
+        try:
+            if not self._ensure_init(now):
+                return GpuReport(t=now, unavailable=self._unavailable)
+            pids = engine_pids or {}
+            gpus = tuple(self._sample_device(i, dev, pids) for i, dev in enumerate(self._devices))
+            return GpuReport(t=now, gpus=gpus, driver_version=self._driver_version)
+        except Exception as exc:  # never let a binding surprise take the dashboard down
+            log.exception("GPU sampling failed")
+            reason = f"GPU sampling failed ({type(exc).__name__}: {exc}): GPU panel off"
+            return GpuReport(t=now, unavailable=reason)
+
+    def close(self) -> None:
+        """Free the GPM samples held between calls and shut NVML down. Safe to call more than once."""
+        if not self._initialized:
+            return
+        for dev in self._devices:
+            self._drop_gpm(dev)
+        try:
+            self._nvml.nvmlShutdown()
+        except Exception as exc:
+            log.debug("nvmlShutdown failed: %s", exc)
+        self._initialized = False
+        self._devices = []
+        self._next_init_try = float("-inf")
+
+    # ---- init ---------------------------------------------------------------------------------------
+
+    def _ensure_init(self, now: float) -> bool:
+        if self._initialized:
+            return True
+        if now < self._next_init_try:
+            return False
+        self._next_init_try = now + INIT_RETRY_S
+        if self._nvml is None:
+            try:
+                import pynvml
+            except ImportError as exc:
+                self._unavailable = f"nvidia-ml-py is not installed ({exc}): GPU panel off"
+                return False
+            self._nvml = pynvml
+        nvml = self._nvml
+        try:
+            nvml.nvmlInit()
+        except (nvml.NVMLError_LibraryNotFound, nvml.NVMLError_DriverNotLoaded) as exc:
+            self._unavailable = f"no NVIDIA driver found (NVML: {exc}): GPU panel off"
+            return False
+        except nvml.NVMLError as exc:
+            self._unavailable = f"NVIDIA driver unusable (NVML: {exc}): GPU panel off"
+            return False
+        try:
+            count = nvml.nvmlDeviceGetCount()
+        except nvml.NVMLError as exc:
+            self._shutdown_quietly()
+            self._unavailable = f"cannot count GPUs (NVML: {exc}): GPU panel off"
+            return False
+        if count == 0:
+            self._shutdown_quietly()
+            self._unavailable = "no NVIDIA GPU found (NVML sees 0 devices): GPU panel off"
+            return False
+        self._initialized = True
+        self._unavailable = None
+        self._devices = [_Device() for _ in range(count)]
+        try:
+            self._driver_version = _text(self._query("nvmlSystemGetDriverVersion"))
+        except _Lost:
+            self._driver_version = None
+        return True
+
+    def _shutdown_quietly(self) -> None:
+        try:
+            self._nvml.nvmlShutdown()
+        except Exception as exc:
+            log.debug("nvmlShutdown failed: %s", exc)
+
+    # ---- one query, nvitop-style ----------------------------------------------------------------------
+
+    def _query(self, fn_name: str, *args: Any) -> Any:
+        """nvml.<fn_name>(*args), or None when the GPU or driver cannot answer. GpuIsLost -> _Lost."""
+        if fn_name in self._missing:
+            return None
+        nvml = self._nvml
+        fn = getattr(nvml, fn_name, None)
+        if fn is None:  # the binding itself is older than the call
+            self._missing.add(fn_name)
+            log.warning("nvidia-ml-py has no %s; that field stays n/a", fn_name)
+            return None
+        try:
+            return fn(*args)
+        except nvml.NVMLError_GpuIsLost as exc:
+            raise _Lost(exc) from exc
+        except nvml.NVMLError_FunctionNotFound:
+            self._missing.add(fn_name)
+            log.warning(
+                "NVML driver lacks %s (driver older than nvidia-ml-py); that field stays n/a", fn_name
+            )
+            return None
+        except nvml.NVMLError as exc:
+            key = (fn_name, type(exc).__name__)
+            if key not in self._logged:  # NotSupported / NoPermission are normal on many GPUs
+                self._logged.add(key)
+                log.info("NVML %s: %s; that field stays n/a", fn_name, exc)
+            return None
+
+    def _query_first(self, *calls: tuple[Any, ...]) -> Any:
+        """The first call whose function exists in the driver; later ones only after FunctionNotFound."""
+        for fn_name, *args in calls:
+            value = self._query(fn_name, *args)
+            if value is not None or fn_name not in self._missing:
+                return value
+        return None
+
+    # ---- one GPU ------------------------------------------------------------------------------------
+
+    def _sample_device(self, index: int, dev: _Device, engine_pids: dict[str, set[int]]) -> GpuSample:
+        t = self._clock()
+        try:
+            return self._read_device(index, dev, engine_pids, t)
+        except _Lost as lost:
+            self._drop_gpm(dev)
+            dev.handle = None  # a reset GPU may come back under a new handle
+            return GpuSample(index=index, t=t, name=dev.name, uuid=dev.uuid, error=f"GPU lost (NVML: {lost})")
+        except Exception as exc:
+            log.exception("GPU %d sampling failed", index)
+            return GpuSample(index=index, t=t, name=dev.name, uuid=dev.uuid,
+                             error=f"GPU sampling failed ({type(exc).__name__}: {exc})")
+
+    def _read_device(self, index: int, dev: _Device, engine_pids: dict[str, set[int]], t: float) -> GpuSample:
+        nvml = self._nvml
+        if dev.handle is None:
+            try:
+                dev.handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            except nvml.NVMLError_GpuIsLost as exc:
+                raise _Lost(exc) from exc
+            except nvml.NVMLError as exc:
+                return GpuSample(index=index, t=t, error=f"no handle for this GPU (NVML: {exc})")
+        h = dev.handle
+        if not dev.static_done:
+            self._read_static(dev)
+
+        util = self._query("nvmlDeviceGetUtilizationRates", h)
+        util_gpu = float(util.gpu) if util is not None else None
+        util_mem = float(util.memory) if util is not None else None
+        power_mw = self._query("nvmlDeviceGetPowerUsage", h)
+        limit_mw = self._query("nvmlDeviceGetEnforcedPowerLimit", h)
+        temp = self._query_first(
+            ("nvmlDeviceGetTemperatureV", h, nvml.NVML_TEMPERATURE_GPU),
+            ("nvmlDeviceGetTemperature", h, nvml.NVML_TEMPERATURE_GPU),
+        )
+        sm_clock = self._query("nvmlDeviceGetClockInfo", h, nvml.NVML_CLOCK_SM)
+        mem_clock = self._query("nvmlDeviceGetClockInfo", h, nvml.NVML_CLOCK_MEM)
+        mem = self._query("nvmlDeviceGetMemoryInfo", h)
+        mask = self._query_first(
+            ("nvmlDeviceGetCurrentClocksEventReasons", h),
+            ("nvmlDeviceGetCurrentClocksThrottleReasons", h),
+        )
+        gpm_pct = self._gpm_dram_bw_pct(dev)
+        if gpm_pct is not None:
+            bw_pct, source = gpm_pct, SOURCE_GPM
+        elif util_mem is not None:
+            bw_pct, source = util_mem, SOURCE_UTIL
+        else:
+            bw_pct, source = None, None
+        bw_gbps = bw_pct / 100 * dev.peak_bw_gbps if bw_pct is not None and dev.peak_bw_gbps else None
+
+        return GpuSample(
+            index=index,
+            t=t,
+            name=dev.name,
+            uuid=dev.uuid,
+            util_gpu_pct=util_gpu,
+            util_mem_pct=util_mem,
+            mem_bw_gbps=bw_gbps,
+            mem_bw_pct=bw_pct,
+            mem_bw_source=source,
+            peak_bw_gbps=dev.peak_bw_gbps,
+            power_w=power_mw / 1000 if power_mw is not None else None,
+            power_limit_w=limit_mw / 1000 if limit_mw is not None else None,
+            temp_c=float(temp) if temp is not None else None,
+            sm_clock_mhz=float(sm_clock) if sm_clock is not None else None,
+            mem_clock_mhz=float(mem_clock) if mem_clock is not None else None,
+            vram_used_bytes=int(mem.used) if mem is not None else None,
+            vram_total_bytes=int(mem.total) if mem is not None else None,
+            clock_event_mask=mask,
+            throttle_reasons=throttle_words(mask) if mask else (),
+            throttled=bool(mask and mask & REAL_THROTTLE_MASK),
+            processes=self._processes(h, engine_pids),
+        )
+
+    def _read_static(self, dev: _Device) -> None:
+        """Facts that never change while the driver is loaded; a GpuIsLost here leaves them unread."""
+        nvml, h = self._nvml, dev.handle
+        name = _text(self._query("nvmlDeviceGetName", h))
+        uuid = _text(self._query("nvmlDeviceGetUUID", h))
+        max_mem_clock = self._query("nvmlDeviceGetMaxClockInfo", h, nvml.NVML_CLOCK_MEM)
+        bus_width = self._query("nvmlDeviceGetMemoryBusWidth", h)
+        support = self._query("nvmlGpmQueryDeviceSupport", h)
+        dev.name, dev.uuid = name, uuid
+        dev.peak_bw_gbps = peak_bandwidth_gbps(max_mem_clock, bus_width)
+        dev.gpm_supported = bool(support is not None and support.isSupportedDevice)
+        dev.static_done = True
+
+    def _processes(self, h: Any, engine_pids: dict[str, set[int]]) -> tuple[GpuProcess, ...]:
+        seen: dict[int, GpuProcess] = {}
+        for fn_name in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+            for info in self._query(fn_name, h) or ():
+                pid = int(info.pid)
+                used = info.usedGpuMemory  # None when NVML says NVML_VALUE_NOT_AVAILABLE
+                if pid in seen and (used is None or seen[pid].used_bytes is not None):
+                    continue  # a process in both lists: keep the entry that knows its memory
+                engine = next((name for name, pids in engine_pids.items() if pid in pids), None)
+                seen[pid] = GpuProcess(pid=pid, used_bytes=int(used) if used is not None else None,
+                                       engine=engine)
+        return tuple(seen.values())
+
+    # ---- GPM (Hopper+): DRAM bandwidth utilisation between this sample and the previous one -----------
+
+    def _gpm_dram_bw_pct(self, dev: _Device) -> float | None:
+        if not dev.gpm_supported:
+            return None
+        nvml = self._nvml
+        current = self._query("nvmlGpmSampleAlloc")
+        if current is None:
+            return None
+        try:
+            got = self._query("nvmlGpmSampleGet", dev.handle, current)
+        except _Lost:
+            self._free(current)
+            raise
+        if got is None:  # e.g. NotSupported under MIG: stop trying GPM on this GPU
+            self._free(current)
+            self._drop_gpm(dev)
+            dev.gpm_supported = False
+            return None
+        previous, dev.gpm_prev = dev.gpm_prev, current
+        if previous is None:
+            return None  # first sample is only a baseline
+        try:
+            mg = nvml.c_nvmlGpmMetricsGet_t()
+            mg.version = nvml.NVML_GPM_METRICS_GET_VERSION
+            mg.numMetrics = 1
+            mg.sample1 = previous  # baseline (older)
+            mg.sample2 = current  # latest
+            mg.metrics[0].metricId = nvml.NVML_GPM_METRIC_DRAM_BW_UTIL
+            if self._query("nvmlGpmMetricsGet", mg) is None:
+                return None
+            metric = mg.metrics[0]
+            if metric.nvmlReturn != nvml.NVML_SUCCESS:
+                return None
+            return float(metric.value)
+        finally:
+            self._free(previous)
+
+    def _free(self, gpm_sample: Any) -> None:
+        try:
+            self._nvml.nvmlGpmSampleFree(gpm_sample)
+        except Exception as exc:
+            log.debug("nvmlGpmSampleFree failed: %s", exc)
+
+    def _drop_gpm(self, dev: _Device) -> None:
+        if dev.gpm_prev is not None:
+            self._free(dev.gpm_prev)
+            dev.gpm_prev = None
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)

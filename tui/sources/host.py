@@ -1,0 +1,163 @@
+"""Host CPU / RAM / swap and per-engine process-tree memory, via psutil. Never raises."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import time
+
+import psutil
+
+from tui.sources.samples import HostSample, ProcessTreeMemory
+
+log = logging.getLogger(__name__)
+
+_GONE = (psutil.NoSuchProcess, psutil.AccessDenied)  # ZombieProcess is a NoSuchProcess
+
+
+def _tree(pid: int) -> list[psutil.Process]:
+    """The process and all its descendants; [] when the root has gone."""
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except _GONE:
+        return []
+
+
+def engine_tree_pids(pid: int) -> set[int]:
+    """`pid` and every descendant (the GPU sampler maps GPU processes to engines with this); empty if gone."""
+    return {p.pid for p in _tree(pid)}
+
+
+def tree_memory(engine: str, pid: int) -> ProcessTreeMemory | None:
+    """RSS summed over a process tree (shared pages count once per process) or None when the root has gone.
+
+    vLLM / SGLang keep their model weights and KV cache in worker children, so the root alone says little.
+    """
+    rss = 0
+    count = 0
+    for proc in _tree(pid):
+        try:
+            with proc.oneshot():
+                if proc.status() == psutil.STATUS_ZOMBIE:  # dead, awaiting its parent: Linux shows RSS 0
+                    continue
+                rss += proc.memory_info().rss
+        except _GONE:  # exited since the tree was listed
+            continue
+        count += 1
+    if count == 0:
+        return None
+    return ProcessTreeMemory(engine=engine, pid=pid, rss_bytes=rss, processes=count)
+
+
+class HostSampler:
+    """CPU % since the previous sample (psutil's non-blocking mode), memory, swap and engine trees.
+
+    psutil keeps the CPU-time baseline for `cpu_percent(interval=None)` module-wide, so one HostSampler
+    per process is what gives meaningful CPU figures.
+    """
+
+    def __init__(self) -> None:
+        try:
+            psutil.cpu_percent(interval=None)  # primes the baseline; this first value is meaningless
+        except Exception as exc:
+            log.debug("cpu_percent priming failed: %s", exc)
+
+    def sample(self, engine_pids: dict[str, int] | None = None) -> HostSample:
+        """`engine_pids` maps an engine name to its root PID; engines whose process has gone are left out."""
+        t = time.monotonic()
+        cpu_pct = cpu_count = ram_used = ram_total = swap_used = swap_total = None
+        try:
+            cpu_pct = psutil.cpu_percent(interval=None)
+            cpu_count = psutil.cpu_count(logical=True)
+        except Exception as exc:
+            log.debug("CPU figures unavailable: %s", exc)
+        try:
+            vm = psutil.virtual_memory()
+            # total - available counts what programs hold, not reclaimable page cache
+            ram_used, ram_total = vm.total - vm.available, vm.total
+        except Exception as exc:
+            log.debug("RAM figures unavailable: %s", exc)
+        try:
+            sw = psutil.swap_memory()
+            swap_used, swap_total = sw.used, sw.total
+        except Exception as exc:
+            log.debug("swap figures unavailable: %s", exc)
+        engines = []
+        for name, pid in (engine_pids or {}).items():
+            try:
+                tree = tree_memory(name, pid)
+            except Exception as exc:
+                log.debug("memory of engine %s (pid %s) unavailable: %s", name, pid, exc)
+                continue
+            if tree is not None:
+                engines.append(tree)
+        return HostSample(
+            t=t,
+            cpu_pct=cpu_pct,
+            cpu_count=cpu_count,
+            ram_used_bytes=ram_used,
+            ram_total_bytes=ram_total,
+            swap_used_bytes=swap_used,
+            swap_total_bytes=swap_total,
+            engines=tuple(engines),
+        )
+
+
+_WILDCARDS = {ipaddress.ip_address("0.0.0.0"), ipaddress.ip_address("::")}
+_LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost"}
+
+
+def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        addr = ipaddress.ip_address(text.strip("[]").split("%")[0])
+    except ValueError:
+        return None
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        return addr.ipv4_mapped
+    return addr
+
+
+def _local_addresses() -> set[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    found = set()
+    for addrs in psutil.net_if_addrs().values():
+        for snic in addrs:
+            addr = _address(snic.address)
+            if addr is not None:
+                found.add(addr)
+    return found
+
+
+def _host_matches(listen_ip: str, host: str | None) -> bool:
+    if host is None:
+        return True
+    bound = _address(listen_ip)
+    if bound is None:
+        return False
+    if host.lower() in _LOOPBACK_NAMES:
+        return bound.is_loopback or bound in _WILDCARDS
+    wanted = _address(host)
+    if wanted is None:
+        return False  # names are not resolved: a DNS lookup could block, and a name is rarely this machine
+    if bound in _WILDCARDS:  # listening everywhere: a match only if `host` is one of this machine's addresses
+        return wanted.is_loopback or wanted in _local_addresses()
+    return wanted == bound
+
+
+def pid_listening_on(port: int, host: str | None = None) -> int | None:
+    """PID of the local process with a TCP socket LISTENing on `port` (at `host` if given), else None.
+
+    `host` is an IP literal or "localhost"; wildcard listeners (0.0.0.0, ::) match any host. None when
+    nothing listens, the socket belongs to a process we may not inspect, or the OS refuses the listing.
+    """
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except (psutil.AccessDenied, OSError) as exc:
+        log.debug("cannot list TCP sockets: %s", exc)
+        return None
+    for conn in conns:
+        if conn.status != psutil.CONN_LISTEN or not conn.laddr or conn.laddr.port != port:
+            continue
+        if conn.pid is not None and _host_matches(conn.laddr.ip, host):
+            return conn.pid
+    return None

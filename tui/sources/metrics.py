@@ -1,0 +1,228 @@
+"""Parse one engine's Prometheus /metrics body into an EngineReading, whatever the engine's dialect.
+
+Only the families enginetop shows are handed to prometheus_client's parser: a vLLM body is ~3,000 lines
+and the pure-Python parser needs ~20 ms for all of it, far too slow for a 1 s refresh of several engines.
+The pre-filter keeps every sample line and `# HELP`/`# TYPE` line of a wanted family (exact name match),
+so those families are parsed exactly as the full body would be; a malformed line in a family we do not
+read is not noticed, which is fine because nothing depends on it.
+
+Aggregation across label sets (vLLM `engine`/`model_name`/`finished_reason`, SGLang `tp_rank`,
+`is_streaming`, `cache_source`, ...): counters and count-like gauges are summed; fraction gauges
+(KV-cache usage, SGLang's hit-rate and speculative gauges) are averaged, since summing two engines'
+"0.5 full" would read "100% full". Histogram buckets are summed per upper bound.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from tui.sources.samples import Buckets, Dialect, EngineReading
+
+
+class MetricsFormatError(ValueError):
+    """The /metrics body is not valid Prometheus text; the message says where."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Source:
+    field: str
+    kind: str  # "sum" | "mean" | "hist"
+    families: tuple[str, ...]  # parser family names (counters without `_total`), first present wins
+
+
+def _s(field: str, kind: str, *families: str) -> _Source:
+    return _Source(field, kind, families)
+
+
+# Family names as prometheus_client's parser reports them: a counter exposed as `x_total` is family `x`.
+_DIALECTS: dict[Dialect, tuple[_Source, ...]] = {
+    "llamacpp": (
+        _s("running", "sum", "llamacpp:requests_processing"),
+        _s("waiting", "sum", "llamacpp:requests_deferred"),
+        _s("prompt_tokens_total", "sum", "llamacpp:prompt_tokens"),  # excludes cached tokens
+        _s("_cached_prompt_tokens", "sum", "llamacpp:prompt_tokens_cached"),
+        _s("generation_tokens_total", "sum", "llamacpp:tokens_predicted"),
+        _s("prompt_seconds_total", "sum", "llamacpp:prompt_seconds"),
+        _s("generation_seconds_total", "sum", "llamacpp:tokens_predicted_seconds"),
+        _s("spec_drafts_total", "sum", "llamacpp:spec_decode_num_drafts"),
+        _s("spec_draft_tokens_total", "sum", "llamacpp:spec_decode_num_draft_tokens"),
+        _s("spec_accepted_tokens_total", "sum", "llamacpp:spec_decode_num_accepted_tokens"),
+    ),
+    "vllm": (
+        _s("running", "sum", "vllm:num_requests_running"),
+        _s("waiting", "sum", "vllm:num_requests_waiting"),
+        # gpu_* are the pre-0.9 names (removed by 0.11); 0.9/0.10 expose both, the new one wins.
+        _s("kv_cache_usage", "mean", "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+        _s("prompt_tokens_total", "sum", "vllm:prompt_tokens"),
+        _s("generation_tokens_total", "sum", "vllm:generation_tokens"),
+        _s("prefix_cache_queries_total", "sum", "vllm:prefix_cache_queries", "vllm:gpu_prefix_cache_queries"),
+        _s("prefix_cache_hits_total", "sum", "vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits"),
+        _s("spec_drafts_total", "sum", "vllm:spec_decode_num_drafts"),
+        _s("spec_draft_tokens_total", "sum", "vllm:spec_decode_num_draft_tokens"),
+        _s("spec_accepted_tokens_total", "sum", "vllm:spec_decode_num_accepted_tokens"),
+        _s("requests_finished_total", "sum", "vllm:request_success"),
+        _s("ttft_buckets", "hist", "vllm:time_to_first_token_seconds"),
+        # time_per_output_token_seconds: same quantity and buckets before the 0.11 rename.
+        _s("itl_buckets", "hist", "vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+    ),
+    "sglang": (
+        _s("running", "sum", "sglang:num_running_reqs"),
+        _s("waiting", "sum", "sglang:num_queue_reqs"),
+        _s("kv_cache_usage", "mean", "sglang:token_usage"),
+        # prompt_tokens counts the whole prompt, cached part included (both are added per finished
+        # request; metrics_collector computes prompt - cached), so it is also the prefix-cache queries.
+        _s("prompt_tokens_total", "sum", "sglang:prompt_tokens"),
+        _s("generation_tokens_total", "sum", "sglang:generation_tokens"),
+        _s("prefix_cache_hits_total", "sum", "sglang:cached_tokens"),
+        _s("spec_drafts_total", "sum", "sglang:spec_verify_calls"),  # verification steps = drafts
+        _s("requests_finished_total", "sum", "sglang:num_requests"),  # counted when a request finishes
+        _s("cache_hit_rate_gauge", "mean", "sglang:cache_hit_rate"),
+        _s("spec_accept_rate_gauge", "mean", "sglang:spec_accept_rate"),
+        _s("spec_accept_length_gauge", "mean", "sglang:spec_accept_length"),
+        _s("ttft_buckets", "hist", "sglang:time_to_first_token_seconds"),
+        _s("itl_buckets", "hist", "sglang:inter_token_latency_seconds"),
+    ),
+}
+
+_FAMILY_TO_SOURCE: dict[str, _Source] = {
+    fam: src for sources in _DIALECTS.values() for src in sources for fam in src.families
+}
+# Every name a line of a wanted family can carry: the family, `_total` (counter samples and their TYPE
+# line), and the histogram sample suffixes. `_created` is deliberately absent.
+_WANTED_NAMES: frozenset[str] = frozenset(
+    fam + suffix for fam in _FAMILY_TO_SOURCE for suffix in ("", "_total", "_bucket", "_sum", "_count")
+)
+_HEADER_PREFIXES = ("# HELP ", "# TYPE ")
+
+
+def detect_dialect(text: str) -> Dialect:
+    """From metric names only: a name starts a line (sample) or follows `# TYPE ` (header)."""
+    for dialect in ("llamacpp", "vllm", "sglang"):
+        prefix = dialect + ":"
+        if text.startswith(prefix) or f"\n{prefix}" in text or f"# TYPE {prefix}" in text:
+            return dialect  # type: ignore[return-value]
+    return "unknown"
+
+
+def select_lines(text: str) -> list[str]:
+    """The lines of the families we read, in body order (see module docstring)."""
+    keep: list[str] = []
+    wanted = _WANTED_NAMES
+    for line in text.splitlines():
+        if not line:
+            continue
+        if line[0] == "#":
+            if line.startswith(_HEADER_PREFIXES):
+                parts = line.split(" ", 3)
+                if len(parts) > 2 and parts[2] in wanted:
+                    keep.append(line)
+            continue
+        # A sample's name ends at `{` (labels) or at the first blank (value).
+        head = line.partition("{")[0].split(None, 1)
+        if head and head[0] in wanted:
+            keep.append(line)
+    return keep
+
+
+def _finite(value: float) -> bool:
+    return not (math.isnan(value) or math.isinf(value))
+
+
+def _scalar(samples: Iterable, names: tuple[str, str], kind: str) -> float | None:
+    values = [float(s.value) for s in samples if s.name in names]
+    if not values or not all(_finite(v) for v in values):
+        return None  # absent, or a NaN/Inf somewhere: a partial sum would fake a counter reset later
+    total = math.fsum(values)
+    return total / len(values) if kind == "mean" else total
+
+
+def _buckets(family: str, samples: Iterable) -> Buckets | None:
+    by_bound: dict[float, float] = {}
+    bucket_name = family + "_bucket"
+    for s in samples:
+        if s.name != bucket_name:
+            continue
+        le = s.labels.get("le")
+        try:
+            bound = float(le) if le is not None else math.nan
+        except ValueError:
+            bound = math.nan
+        if math.isnan(bound):
+            raise MetricsFormatError(f"malformed /metrics: {bucket_name} has a bucket with le={le!r}")
+        value = float(s.value)
+        if not _finite(value):
+            return None
+        by_bound[bound] = by_bound.get(bound, 0.0) + value
+    if not by_bound:
+        return None
+    return tuple(sorted(by_bound.items()))
+
+
+def parse_reading(text: str) -> EngineReading:
+    """Parse a /metrics body (classic Prometheus text). Raises MetricsFormatError for malformed input."""
+    dialect = detect_dialect(text)
+    sources = {src.field: src for src in _DIALECTS.get(dialect, ())}
+    samples: dict[str, list] = {}  # wanted family -> samples (untyped lines can split one family in several)
+    histograms: set[str] = set()
+    n = 0
+    last = "the start"
+    families = text_string_to_metric_families("\n".join(select_lines(text)) + "\n")
+    while True:
+        try:
+            fam = next(families)
+        except StopIteration:
+            break
+        except ValueError as exc:  # the parser is lazy: it raises mid-iteration, after earlier families
+            detail = str(exc) or "unparseable line"
+            where = f"family {n + 1} (after {last})"
+            raise MetricsFormatError(f"malformed /metrics at {where}: {detail}") from exc
+        n += 1
+        name = fam.name
+        if fam.type == "unknown" and name.endswith("_total"):
+            name = name[: -len("_total")]  # an untyped counter line: same family as a typed one
+        last = name
+        src = _FAMILY_TO_SOURCE.get(name)
+        if src is None or sources.get(src.field) is not src:
+            continue
+        samples.setdefault(name, []).extend(fam.samples)
+        if fam.type == "histogram":
+            histograms.add(name)
+
+    values: dict[str, object] = {}
+    for field, src in sources.items():
+        for fam_name in src.families:  # preference order: the first family present wins
+            if fam_name not in samples:
+                continue
+            if src.kind == "hist":
+                values[field] = _buckets(fam_name, samples[fam_name]) if fam_name in histograms else None
+            else:
+                values[field] = _scalar(samples[fam_name], (fam_name, fam_name + "_total"), src.kind)
+            break
+    return _finish(dialect, values, set(samples))
+
+
+def _finish(dialect: Dialect, values: dict[str, object], present: set[str]) -> EngineReading:
+    if dialect == "llamacpp":
+        # llama.cpp's prompt counter excludes cached tokens, so the lookups are prompt + cached.
+        cached = values.pop("_cached_prompt_tokens", None)
+        prompt = values.get("prompt_tokens_total")
+        if cached is not None and prompt is not None:
+            values["prefix_cache_queries_total"] = prompt + cached  # type: ignore[operator]
+            values["prefix_cache_hits_total"] = cached
+    elif dialect == "sglang":
+        prompt = values.get("prompt_tokens_total")
+        values["prefix_cache_queries_total"] = prompt
+        if values.get("prefix_cache_hits_total") is None:
+            # cached_tokens_total gets a series only at the first cache hit; a declared family with no
+            # series yet means zero hits. No family at all (older SGLang) stays None: fall back to the gauge.
+            declared = "sglang:cached_tokens" in present
+            values["prefix_cache_hits_total"] = 0.0 if declared and prompt is not None else None
+        if values.get("spec_accept_length_gauge") == 0:
+            # SGLang reports 0 for both gauges when speculative decoding is off (length is >= 1 when on).
+            values["spec_accept_length_gauge"] = None
+            values["spec_accept_rate_gauge"] = None
+    return EngineReading(dialect=dialect, **values)  # type: ignore[arg-type]

@@ -1,0 +1,143 @@
+"""Rates and latency quantiles over the window between two readings of the same engine.
+
+Counter semantics follow Prometheus: a value that went down means the engine restarted. When that
+happens anywhere in the reading, every delta of the window is void (None, `counter_reset=True`):
+counters that did not go down are just as meaningless after a restart (the new run may already have
+passed the old value), and showing a huge or negative rate would be worse than a gap.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from tui.sources.samples import Buckets, EngineReading, EngineStats
+
+_COUNTERS = (
+    "prompt_tokens_total",
+    "generation_tokens_total",
+    "prompt_seconds_total",
+    "generation_seconds_total",
+    "prefix_cache_queries_total",
+    "prefix_cache_hits_total",
+    "spec_drafts_total",
+    "spec_draft_tokens_total",
+    "spec_accepted_tokens_total",
+    "requests_finished_total",
+)
+_HISTOGRAMS = ("ttft_buckets", "itl_buckets")
+
+
+class _Reset(Exception):
+    pass
+
+
+def histogram_quantile(q: float, buckets_delta: Sequence[tuple[float, float]]) -> float | None:
+    """Prometheus `histogram_quantile` on cumulative (upper_bound, count) buckets, sorted by bound.
+
+    Linear interpolation inside the bucket holding rank q*total; the first bucket starts at 0 (if its
+    bound is positive); a rank in the +Inf bucket returns the highest finite bound. None when there are
+    no observations, no +Inf bucket, or fewer than two buckets (all three are NaN in Prometheus).
+    """
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"quantile must be within [0, 1], got {q}")
+    if len(buckets_delta) < 2 or not math.isinf(buckets_delta[-1][0]):
+        return None
+    bounds = [b for b, _ in buckets_delta]
+    # Like Prometheus' ensureMonotonic: scrape races can make a cumulative count dip; never go backwards.
+    counts: list[float] = []
+    for _, c in buckets_delta:
+        counts.append(max(c, counts[-1]) if counts else c)
+    total = counts[-1]
+    if not total > 0:
+        return None
+    rank = q * total
+    # `c > 0` only matters for q == 0: the answer is then the lower edge of the first non-empty bucket.
+    b = next(i for i, c in enumerate(counts) if c >= rank and c > 0)
+    if b == len(counts) - 1:
+        return bounds[-2]
+    if b == 0 and bounds[0] <= 0:
+        return bounds[0]
+    start, end = (0.0, bounds[0]) if b == 0 else (bounds[b - 1], bounds[b])
+    below = 0.0 if b == 0 else counts[b - 1]
+    in_bucket = counts[b] - below
+    return start + (end - start) * ((rank - below) / in_bucket)
+
+
+def _delta(prev: EngineReading, cur: EngineReading, field: str) -> float | None:
+    a, b = getattr(prev, field), getattr(cur, field)
+    if a is None or b is None:
+        return None
+    if b < a:
+        raise _Reset
+    return b - a
+
+
+def _bucket_delta(prev: Buckets | None, cur: Buckets | None) -> Buckets | None:
+    if prev is None or cur is None:
+        return None
+    if [b for b, _ in prev] != [b for b, _ in cur]:
+        return None  # bucket layout changed (engine restarted with other buckets): nothing comparable
+    out = []
+    for (bound, a), (_, b) in zip(prev, cur, strict=True):
+        if b < a:
+            raise _Reset
+        out.append((bound, b - a))
+    return tuple(out)
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    if num is None or den is None or den <= 0:
+        return None
+    return num / den
+
+
+def derive(prev: EngineReading, prev_t: float, cur: EngineReading, cur_t: float) -> EngineStats:
+    """Stats for the window prev_t..cur_t (monotonic seconds). Gauge fallbacks come from `cur`."""
+    dt = cur_t - prev_t
+    if dt <= 0:
+        return EngineStats()
+    gauges = {
+        "hit": cur.cache_hit_rate_gauge,
+        "rate": cur.spec_accept_rate_gauge,
+        "length": cur.spec_accept_length_gauge,
+    }
+    try:
+        if prev.dialect != cur.dialect:
+            raise _Reset  # another engine answers on this URL now
+        d = {f: _delta(prev, cur, f) for f in _COUNTERS}
+        hist = {f: _bucket_delta(getattr(prev, f), getattr(cur, f)) for f in _HISTOGRAMS}
+    except _Reset:
+        return EngineStats(counter_reset=True)
+
+    def rate(field: str) -> float | None:
+        return None if d[field] is None else d[field] / dt
+
+    def quantile(field: str, q: float) -> float | None:
+        return None if hist[field] is None else histogram_quantile(q, hist[field])
+
+    # The counters win whenever the engine has them; the engine's own gauges only stand in when it does not.
+    counters_hit = d["prefix_cache_queries_total"] is not None and d["prefix_cache_hits_total"] is not None
+    hit_rate = _ratio(d["prefix_cache_hits_total"], d["prefix_cache_queries_total"]) if counters_hit \
+        else gauges["hit"]
+    counters_rate = d["spec_accepted_tokens_total"] is not None and d["spec_draft_tokens_total"] is not None
+    accept_rate = _ratio(d["spec_accepted_tokens_total"], d["spec_draft_tokens_total"]) if counters_rate \
+        else gauges["rate"]
+    counters_len = d["spec_accepted_tokens_total"] is not None and d["spec_drafts_total"] is not None
+    if counters_len:
+        per_draft = _ratio(d["spec_accepted_tokens_total"], d["spec_drafts_total"])
+        accept_length = None if per_draft is None else 1.0 + per_draft
+    else:
+        accept_length = gauges["length"]
+    return EngineStats(
+        prompt_tps=rate("prompt_tokens_total"),
+        gen_tps=rate("generation_tokens_total"),
+        decode_tps_busy=_ratio(d["generation_tokens_total"], d["generation_seconds_total"]),
+        prefix_cache_hit_rate=hit_rate,
+        spec_accept_rate=accept_rate,
+        spec_accept_length=accept_length,
+        ttft_p50_s=quantile("ttft_buckets", 0.5),
+        ttft_p90_s=quantile("ttft_buckets", 0.9),
+        itl_p50_s=quantile("itl_buckets", 0.5),
+        itl_p90_s=quantile("itl_buckets", 0.9),
+    )

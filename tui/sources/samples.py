@@ -1,0 +1,155 @@
+"""Typed, immutable samples that every source returns and every widget draws.
+
+"Not available" is always `None` (JSON null, shown as "n/a"): a value the source does not expose is
+never reported as 0, and no sampler raises for missing data; a failure becomes a readable `error`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Health = Literal["up", "loading", "starting", "down"]
+Dialect = Literal["llamacpp", "vllm", "sglang", "unknown"]
+
+# Histograms are kept as cumulative bucket counts summed over label sets: ((upper_bound, count), ...)
+Buckets = tuple[tuple[float, float], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineReading:
+    """One scrape of an engine's /metrics, normalised across dialects. Cumulative values, not rates."""
+
+    dialect: Dialect
+    # gauges
+    running: float | None = None
+    waiting: float | None = None
+    kv_cache_usage: float | None = None  # fraction 0..1
+    # counters (cumulative since the engine started)
+    prompt_tokens_total: float | None = None  # tokens actually prefilled (llama.cpp: excludes cached)
+    generation_tokens_total: float | None = None
+    prompt_seconds_total: float | None = None  # llama.cpp only: busy time prefilling
+    generation_seconds_total: float | None = None  # llama.cpp only: busy time decoding
+    prefix_cache_queries_total: float | None = None  # tokens looked up in the prefix cache
+    prefix_cache_hits_total: float | None = None  # tokens served from it
+    spec_drafts_total: float | None = None
+    spec_draft_tokens_total: float | None = None
+    spec_accepted_tokens_total: float | None = None
+    requests_finished_total: float | None = None
+    # gauges that some engines compute themselves (SGLang), used when counters are absent
+    cache_hit_rate_gauge: float | None = None
+    spec_accept_rate_gauge: float | None = None
+    spec_accept_length_gauge: float | None = None
+    # histograms (vLLM, SGLang)
+    ttft_buckets: Buckets | None = None
+    itl_buckets: Buckets | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    """What the dashboard shows for one engine over one window: rates and quantiles, None = n/a."""
+
+    prompt_tps: float | None = None
+    gen_tps: float | None = None
+    decode_tps_busy: float | None = None  # llama.cpp: generated tokens per second of decode time
+    prefix_cache_hit_rate: float | None = None
+    spec_accept_rate: float | None = None
+    spec_accept_length: float | None = None
+    ttft_p50_s: float | None = None
+    ttft_p90_s: float | None = None
+    itl_p50_s: float | None = None
+    itl_p90_s: float | None = None
+    counter_reset: bool = False  # a counter went backwards in this window: the engine restarted
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSample:
+    """One poll of one engine: health, model, and (when /metrics answered) a reading."""
+
+    name: str
+    url: str
+    t: float  # time.monotonic() when the poll finished
+    wall: float  # time.time(), for recordings and reports
+    health: Health
+    health_reason: str | None = None  # why it is not "up", in words a user can act on
+    model: str | None = None
+    reading: EngineReading | None = None
+    metrics_error: str | None = None  # /metrics failed while health may still be fine
+
+
+THROTTLE_REASON_WORDS: dict[int, str] = {
+    0x001: "idle",
+    0x002: "applications clocks setting",
+    0x004: "power cap",
+    0x008: "HW slowdown",
+    0x010: "sync boost",
+    0x020: "thermal slowdown (SW)",
+    0x040: "thermal slowdown (HW)",
+    0x080: "power brake",
+    0x100: "display clock setting",
+}
+# Reasons that mean "slower than it could be" rather than "nothing to do" or "user-set clocks".
+REAL_THROTTLE_MASK = 0x004 | 0x008 | 0x010 | 0x020 | 0x040 | 0x080
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    pid: int
+    used_bytes: int | None
+    engine: str | None = None  # name of the watched engine whose process tree holds this PID
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    index: int
+    t: float
+    name: str | None = None
+    uuid: str | None = None
+    util_gpu_pct: float | None = None
+    util_mem_pct: float | None = None  # memory-controller utilisation
+    mem_bw_gbps: float | None = None
+    mem_bw_pct: float | None = None
+    mem_bw_source: str | None = None  # "gpm" (Hopper+ DRAM_BW_UTIL) or "util.memory x peak"
+    peak_bw_gbps: float | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    temp_c: float | None = None
+    sm_clock_mhz: float | None = None
+    mem_clock_mhz: float | None = None
+    vram_used_bytes: int | None = None
+    vram_total_bytes: int | None = None
+    clock_event_mask: int | None = None
+    throttle_reasons: tuple[str, ...] = ()  # every active reason, in words
+    throttled: bool = False  # a real throttle reason (not idle / settings) is active
+    processes: tuple[GpuProcess, ...] = ()
+    error: str | None = None  # e.g. "GPU is lost"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReport:
+    """All GPUs at one instant, or why there are none (no driver, library missing)."""
+
+    t: float
+    gpus: tuple[GpuSample, ...] = ()
+    driver_version: str | None = None
+    unavailable: str | None = None  # one line for the panel when NVML cannot be used at all
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessTreeMemory:
+    engine: str
+    pid: int
+    rss_bytes: int
+    processes: int
+
+
+@dataclass(frozen=True, slots=True)
+class HostSample:
+    t: float
+    cpu_pct: float | None = None
+    cpu_count: int | None = None
+    ram_used_bytes: int | None = None
+    ram_total_bytes: int | None = None
+    swap_used_bytes: int | None = None
+    swap_total_bytes: int | None = None
+    engines: tuple[ProcessTreeMemory, ...] = field(default_factory=tuple)

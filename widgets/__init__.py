@@ -1,0 +1,1 @@
+"""Textual widgets: they draw what they are given and fetch nothing."""

@@ -1,0 +1,83 @@
+"""One engine's column: health, model, load, throughput, cache, speculation, latency."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+from textual.widgets import Static
+
+from tui.store import EngineState
+from widgets.fmt import IDLE, NA, mib, ms, num, pct
+
+HEALTH_STYLE = {"up": "bold green", "loading": "bold yellow", "starting": "bold yellow", "down": "bold red"}
+
+
+def _shown(exposed: bool, value: str) -> str:
+    """A value the engine exposes but has no traffic for reads "–"; one it never exposes reads "n/a"."""
+    if value != NA:
+        return value
+    return IDLE if exposed else NA
+
+
+class EnginePanel(Static):
+    DEFAULT_CSS = """
+    EnginePanel { border: round $primary; padding: 0 1; height: auto; min-height: 16; }
+    """
+
+    def __init__(self, name: str, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.engine_name = name
+        self.border_title = name
+
+    def show(self, state: EngineState) -> None:
+        self.update(render_engine(state))
+
+
+def render_engine(state: EngineState) -> Table:
+    sample, stats = state.sample, state.stats
+    reading = sample.reading if sample else None
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(style="dim", no_wrap=True)
+    grid.add_column(no_wrap=True)
+
+    if sample is None:
+        grid.add_row("health", Text("waiting for first poll", style="dim"))
+        return grid
+    health = Text(sample.health, style=HEALTH_STYLE.get(sample.health, ""))
+    if sample.health_reason:
+        health.append(f"  {sample.health_reason}", style="")
+    grid.add_row("health", health)
+    grid.add_row("url", sample.url)
+    # llama-server names the model by its file path: the file name is what tells models apart
+    grid.add_row("model", sample.model.rsplit("/", 1)[-1] if sample.model else NA)
+    if sample.metrics_error:
+        grid.add_row("metrics", Text(sample.metrics_error, style="bold red"))
+    if reading is None:
+        return grid
+
+    def has(attr: str) -> bool:
+        return getattr(reading, attr) is not None
+
+    grid.add_row("dialect", reading.dialect)
+    grid.add_row("running", num(reading.running, "{:.0f}"))
+    grid.add_row("waiting", num(reading.waiting, "{:.0f}"))
+    grid.add_row("gen tok/s", _shown(has("generation_tokens_total"), num(stats.gen_tps)))
+    grid.add_row("prompt tok/s", _shown(has("prompt_tokens_total"), num(stats.prompt_tps)))
+    if has("generation_seconds_total"):
+        grid.add_row("decode busy", _shown(True, num(stats.decode_tps_busy, "{:.1f} tok/s")))
+    cache_exposed = has("prefix_cache_queries_total") or has("cache_hit_rate_gauge")
+    grid.add_row("prefix hit", _shown(cache_exposed, pct(stats.prefix_cache_hit_rate)))
+    spec_exposed = has("spec_draft_tokens_total") or has("spec_accept_rate_gauge")
+    grid.add_row("spec accept", _shown(spec_exposed, pct(stats.spec_accept_rate)))
+    grid.add_row("spec len", _shown(spec_exposed, num(stats.spec_accept_length, "{:.2f}")))
+    grid.add_row("KV cache", pct(reading.kv_cache_usage))
+    ttft_exposed = has("ttft_buckets")
+    itl_exposed = has("itl_buckets")
+    grid.add_row("TTFT p50/p90", f"{_shown(ttft_exposed, ms(stats.ttft_p50_s))} / "
+                 f"{_shown(ttft_exposed, ms(stats.ttft_p90_s))}")
+    grid.add_row("ITL p50/p90", f"{_shown(itl_exposed, ms(stats.itl_p50_s))} / "
+                 f"{_shown(itl_exposed, ms(stats.itl_p90_s))}")
+    grid.add_row("host RSS", mib(state.rss_bytes) if state.rss_bytes is not None else NA)
+    if stats.counter_reset:
+        grid.add_row("", Text("counters reset: engine restarted", style="yellow"))
+    return grid

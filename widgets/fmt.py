@@ -1,0 +1,35 @@
+"""Formatting shared by the panels: one spelling of "not available" everywhere."""
+
+from __future__ import annotations
+
+NA = "n/a"  # the engine or GPU does not expose this value
+IDLE = "–"  # exposed, but nothing happened in the window to compute it from
+
+
+def num(value: float | None, fmt: str = "{:.1f}", missing: str = NA) -> str:
+    return missing if value is None else fmt.format(value)
+
+
+def pct(fraction: float | None, missing: str = NA) -> str:
+    return missing if fraction is None else f"{fraction * 100:.1f}%"
+
+
+def ms(seconds: float | None, missing: str = NA) -> str:
+    if seconds is None:
+        return missing
+    return f"{seconds * 1000:.0f} ms" if seconds < 10 else f"{seconds:.1f} s"
+
+
+def gib(n_bytes: float | None, missing: str = NA) -> str:
+    return missing if n_bytes is None else f"{n_bytes / 2**30:.1f} GiB"
+
+
+def mib(n_bytes: float | None, missing: str = NA) -> str:
+    return missing if n_bytes is None else f"{n_bytes / 2**20:.0f} MiB"
+
+
+def bar(fraction: float | None, width: int = 10) -> str:
+    if fraction is None:
+        return " " * width
+    filled = max(0, min(width, round(fraction * width)))
+    return "█" * filled + "░" * (width - filled)

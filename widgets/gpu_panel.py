@@ -1,0 +1,72 @@
+"""GPU panel: utilisation, bandwidth, power, heat, clocks, VRAM, throttling and who holds VRAM."""
+
+from __future__ import annotations
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+from textual.widgets import Static
+
+from tui.sources.samples import GpuReport, GpuSample
+from widgets.fmt import NA, bar, gib, num
+
+
+class GpuPanel(Static):
+    DEFAULT_CSS = """
+    GpuPanel { border: round $secondary; padding: 0 1; height: auto; }
+    """
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.border_title = "GPU"
+
+    def show(self, report: GpuReport | None) -> None:
+        self.update(render_gpus(report))
+
+
+def render_gpus(report: GpuReport | None) -> Group | Text:
+    if report is None:
+        return Text("reading NVML…", style="dim")
+    if report.unavailable:
+        return Text(report.unavailable, style="dim")
+    if not report.gpus:
+        return Text("NVML found no GPU", style="dim")
+    parts = []
+    if report.driver_version:
+        parts.append(Text(f"driver {report.driver_version}", style="dim"))
+    parts.extend(_render_gpu(g) for g in report.gpus)
+    return Group(*parts)
+
+
+def _render_gpu(g: GpuSample) -> Group:
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(style="dim", no_wrap=True)
+    grid.add_column(no_wrap=True)
+    title = Text(f"[{g.index}] {g.name or 'GPU'}", style="bold")
+    if g.error:
+        return Group(title, Text(g.error, style="bold red"))
+    if g.throttled:
+        title.append("  THROTTLED: " + ", ".join(r for r in g.throttle_reasons if r != "idle"),
+                     style="bold white on red")
+    elif g.throttle_reasons:
+        title.append("  " + ", ".join(g.throttle_reasons), style="dim")
+    util = g.util_gpu_pct
+    grid.add_row("util", f"{bar(None if util is None else util / 100)} {num(util, '{:.0f}%')}"
+                 f"   mem-ctrl {num(g.util_mem_pct, '{:.0f}%')}")
+    bw = NA
+    if g.mem_bw_gbps is not None:
+        bw = f"{g.mem_bw_gbps:.0f} GB/s"
+        if g.mem_bw_pct is not None:
+            bw += f" ({g.mem_bw_pct:.0f}% of {num(g.peak_bw_gbps, '{:.0f}')} GB/s, {g.mem_bw_source})"
+    grid.add_row("mem bw", bw)
+    grid.add_row("power", f"{num(g.power_w, '{:.0f}')} / {num(g.power_limit_w, '{:.0f} W')}"
+                 f"   temp {num(g.temp_c, '{:.0f} °C')}")
+    grid.add_row("clocks", f"SM {num(g.sm_clock_mhz, '{:.0f}')} MHz"
+                 f"  mem {num(g.mem_clock_mhz, '{:.0f}')} MHz")
+    used, total = g.vram_used_bytes, g.vram_total_bytes
+    frac = used / total if used is not None and total else None
+    grid.add_row("VRAM", f"{bar(frac)} {gib(used)} / {gib(total)}")
+    for p in g.processes:
+        who = p.engine or "other"
+        grid.add_row("", f"pid {p.pid} ({who}) {gib(p.used_bytes)}")
+    return Group(title, grid)

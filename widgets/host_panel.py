@@ -1,0 +1,50 @@
+"""Host panel: CPU, RAM, swap and each local engine's process-tree RSS (host RAM kills engines too)."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+from textual.widgets import Static
+
+from tui.sources.samples import HostSample
+from widgets.fmt import bar, gib, num
+
+RAM_ALARM = 0.90  # above this share of RAM (or any swap in use under load) the panel turns red
+
+
+class HostPanel(Static):
+    DEFAULT_CSS = """
+    HostPanel { border: round $secondary; padding: 0 1; height: auto; }
+    """
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.border_title = "host"
+
+    def show(self, sample: HostSample | None) -> None:
+        self.update(render_host(sample))
+
+
+def render_host(h: HostSample | None) -> Table | Text:
+    if h is None:
+        return Text("reading host…", style="dim")
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(style="dim", no_wrap=True)
+    grid.add_column(no_wrap=True)
+    cpu = h.cpu_pct
+    grid.add_row("CPU", f"{bar(None if cpu is None else cpu / 100)} {num(cpu, '{:.0f}%')}"
+                 f" of {num(h.cpu_count, '{:.0f}')} cores")
+    ram_frac = None
+    if h.ram_used_bytes is not None and h.ram_total_bytes:
+        ram_frac = h.ram_used_bytes / h.ram_total_bytes
+    ram = Text(f"{bar(ram_frac)} {gib(h.ram_used_bytes)} / {gib(h.ram_total_bytes)}")
+    if ram_frac is not None and ram_frac > RAM_ALARM:
+        ram.stylize("bold red")
+    grid.add_row("RAM", ram)
+    swap = Text(f"{gib(h.swap_used_bytes)} / {gib(h.swap_total_bytes)}")
+    if h.swap_used_bytes and ram_frac is not None and ram_frac > RAM_ALARM:
+        swap.stylize("bold red")
+    grid.add_row("swap", swap)
+    for m in h.engines:
+        grid.add_row(m.engine, f"RSS {gib(m.rss_bytes)} in {m.processes} process(es), pid {m.pid}")
+    return grid
