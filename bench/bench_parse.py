@@ -41,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     worst = 0.0
     for label, name in (("vllm", "vllm_0_33.txt"), ("vllm-old", "vllm_old.txt"),
-                        ("sglang", "sglang_0_5_23.txt"), ("llamacpp", "llamacpp.txt")):
+                        ("vllm-cpu-real", "vllm_cpu_0.32_real.txt"), ("sglang", "sglang_0_5_23.txt"),
+                        ("llamacpp", "llamacpp.txt")):
         text = (DATA / name).read_text()
         lines = len(text.splitlines())
         ms = median_ms(parse_reading, text, args.runs)

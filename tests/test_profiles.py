@@ -160,6 +160,7 @@ def test_api_key_file_reaches_the_engine_but_never_argv_or_repr(tmp_path: Path) 
     vllm = llama.replace('"llama.cpp"', '"vllm"')
     resolved = resolve(parse_profile(vllm, tmp_path / "v.toml", environ={})[0], environ={})
     assert resolved.env["VLLM_API_KEY"] == "sk-very-secret" and "--api-key-file" not in resolved.argv
+    assert "sk-very-secret" not in repr(resolved)
     empty = write(tmp_path, "empty", "# nothing\n")
     profile, _ = parse_profile(GOOD + f'api_key_file = "{empty}"\n', tmp_path / "e.toml", environ={})
     with pytest.raises(ProfileError, match="contains no key"):

@@ -19,7 +19,7 @@ from fake_pynvml import NVML_ERROR_LIBRARY_NOT_FOUND, FakeNvml, h200
 
 from tui.lifecycle import switch as switch_mod
 from tui.lifecycle.engine import EngineInstance, launch_instance
-from tui.lifecycle.process import free_port, port_open
+from tui.lifecycle.process import free_port, port_open, stop_group
 from tui.lifecycle.profiles import GIB, Profile, load_profiles, resolve
 from tui.lifecycle.switch import EngineManager, StepEvent
 from tui.sources.gpu import GpuSampler
@@ -64,8 +64,6 @@ def old_engine(tmp_path: Path) -> Iterator[EngineInstance]:
     assert port_open("127.0.0.1", port), instance.log_tail()
     yield instance
     if instance.alive():
-        from tui.lifecycle.process import stop_group
-
         stop_group(instance.launched)
 
 

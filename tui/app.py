@@ -1,13 +1,19 @@
 """The Textual app: layout, keys, polling workers, and the one place worker errors are handled.
 
-Polling never blocks the event loop: engines are polled with an async httpx client; NVML and psutil
-run in threads (asyncio.to_thread). Widgets redraw from the store on one UI timer.
+Polling never blocks the event loop: engines are polled with an async httpx client; NVML, psutil and
+engine lifecycle steps run in threads. Widgets redraw from the store on one UI timer.
+
+An engine column ("slot") either watches a URL, or drives an engine through a profile with an
+EngineManager (launch, verify ready, switch safely, notice a crash).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,11 +24,18 @@ from urllib.parse import urlparse
 import httpx
 from textual.app import App, ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal
+from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Header
 from textual.worker import Worker, WorkerState
 
+from tui.lifecycle.profiles import Profile, ProfileError, resolve
+from tui.lifecycle.switch import EngineManager, EngineStatus, StepEvent, SwitchResult
+from tui.probe.runner import ProbeRunner
+from tui.probe.sweep import SweepConfig
 from tui.screens.help import HelpScreen
+from tui.screens.logs import LogScreen
+from tui.screens.sweep import SweepScreen
+from tui.screens.switch import ConfirmSwitch, SwitchProgress
 from tui.sources.engine import EngineTarget, poll_engine
 from tui.sources.gpu import GpuSampler
 from tui.sources.host import HostSampler, engine_tree_pids, pid_listening_on
@@ -31,6 +44,7 @@ from widgets.engine_panel import EnginePanel
 from widgets.gpu_panel import GpuPanel
 from widgets.host_panel import HostPanel
 from widgets.plots import PlotData, TimePlot
+from widgets.probe_panel import ProbePanel
 
 log = logging.getLogger(__name__)
 
@@ -38,15 +52,35 @@ LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", "0.0.0.0"}
 
 
 @dataclass
+class Slot:
+    """One engine column. `target.name` is the store key: a switch gives the slot a new name, so the
+    plots keep the old configuration's line beside the new one."""
+
+    index: int
+    target: EngineTarget
+    manager: EngineManager | None = None  # set when enginetop drives this engine through profiles
+    profile: Profile | None = None
+    status: EngineStatus | None = None
+    failure: str | None = None  # why the last start/switch failed, until the next one succeeds
+    probe_every_s: float | None = None
+
+
+@dataclass
 class AppConfig:
-    targets: list[EngineTarget]
+    targets: list[EngineTarget] = field(default_factory=list)  # engines only watched
+    profiles: list[Profile] = field(default_factory=list)  # engines started (or attached) via profiles
+    switchable: list[Profile] = field(default_factory=list)  # number keys 1..9 switch to these
+    probe_every_s: float | None = None  # for watched engines; None = only on key `f`
+    probe_every_managed_s: float | None = None  # for engines enginetop started
+    probe_workload: str = "short"
+    probe_max_tokens: int = 64
+    sweep: SweepConfig = field(default_factory=lambda: SweepConfig(levels=(1, 2, 4, 8, 16, 32)))
     poll_interval_s: float = 1.0
     gpu_interval_s: float = 1.0
     host_interval_s: float = 2.0
     redraw_interval_s: float = 1.0
     horizon_s: float = 300.0
     screenshot_dir: Path = Path("screenshots")
-    launched_pids: dict[str, int] = field(default_factory=dict)  # engines enginetop started itself
     gpu_sampler: Callable[[], GpuSampler] = GpuSampler
     host_sampler: Callable[[], HostSampler] = HostSampler
 
@@ -55,7 +89,7 @@ class EnginetopApp(App[None]):
     TITLE = "enginetop"
     CSS = """
     #engines { height: auto; }
-    #engines > EnginePanel { width: 1fr; }
+    #engines > Vertical { width: 1fr; height: auto; }
     #plots { height: 1fr; min-height: 12; }
     #plots > TimePlot { width: 1fr; }
     #bottom { height: auto; }
@@ -65,8 +99,12 @@ class EnginetopApp(App[None]):
     BINDINGS = [
         Binding("q", "quit", "Quit"),
         Binding("p", "toggle_pause", "Pause"),
+        Binding("f", "probe_now", "Probe"),
+        Binding("c", "sweep", "Sweep"),
+        Binding("l", "show_log", "Log"),
         Binding("s", "save_svg", "Screenshot"),
         Binding("question_mark", "help", "Help", key_display="?"),
+        *(Binding(str(n), f"switch({n})", f"switch to profile {n}", show=False) for n in range(1, 10)),
     ]
 
     def __init__(self, config: AppConfig) -> None:
@@ -74,19 +112,28 @@ class EnginetopApp(App[None]):
         self.config = config
         self.store = Store(horizon_s=config.horizon_s)
         self.paused = False
+        self.probes = ProbeRunner()
         self._client: httpx.AsyncClient | None = None
         self._gpu = config.gpu_sampler()
         self._host = config.host_sampler()
-        self._engine_pids: dict[str, int] = dict(config.launched_pids)
+        self._local_pids: dict[str, int] = {}  # watched engines on this machine, found by port
+        self.slots: list[Slot] = []
         for target in config.targets:
-            self.store.engine(target.name, target.url)
+            self.slots.append(Slot(len(self.slots), target, probe_every_s=config.probe_every_s))
+        for profile in config.profiles:
+            self.slots.append(Slot(len(self.slots), self._profile_target(profile), EngineManager(
+                gpu=self._gpu.sample), profile, probe_every_s=config.probe_every_managed_s))
+        for slot in self.slots:
+            self.store.engine(slot.target.name, slot.target.url)
 
     # ---- layout -------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
         yield Header()
         with Horizontal(id="engines"):
-            for target in self.config.targets:
-                yield EnginePanel(target.name, id=f"engine-{_css_id(target.name)}")
+            for slot in self.slots:
+                with Vertical():
+                    yield EnginePanel(slot.target.name, id=f"engine-{slot.index}")
+                    yield ProbePanel(id=f"probes-{slot.index}")
         with Horizontal(id="plots"):
             yield TimePlot(id="plot-gen")
             yield TimePlot(id="plot-ttft")
@@ -96,35 +143,51 @@ class EnginetopApp(App[None]):
         yield Footer()
 
     def on_mount(self) -> None:
+        self._main = self.screen  # widgets live here; modal screens stack above it
         self.sub_title = self._subtitle()
         self._client = httpx.AsyncClient()
-        for target in self.config.targets:
-            self.run_worker(self._engine_loop(target), name=f"engine {target.name}", group="poll")
+        for slot in self.slots:
+            self.run_worker(self._engine_loop(slot), name=f"engine {slot.index}", group="poll")
+            if slot.probe_every_s:
+                self.run_worker(self._probe_loop(slot), name=f"probes {slot.index}", group="probe-loop")
+            if slot.manager is not None and slot.profile is not None:
+                self._run_lifecycle(slot, slot.profile, progress=None)
         self.run_worker(self._gpu_loop(), name="NVML", group="poll")
         self.run_worker(self._host_loop(), name="host", group="poll")
         self.set_interval(self.config.redraw_interval_s, self.redraw)
         self.redraw()
 
     async def on_unmount(self) -> None:
+        self.workers.cancel_all()  # before the HTTP client they use is closed
+        await self.probes.aclose()
         if self._client is not None:
             await self._client.aclose()
 
+    def _profile_target(self, profile: Profile) -> EngineTarget:
+        api_key = None
+        if profile.api_key_file:
+            # a bad key file is reported by the lifecycle's "resolve" step, where the user sees it
+            with contextlib.suppress(ProfileError):
+                api_key = resolve(profile).api_key
+        return EngineTarget(name=profile.name, url=profile.url, api_key=api_key)
+
     # ---- polling --------------------------------------------------------------------------
-    async def _engine_loop(self, target: EngineTarget) -> None:
+    async def _engine_loop(self, slot: Slot) -> None:
         assert self._client is not None
         interval = self.config.poll_interval_s
-        launched = target.name in self.config.launched_pids
         while True:
             started = time.monotonic()
+            target = slot.target  # a switch replaces it
             sample = await poll_engine(self._client, target, timeout=min(2.0, interval * 2),
-                                       launched_by_us=launched)
-            self.store.add_engine_sample(sample)
+                                       launched_by_us=slot.manager is not None)
+            if target is slot.target:
+                self.store.add_engine_sample(sample)
             await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
 
     async def _gpu_loop(self) -> None:
         while True:
             started = time.monotonic()
-            pids = {name: engine_tree_pids(pid) for name, pid in self._engine_pids.items()}
+            pids = {name: engine_tree_pids(pid) for name, pid in self._engine_pids().items()}
             report = await asyncio.to_thread(self._gpu.sample, pids)
             self.store.add_gpu_report(report)
             await asyncio.sleep(max(0.0, self.config.gpu_interval_s - (time.monotonic() - started)))
@@ -137,31 +200,160 @@ class EnginetopApp(App[None]):
                 # Finding who listens on a port walks /proc: do it rarely, engines seldom move.
                 await asyncio.to_thread(self._find_local_engine_pids)
                 next_pid_scan = started + 10.0
-            sample = await asyncio.to_thread(self._host.sample, dict(self._engine_pids))
+            sample = await asyncio.to_thread(self._host.sample, self._engine_pids())
             self.store.add_host_sample(sample)
             await asyncio.sleep(max(0.0, self.config.host_interval_s - (time.monotonic() - started)))
 
-    def _find_local_engine_pids(self) -> None:
-        for target in self.config.targets:
-            if target.name in self.config.launched_pids:
-                continue
-            parsed = urlparse(target.url)
-            if parsed.hostname in LOCAL_HOSTS and parsed.port:
-                pid = pid_listening_on(parsed.port)
-                if pid is not None:
-                    self._engine_pids[target.name] = pid
-                else:
-                    self._engine_pids.pop(target.name, None)
+    def _engine_pids(self) -> dict[str, int]:
+        pids = dict(self._local_pids)
+        for slot in self.slots:
+            current = slot.manager.current if slot.manager else None
+            if current is not None and current.pid is not None:
+                pids[slot.target.name] = current.pid
+        return pids
 
+    def _find_local_engine_pids(self) -> None:
+        for slot in self.slots:
+            if slot.manager is not None:
+                continue
+            parsed = urlparse(slot.target.url)
+            pid = pid_listening_on(parsed.port) if parsed.hostname in LOCAL_HOSTS and parsed.port else None
+            if pid is not None:
+                self._local_pids[slot.target.name] = pid
+            else:
+                self._local_pids.pop(slot.target.name, None)
+
+    # ---- probes ---------------------------------------------------------------------------
+    async def _probe(self, slot: Slot) -> None:
+        target = slot.target
+
+        def keep(result) -> None:
+            self.store.add_probe(target.name, result)
+
+        params = self._probe_params()
+        await self.probes.probe(target, self.config.probe_workload, params, repeat=1, on_result=keep)
+
+    def _probe_params(self):
+        from tui.probe.workloads import WorkloadParams
+
+        return WorkloadParams(max_tokens=self.config.probe_max_tokens)
+
+    async def _probe_loop(self, slot: Slot) -> None:
+        assert slot.probe_every_s
+        while True:
+            await asyncio.sleep(slot.probe_every_s)
+            sample = self.store.engines[slot.target.name].sample
+            if isinstance(self.screen, SweepScreen):
+                continue  # a sweep is measuring: a probe now would add load to the level it measures
+            if sample is not None and sample.health == "up" and not self.probes.busy(slot.target):
+                await self._probe(slot)
+
+    def action_probe_now(self) -> None:
+        started = 0
+        for slot in self.slots:
+            if not self.probes.busy(slot.target):
+                self.run_worker(self._probe(slot), name=f"probe {slot.target.name}", group="probe")
+                started += 1
+        if not started:
+            self.notify("a probe is already running on every engine", severity="warning")
+
+    def action_sweep(self) -> None:
+        self.push_screen(SweepScreen([s.target for s in self.slots], self.probes, self.config.sweep))
+
+    # ---- lifecycle ------------------------------------------------------------------------
+    def _selected_slot(self, managed: bool) -> Slot | None:
+        candidates = [s for s in self.slots if s.manager is not None] if managed else list(self.slots)
+        focused = self.focused
+        for slot in candidates:
+            if focused is not None and focused.id == f"engine-{slot.index}":
+                return slot
+        return candidates[0] if candidates else None
+
+    def action_switch(self, number: int) -> None:
+        profiles = self.config.switchable
+        if not 1 <= number <= len(profiles):
+            self.notify(f"no profile {number}: {len(profiles)} switchable profile(s), see ?",
+                        severity="warning")
+            return
+        slot = self._selected_slot(managed=True)
+        if slot is None or slot.manager is None:
+            self.notify("no engine here was started by enginetop: start one with --profile NAME",
+                        severity="warning")
+            return
+        to = profiles[number - 1]
+        current = slot.manager.current
+        if current is not None:
+            what = f"This stops {current.name} (PID {current.pid}) at {current.url}" if current.pid else \
+                f"This detaches from {current.name} at {current.url}"
+        else:
+            what = "No engine is running in this column"
+        question = f"Switch to profile {to.name} ({to.engine}, port {to.port})?\n{what}, waits until its " \
+                   f"VRAM is released and its port is closed, then starts {to.name} and waits until ready."
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                progress = SwitchProgress(f"switching {slot.target.name} → {to.name}", threading.Event())
+                self.push_screen(progress)
+                self._run_lifecycle(slot, to, progress)
+
+        self.push_screen(ConfirmSwitch(question), answered)
+
+    def _run_lifecycle(self, slot: Slot, to: Profile, progress: SwitchProgress | None) -> None:
+        assert slot.manager is not None
+        manager = slot.manager
+        cancel = progress.cancel if progress else threading.Event()
+        new_target = self._profile_target(to)
+        slot.profile = to
+        slot.target = new_target
+        self.store.engine(new_target.name, new_target.url)
+        self._relabel(slot)
+
+        def on_step(event: StepEvent) -> None:
+            if progress is not None:
+                self.call_from_thread(progress.step, event)
+
+        def work() -> SwitchResult:
+            return manager.switch(to, on_step=on_step, cancel=cancel)
+
+        def done(result: SwitchResult) -> None:
+            if progress is not None:
+                progress.finish(result.message, result.ok)
+            slot.failure = None if result.ok else f"{result.failed_step} failed: {result.message}"
+            if not result.ok:
+                self.notify(result.message, title=f"{to.name}: {result.failed_step} failed", severity="error",
+                            timeout=15)
+
+        async def run() -> None:
+            result = await asyncio.to_thread(work)
+            done(result)
+
+        self.run_worker(run(), name=f"lifecycle {to.name}", group="lifecycle")
+
+    def _relabel(self, slot: Slot) -> None:
+        if self.is_mounted and hasattr(self, "_main"):
+            self._main.query_one(f"#engine-{slot.index}", EnginePanel).border_title = slot.target.name
+
+    def action_show_log(self) -> None:
+        slot = self._selected_slot(managed=True)
+        if slot is None or slot.manager is None:
+            self.notify("no engine here was started by enginetop, so there is no log to show",
+                        severity="warning")
+            return
+        status = slot.manager.poll_status()
+        current = slot.manager.current
+        path = status.log_path or (current.log_path if current else None)
+        self.push_screen(LogScreen(f"log of {slot.target.name}: {path}", path))
+
+    # ---- the one place worker failures surface ----------------------------------------------
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
-        """The one place worker failures surface: say what broke, keep everything else running."""
+        """Say what broke; restart pollers; everything else keeps running."""
         worker = event.worker
-        if event.state != WorkerState.ERROR:
+        if event.state != WorkerState.ERROR or not self.is_running:
             return
         error = worker.error
-        log.error("worker %s failed: %r", worker.name, error)
-        self.notify(f"{worker.name}: {type(error).__name__}: {error}", title="poller failed; restarting",
-                    severity="error", timeout=8)
+        log.error("worker %s failed: %r", worker.name, error, exc_info=error)
+        self.notify(f"{type(error).__name__}: {error}", title=f"{worker.name} failed", severity="error",
+                    timeout=10)
         if worker.group == "poll":
             self.set_timer(2.0, lambda: self._restart(worker.name))
 
@@ -171,39 +363,52 @@ class EnginetopApp(App[None]):
         elif name == "host":
             self.run_worker(self._host_loop(), name=name, group="poll")
         else:
-            for target in self.config.targets:
-                if name == f"engine {target.name}":
-                    self.run_worker(self._engine_loop(target), name=name, group="poll")
+            for slot in self.slots:
+                if name == f"engine {slot.index}":
+                    self.run_worker(self._engine_loop(slot), name=name, group="poll")
 
     # ---- drawing ------------------------------------------------------------------------
     def redraw(self) -> None:
+        for slot in self.slots:
+            if slot.manager is not None:
+                status = slot.manager.poll_status()  # cheap: no HTTP; notices a crash
+                if slot.failure and status.state == "idle":
+                    status = dataclasses.replace(status, state="failed", message=slot.failure)
+                slot.status = status
         if self.paused:
             return
-        for target in self.config.targets:
-            panel = self.query_one(f"#engine-{_css_id(target.name)}", EnginePanel)
-            panel.show(self.store.engines[target.name])
+        for slot in self.slots:
+            state = self.store.engines[slot.target.name]
+            self._main.query_one(f"#engine-{slot.index}", EnginePanel).show(state, slot.status)
+            self._main.query_one(f"#probes-{slot.index}", ProbePanel).show(
+                [r for _, r in state.probes], self.probes.busy(slot.target), slot.probe_every_s)
         now = time.monotonic()
         horizon = self.config.horizon_s
         spans = [(a - now, b - now) for a, b in self.store.throttle_spans(now - horizon)]
-        self.query_one("#plot-gen", TimePlot).show(
-            self._plot("generation tok/s (rate of counters)", "tok/s", "gen_tps", now, spans))
-        self.query_one("#plot-ttft", TimePlot).show(
-            self._plot("TTFT p50 (from histograms)", "seconds", "ttft_p50_s", now, spans))
-        self.query_one("#gpu", GpuPanel).show(self.store.gpu)
-        self.query_one("#host", HostPanel).show(self.store.host)
+        self._main.query_one("#plot-gen", TimePlot).show(self._plot(
+            "generation tok/s: counters (lines), probe decode (x)", "tok/s", "gen_tps",
+            lambda r: r.decode_tps, now, spans))
+        self._main.query_one("#plot-ttft", TimePlot).show(self._plot(
+            "TTFT p50: histograms (lines), probes (x)", "seconds", "ttft_p50_s",
+            lambda r: r.ttft_s, now, spans))
+        self._main.query_one("#gpu", GpuPanel).show(self.store.gpu)
+        self._main.query_one("#host", HostPanel).show(self.store.host)
 
-    def _plot(self, title: str, ylabel: str, key: str, now: float,
+    def _plot(self, title: str, ylabel: str, key: str, probe_value, now: float,
               spans: list[tuple[float, float]]) -> PlotData:
         t0 = now - self.config.horizon_s
-        lines = {}
+        lines, markers = {}, {}
         for name, state in self.store.engines.items():
             points = state.series[key].since(t0)
             lines[name] = ([t - now for t, _ in points], [v for _, v in points])
+            probes = [(t - now, probe_value(r)) for t, r in state.probes if t >= t0]
+            probes = [(x, y) for x, y in probes if y is not None]
+            markers[name] = ([x for x, _ in probes], [y for _, y in probes])
         return PlotData(title=title, ylabel=ylabel, horizon_s=self.config.horizon_s, lines=lines,
-                        throttle_spans=spans)
+                        markers=markers, throttle_spans=spans)
 
     def _subtitle(self) -> str:
-        names = ", ".join(t.name for t in self.config.targets) or "no engines"
+        names = ", ".join(s.target.name for s in self.slots) or "no engines"
         every = self.config.poll_interval_s
         state = "PAUSED (still recording)" if self.paused else f"polling every {every:g}s"
         return f"{names} — {state}"
@@ -222,9 +427,14 @@ class EnginetopApp(App[None]):
         self.notify(f"saved {path}", title="screenshot")
 
     def action_help(self) -> None:
-        keys = [(b.key_display or b.key, b.description) for b in self.BINDINGS if isinstance(b, Binding)]
+        keys = [(b.key_display or b.key, b.description) for b in self.BINDINGS
+                if isinstance(b, Binding) and b.show]
+        if self.config.switchable:
+            keys.append(("1-9", "switch the selected engine to: " + ", ".join(
+                f"{i} {p.name}" for i, p in enumerate(self.config.switchable[:9], start=1))))
+        keys.append(("tab", "select the next engine column (for l and 1-9)"))
         self.push_screen(HelpScreen(keys))
 
-
-def _css_id(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)
+    def stop_managed(self) -> list[SwitchResult]:
+        """Stop the engines enginetop launched; called after the app exits (it blocks)."""
+        return [slot.manager.stop() for slot in self.slots if slot.manager is not None]

@@ -24,16 +24,33 @@ def _add_target_args(parser: argparse.ArgumentParser) -> None:
                         help="read engine NAME's API key from environment variable VAR")
 
 
+DEMO_PROFILES = {"llama": ["demo-cpu-threads2"], "both": ["demo-cpu-threads2", "demo-vllm-gemma"]}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="enginetop",
-        description="Watch LLM inference engines and the GPU under them. With no --engine, starts the "
-                    "bundled demo (a real llama-server with Gemma 3 270M) and watches it.")
+        description="Watch LLM inference engines and the GPU under them. With no --engine or --profile, "
+                    "starts the bundled demo (a real llama-server with Gemma 3 270M) and watches it.")
     _add_target_args(parser)
+    parser.add_argument("--profile", action="append", metavar="NAME",
+                        help="start (or attach to) the engine of this profile and watch it (repeatable); "
+                             "`enginetop profiles` lists them")
+    parser.add_argument("--demo", choices=sorted(DEMO_PROFILES), default=None,
+                        help="start the bundled demo: llama (llama.cpp only, the default when nothing "
+                             "else is given) or both (llama.cpp and vLLM on the same Gemma 270M)")
+    parser.add_argument("--keep-engines", action="store_true",
+                        help="leave the engines enginetop started running when it quits")
     parser.add_argument("--interval", type=float, default=1.0, help="engine poll interval, seconds")
     parser.add_argument("--horizon", type=float, default=300.0, help="seconds of history on the plots")
-    parser.add_argument("--demo", choices=["llama", "both"], default=None,
-                        help="start the bundled demo engines (default when no --engine is given: llama)")
+    parser.add_argument("--probe-every", type=float, default=None, metavar="SECONDS",
+                        help="probe every watched engine this often (default: only on key f; engines "
+                             "enginetop starts are probed every 10 s)")
+    parser.add_argument("--probe-workload", default="short",
+                        choices=["short", "long-prefill", "agent", "thinking-off"])
+    parser.add_argument("--probe-max-tokens", type=int, default=64)
+    parser.add_argument("--sweep-levels", default="1,2,4,8,16,32", help="concurrency levels for key c")
+    parser.add_argument("--sweep-seconds", type=float, default=10.0, help="seconds per sweep level")
     parser.add_argument("--screenshots", type=Path, default=Path("screenshots"),
                         help="where key `s` saves SVG screenshots")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -70,23 +87,49 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
     from tui.app import AppConfig, EnginetopApp
+    from tui.lifecycle.profiles import ProfileError, load_profiles
+    from tui.probe.sweep import SweepConfig
 
     targets = build_targets(args.engine, args.api_key_file, args.api_key_env)
-    demo = None
-    if args.demo or not targets:
-        from tui.demo import Demo
-
-        demo = Demo(kind=args.demo or "llama")
-        targets = targets + demo.start()
+    names = list(args.profile or [])
+    if args.demo or not (targets or names):
+        names += DEMO_PROFILES[args.demo or "llama"]
+    loaded = load_profiles()
     try:
-        config = AppConfig(targets=targets, poll_interval_s=args.interval, horizon_s=args.horizon,
-                           screenshot_dir=args.screenshots,
-                           launched_pids=demo.pids() if demo else {})
-        EnginetopApp(config).run()
+        profiles = [loaded.get(name) for name in names]
+        levels = tuple(int(x) for x in args.sweep_levels.split(","))
+        sweep = SweepConfig(levels=levels, duration_s=args.sweep_seconds)
+    except ProfileError as exc:
+        print(f"enginetop: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:
+        print(f"enginetop: --sweep-levels/--sweep-seconds: {exc}", file=sys.stderr)
+        return 2
+    _log_to_file()
+    config = AppConfig(
+        targets=targets, profiles=profiles, switchable=[p for p in loaded.profiles.values() if not p.attach],
+        probe_every_s=args.probe_every, probe_every_managed_s=args.probe_every or 10.0,
+        probe_workload=args.probe_workload, probe_max_tokens=args.probe_max_tokens, sweep=sweep,
+        poll_interval_s=args.interval, horizon_s=args.horizon, screenshot_dir=args.screenshots)
+    app = EnginetopApp(config)
+    try:
+        app.run()
     finally:
-        if demo is not None:
-            demo.stop()
+        if not args.keep_engines:
+            for result in app.stop_managed():
+                if not result.ok:
+                    print(f"enginetop: stopping {result.from_profile}: {result.message}", file=sys.stderr)
     return 0
+
+
+def _log_to_file() -> None:
+    """Warnings must not land on the dashboard's screen: they go to a file beside the engine logs."""
+    import logging
+
+    from tui.paths import runs_dir
+
+    logging.basicConfig(filename=runs_dir() / "enginetop.log", level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,9 +6,11 @@ read as bursts) and histograms become quantiles over a longer window. Nothing he
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from tui.sources.rates import derive
 from tui.sources.samples import EngineReading, EngineSample, EngineStats, GpuReport, HostSample
@@ -42,7 +44,7 @@ class EngineState:
     # (t, reading) for the longest window we derive over
     readings: deque[tuple[float, EngineReading]] = field(default_factory=deque)
     series: dict[str, Series] = field(default_factory=dict)
-    probes: deque = field(default_factory=lambda: deque(maxlen=200))  # probe results, newest last
+    probes: deque[tuple[float, Any]] = field(default_factory=lambda: deque(maxlen=200))  # (t, ProbeResult)
     rss_bytes: int | None = None
 
 
@@ -124,8 +126,8 @@ class Store:
         for name, state in self.engines.items():
             state.rss_bytes = by_engine.get(name)
 
-    def add_probe(self, name: str, result: object) -> None:
-        self.engine(name).probes.append(result)
+    def add_probe(self, name: str, result: Any, t: float | None = None) -> None:
+        self.engine(name).probes.append((time.monotonic() if t is None else t, result))
 
     def throttle_spans(self, t0: float) -> list[tuple[float, float]]:
         """Periods (start, end) since t0 in which a GPU reported a real throttle reason."""

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
 from tui.store import EngineState
 from widgets.fmt import IDLE, NA, mib, ms, num, pct
+
+if TYPE_CHECKING:  # a type only: widgets never reach into the lifecycle code
+    from tui.lifecycle.switch import EngineStatus
 
 HEALTH_STYLE = {"up": "bold green", "loading": "bold yellow", "starting": "bold yellow", "down": "bold red"}
 
@@ -19,9 +24,10 @@ def _shown(exposed: bool, value: str) -> str:
     return IDLE if exposed else NA
 
 
-class EnginePanel(Static):
+class EnginePanel(Static, can_focus=True):
     DEFAULT_CSS = """
     EnginePanel { border: round $primary; padding: 0 1; height: auto; min-height: 16; }
+    EnginePanel:focus { border: double $accent; }
     """
 
     def __init__(self, name: str, **kwargs) -> None:
@@ -29,16 +35,37 @@ class EnginePanel(Static):
         self.engine_name = name
         self.border_title = name
 
-    def show(self, state: EngineState) -> None:
-        self.update(render_engine(state))
+    def show(self, state: EngineState, status: EngineStatus | None = None) -> None:
+        self.update(render_engine(state, status))
 
 
-def render_engine(state: EngineState) -> Table:
+def _lifecycle_rows(grid: Table, status: EngineStatus) -> None:
+    """What enginetop knows as the engine's launcher: profile, PID, cold start, or the crash."""
+    line = Text(status.profile or "", style="bold")
+    if status.state == "crashed":
+        line.append(f"  CRASHED: {status.message}", style="bold white on red")
+    elif status.state == "failed":
+        line.append(f"  {status.message}", style="bold red")
+    elif status.state == "switching":
+        line.append(f"  {status.message}", style="yellow")
+    else:
+        line.append(f"  {status.message}")
+        if status.cold_start_s is not None:
+            line.append(f", cold start {status.cold_start_s:.1f} s", style="dim")
+    grid.add_row("profile", line)
+    if status.state == "crashed":
+        for tail in status.log_tail[-6:]:
+            grid.add_row("", Text(tail[-100:], style="red"))
+
+
+def render_engine(state: EngineState, status: EngineStatus | None = None) -> Table:
     sample, stats = state.sample, state.stats
     reading = sample.reading if sample else None
     grid = Table.grid(padding=(0, 1))
     grid.add_column(style="dim", no_wrap=True)
     grid.add_column(no_wrap=True)
+    if status is not None:
+        _lifecycle_rows(grid, status)
 
     if sample is None:
         grid.add_row("health", Text("waiting for first poll", style="dim"))

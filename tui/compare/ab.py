@@ -28,6 +28,8 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+import psutil
+
 from tui.compare.engines import ArmEngine, Started, StartError, engine_version
 from tui.compare.gpu_watch import GpuSource, GpuWatch
 from tui.compare.platform_info import platform_info
@@ -182,8 +184,10 @@ class _Run:
     def block(self, arm: Arm, started: Started, instance: int, block: int) -> None:
         seed = self.config.seed * 100_000 + self.seq
         wall_start = time.time()
+        psutil.cpu_percent(interval=None)  # starts the interval that the call after the block closes
         with GpuWatch(self.gpu, self.config.gpu_interval_s) as watch:
             results = asyncio.run(self._requests(started, self.config.requests_per_block, seed))
+        host_cpu = psutil.cpu_percent(interval=None)
         gpu = watch.summary()
         good = [r for r in results if r.ok]
         record: dict[str, Any] = {
@@ -200,6 +204,9 @@ class _Run:
             "token_source": _token_source(good),
             "gpu": gpu,
             "throttled": bool(gpu.get("throttled")),
+            # Whole-host CPU busy % during the block: engines, probes and anything else running. On a CPU
+            # engine a busy host is the first suspect for a slow or scattered block.
+            "host_cpu_pct": host_cpu,
         }
         for metric in METRICS:
             record[metric] = median([v for r in good if (v := getattr(r, metric)) is not None])
@@ -367,6 +374,11 @@ def _mean_of(blocks: list[dict[str, Any]], key: str) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def _mean_block(blocks: list[dict[str, Any]], key: str) -> float | None:
+    values = [b[key] for b in blocks if b.get(key) is not None]
+    return sum(values) / len(values) if values else None
+
+
 def analyze_arm(result: dict[str, Any], arm: dict[str, Any]) -> dict[str, Any]:
     threshold = float(result["config"]["cv_threshold_pct"])
     used, excluded = _blocks_used(result, arm["name"])
@@ -394,6 +406,7 @@ def analyze_arm(result: dict[str, Any], arm: dict[str, Any]) -> dict[str, Any]:
         "power_w": _mean_of(used, "power_w_mean"),
         "mem_bw_pct": _mean_of(used, "mem_bw_pct_mean"),
         "temp_c_max": max(temps) if temps else None,
+        "host_cpu_pct": _mean_block(used, "host_cpu_pct"),
     }
 
 

@@ -551,6 +551,7 @@ def _throttling(result: dict[str, Any]) -> str:
                 escape(", ".join(reasons)) or "none",
                 _f(a["temp_c_max"], 0, " °C"),
                 _f(a["power_w"], 0, " W"),
+                _f(a.get("host_cpu_pct"), 0, "%"),
             ]
         )
     flagged = [b for b in result["blocks"] if b.get("throttled")]
@@ -567,9 +568,9 @@ def _throttling(result: dict[str, Any]) -> str:
         "Throttling",
         "Clock-event reasons seen while each block ran (idle and user-set clocks are not throttling)",
         _table(
-            ["Arm", "Throttled blocks", "Excluded", "Reasons", "Max temp", "Mean power"],
+            ["Arm", "Throttled blocks", "Excluded", "Reasons", "Max temp", "Mean power", "Host CPU busy"],
             rows,
-            numeric=(1, 2, 4, 5),
+            numeric=(1, 2, 4, 5, 6),
         )
         + extra,
     )
@@ -593,6 +594,7 @@ def _raw(result: dict[str, Any]) -> str:
                 _f(b.get("token_source")),
                 _f(g.get("temp_c_max"), 0),
                 _f(g.get("power_w_mean"), 0),
+                _f(b.get("host_cpu_pct"), 0, "%"),
                 '<span class="bad">yes</span>' if b.get("throttled") else "no",
             ]
         )
@@ -610,10 +612,11 @@ def _raw(result: dict[str, Any]) -> str:
             "tokens from",
             "°C",
             "W",
+            "host CPU",
             "throttled",
         ],
         rows,
-        numeric=(0, 2, 3, 4, 5, 6, 7, 10, 11),
+        numeric=(0, 2, 3, 4, 5, 6, 7, 10, 11, 12),
     )
     req_rows = []
     for b in sorted(result["blocks"], key=lambda x: x["seq"]):
@@ -762,6 +765,7 @@ def write_result(result: dict[str, Any], json_path: Path) -> list[Path]:
             "power_w": a["power_w"],
             "mem_bw_pct": a["mem_bw_pct"],
             "temp_c_max": a["temp_c_max"],
+            "host_cpu_pct": a.get("host_cpu_pct"),
             "argv": arm.get("argv"),
         }
         for metric in ("decode_tps", "server_decode_tps", "ttft_s", "prefill_tps"):

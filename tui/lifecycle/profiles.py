@@ -487,7 +487,7 @@ class ResolvedProfile:
 
     profile: Profile
     argv: tuple[str, ...] | None
-    env: dict[str, str]  # added to the inherited environment
+    env: dict[str, str] = field(repr=False)  # added to the inherited environment (may hold VLLM_API_KEY)
     workdir: str | None
     api_key: str | None = field(default=None, repr=False)  # never printed, logged or put on argv
 

@@ -181,29 +181,39 @@ class EngineManager:
         cancel: threading.Event | None = None,
     ) -> SwitchResult:
         run = _Run(on_step, cancel or threading.Event())
-        old = self.current
-        result = SwitchResult(
-            ok=False, steps=run.steps, from_profile=old.name if old else None, to_profile=to.name
-        )
         with self._busy:
+            old = self.current
+            result = SwitchResult(
+                ok=False, steps=run.steps, from_profile=old.name if old else None, to_profile=to.name
+            )
             new: EngineInstance | None = None
             try:
-                resolved = self._resolve(run, to)
-                self._stop(run, old)
-                if old is not None and not old.attached:
-                    with self._lock:
-                        self._current = None
-                self._drain(run, old, to)
-                if to.attach:
-                    self._set_step("port")
-                    run.emit("port", "skipped", f"{to.name} attaches to {to.url}: nothing to bind")
-                    self._set_step("start")
-                    run.emit("start", "skipped", f"{to.name} attaches to a running server: nothing to launch")
-                    new = launch_instance(resolved)
-                else:
-                    self._check_port(run, to)
-                    new = self._launch(run, resolved)
-                self._ready(run, new)
+                try:
+                    resolved = self._resolve(run, to)
+                    self._stop(run, old)
+                    if old is not None and not old.attached:
+                        with self._lock:
+                            self._current = None
+                    self._drain(run, old, to)
+                    if to.attach:
+                        self._set_step("port")
+                        run.emit("port", "skipped", f"{to.name} attaches to {to.url}: nothing to bind")
+                        self._set_step("start")
+                        run.emit(
+                            "start", "skipped", f"{to.name} attaches to a running server: nothing to launch"
+                        )
+                        new = launch_instance(resolved)
+                    else:
+                        self._check_port(run, to)
+                        new = self._launch(run, resolved)
+                    self._ready(run, new)
+                except StepError:
+                    raise
+                except Exception as exc:  # a surprise still fails one named step and cleans up
+                    step = run.current or "resolve"
+                    raise StepError(
+                        step, f"step '{step}' failed unexpectedly: {type(exc).__name__}: {exc}"
+                    ) from exc
             except StepError as exc:
                 status: StepStatus = "cancelled" if isinstance(exc, Cancelled) else "failed"
                 run.emit(exc.step, status, str(exc))
@@ -241,11 +251,11 @@ class EngineManager:
     ) -> SwitchResult:
         """Stop the current engine and verify it is gone."""
         run = _Run(on_step, cancel or threading.Event())
-        old = self.current
-        result = SwitchResult(
-            ok=False, steps=run.steps, from_profile=old.name if old else None, to_profile=None
-        )
         with self._busy:
+            old = self.current
+            result = SwitchResult(
+                ok=False, steps=run.steps, from_profile=old.name if old else None, to_profile=None
+            )
             try:
                 self._stop(run, old)
             except StepError as exc:
@@ -431,7 +441,8 @@ class EngineManager:
         run.emit("start", "running", f"launching {resolved.argv[0] if resolved.argv else ''}")
         new = launch_instance(resolved, self._log_dir)
         if self._record_state:
-            state.write_state(new)  # `down` must find an engine that is still starting too
+            with contextlib.suppress(OSError):  # `down` must find an engine that is still starting too
+                state.write_state(new)
         if not new.alive():
             raise StepError("start", crash_message(new, "immediately"))
         run.emit("start", "ok", f"PID {new.pid} running, log {new.log_path}")
