@@ -11,9 +11,11 @@ from tests.fake_pynvml import FakeNvml, h200
 from tests.screen import screen_text
 from tests.test_dashboard import make_app, wait_for
 from tui.app import AppConfig, EnginetopApp
+from tui.compare.ab import ABConfig
 from tui.lifecycle.process import free_port
 from tui.lifecycle.profiles import load_profiles, repo_profiles_dir
 from tui.probe.sweep import SweepConfig
+from tui.screens.ab import ABScreen
 from tui.screens.logs import LogScreen
 from tui.screens.sweep import SweepScreen
 from tui.screens.switch import ConfirmSwitch, SwitchProgress
@@ -94,8 +96,8 @@ async def test_switch_with_keys_then_crash_behind_our_back(tmp_path):
             progress = app.screen
             assert isinstance(progress, SwitchProgress)
             await wait_for(pilot, lambda: progress.done is not None, timeout=120, what="switch done")
-            assert [progress.events[s].status for s in ("resolve", "stop", "drain", "port", "start", "ready")] \
-                == ["ok"] * 6
+            steps = ("resolve", "stop", "drain", "port", "start", "ready")
+            assert [progress.events[s].status for s in steps] == ["ok"] * 6
             text = screen_text(app)
             assert "ready" in text and "elapsed" in text
             await pilot.press("escape")
@@ -117,3 +119,41 @@ async def test_switch_with_keys_then_crash_behind_our_back(tmp_path):
             assert "CRASHED" in text and "SIGKILL" in text
     finally:
         app.stop_managed()
+
+
+async def test_key_a_interleaves_ab_over_watched_engines(llama_server, tmp_path, monkeypatch):
+    monkeypatch.setenv("ENGINETOP_CACHE", str(tmp_path / "cache"))
+    targets = [EngineTarget("A", llama_server.url), EngineTarget("B", llama_server.url)]
+    app = make_app(targets, tmp_path)
+    app.config.ab = ABConfig(instances=2, blocks=1, requests_per_block=1, max_tokens=12, warmup_requests=0,
+                             mode="coresident", bootstrap_samples=200)
+    async with app.run_test(size=(200, 60)) as pilot:
+        await pilot.press("a")
+        await pilot.pause(0.2)
+        screen = app.screen
+        assert isinstance(screen, ABScreen)
+        await wait_for(pilot, lambda: screen.result is not None, timeout=180, what="A/B result")
+        blocks = screen.result["blocks"]
+        assert [b["arm"] for b in blocks] == ["A", "B", "B", "A"]  # interleaved, order flipped each round
+        await pilot.pause(0.3)
+        text = screen_text(app)
+        assert "B / A decode:" in text and "95% CI" in text
+        assert re.search(r"A\s+[\d.]+\s+[\d.]+", text)
+        saved = list((tmp_path / "cache" / "runs").glob("ab-*.html"))
+        assert len(saved) == 1 and "<svg" in saved[0].read_text()
+
+
+async def test_roofline_beside_measured_decode(llama_server, tmp_path):
+    app = make_app([EngineTarget("llama", llama_server.url)], tmp_path)
+    app.config.bandwidth_bps = 20e9  # no GPU here: the bandwidth is given, as with --bandwidth 20GB/s
+    async with app.run_test(size=(200, 60)) as pilot:
+        state = app.store.engines["llama"]
+        await wait_for(pilot, lambda: state.sample and state.sample.model, what="model id")
+        size = Path(state.sample.model).stat().st_size
+        await pilot.press("f")
+        await wait_for(pilot, lambda: state.probes, timeout=60, what="a probe")
+        await pilot.pause(0.6)
+        roof = app._roofline(state)
+        assert roof is not None and abs(roof.ceiling_tps - 20e9 / size) < 1e-6
+        assert roof.pct_of_ceiling is not None and roof.pct_of_ceiling > 0
+        assert f"ceiling {20e9 / size:.0f} tok/s" in screen_text(app)

@@ -47,9 +47,10 @@ async def test_normal_stream_uses_server_counts_and_timings(sse: SSEServer) -> N
     assert r.prompt_tokens == 6  # the server counts "<user>" plus five words
     assert r.ttft_s is not None and r.ttft_s > 0
     assert r.e2e_s is not None and r.e2e_s >= r.ttft_s
-    # 19 gaps of ~10 ms: the client's rate and the server's own clock tell the same story.
+    # 19 gaps of ~10 ms: the client's rate and the server's own clock tell the same story (loosely: the
+    # margin is for a busy machine; bench/ and the llama-server test hold the tight figure).
     assert r.server_decode_tps is not None and r.decode_tps is not None
-    assert r.decode_tps == pytest.approx(r.server_decode_tps, rel=0.1)
+    assert r.decode_tps == pytest.approx(r.server_decode_tps, rel=0.2)
     assert r.decode_tps == pytest.approx(19 / r.decode_s)
     assert r.prefill_source == "server" and r.prefill_tps == r.server.prompt_per_second
     assert r.text.split()[:3] == ["alpha", "beta", "gamma"]

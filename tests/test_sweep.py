@@ -34,9 +34,9 @@ async def test_sweep_levels_scale_on_an_uncontended_server(sse: SSEServer) -> No
     assert [lv.requests for lv in result.levels] == [2, 4, 8]
     assert all(lv.ok == lv.requests and lv.token_source == "server" for lv in result.levels)
     assert four.completion_tokens == 80
-    assert one.aggregate_tps and four.aggregate_tps and four.aggregate_tps > 2.5 * one.aggregate_tps
+    assert one.aggregate_tps and four.aggregate_tps and four.aggregate_tps > 2 * one.aggregate_tps
     # Per stream, the server paces every stream alike.
-    assert four.per_stream_tps_p50 == pytest.approx(one.per_stream_tps_p50, rel=0.3)
+    assert four.per_stream_tps_p50 == pytest.approx(one.per_stream_tps_p50, rel=0.5)
     assert four.ttft_p50_s is not None and four.ttft_p90_s is not None and four.ttft_p90_s >= four.ttft_p50_s
     assert four.client.loop_lag_p50_ms is not None and four.client.wall_s > 0
     # Distinct prompts across levels: no request repeats another's seed.

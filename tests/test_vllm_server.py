@@ -48,7 +48,7 @@ def stream_events(url: str, body: dict) -> list[dict | str]:
 
 
 def reading(url: str) -> EngineReading:
-    return parse_reading(httpx.get(f"{url}/metrics", timeout=10).text)
+    return parse_reading(httpx.get(f"{url}/metrics", timeout=60).text)
 
 
 def wait_finished(url: str, before: EngineReading, n: int, timeout: float = 15.0) -> EngineReading:

@@ -28,10 +28,14 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Header
 from textual.worker import Worker, WorkerState
 
+from tui.compare.ab import ABConfig
+from tui.compare.roofline import Roofline, model_weight_bytes, roofline
 from tui.lifecycle.profiles import Profile, ProfileError, resolve
 from tui.lifecycle.switch import EngineManager, EngineStatus, StepEvent, SwitchResult
 from tui.probe.runner import ProbeRunner
+from tui.probe.stats import median
 from tui.probe.sweep import SweepConfig
+from tui.screens.ab import ABScreen
 from tui.screens.help import HelpScreen
 from tui.screens.logs import LogScreen
 from tui.screens.sweep import SweepScreen
@@ -39,7 +43,7 @@ from tui.screens.switch import ConfirmSwitch, SwitchProgress
 from tui.sources.engine import EngineTarget, poll_engine
 from tui.sources.gpu import GpuSampler
 from tui.sources.host import HostSampler, engine_tree_pids, pid_listening_on
-from tui.store import Store
+from tui.store import EngineState, Store
 from widgets.engine_panel import EnginePanel
 from widgets.gpu_panel import GpuPanel
 from widgets.host_panel import HostPanel
@@ -75,6 +79,10 @@ class AppConfig:
     probe_workload: str = "short"
     probe_max_tokens: int = 64
     sweep: SweepConfig = field(default_factory=lambda: SweepConfig(levels=(1, 2, 4, 8, 16, 32)))
+    ab: ABConfig = field(default_factory=lambda: ABConfig(
+        instances=3, blocks=2, requests_per_block=2, max_tokens=32, mode="coresident"))
+    model_bytes: float | None = None  # roofline: weight bytes read per token, when not found on disk
+    bandwidth_bps: float | None = None  # roofline: memory bandwidth, when NVML cannot say (no GPU)
     poll_interval_s: float = 1.0
     gpu_interval_s: float = 1.0
     host_interval_s: float = 2.0
@@ -101,6 +109,7 @@ class EnginetopApp(App[None]):
         Binding("p", "toggle_pause", "Pause"),
         Binding("f", "probe_now", "Probe"),
         Binding("c", "sweep", "Sweep"),
+        Binding("a", "ab", "A/B"),
         Binding("l", "show_log", "Log"),
         Binding("s", "save_svg", "Screenshot"),
         Binding("question_mark", "help", "Help", key_display="?"),
@@ -117,6 +126,7 @@ class EnginetopApp(App[None]):
         self._gpu = config.gpu_sampler()
         self._host = config.host_sampler()
         self._local_pids: dict[str, int] = {}  # watched engines on this machine, found by port
+        self._model_bytes: dict[str, float | None] = {}
         self.slots: list[Slot] = []
         for target in config.targets:
             self.slots.append(Slot(len(self.slots), target, probe_every_s=config.probe_every_s))
@@ -260,6 +270,32 @@ class EnginetopApp(App[None]):
     def action_sweep(self) -> None:
         self.push_screen(SweepScreen([s.target for s in self.slots], self.probes, self.config.sweep))
 
+    def action_ab(self) -> None:
+        self.push_screen(ABScreen([s.target for s in self.slots], self.config.ab))
+
+    # ---- roofline ---------------------------------------------------------------------------
+    def _roofline(self, state: EngineState) -> Roofline | None:
+        """Decode ceiling = bandwidth / weight bytes per token, beside what is measured now."""
+        sample = state.sample
+        model = sample.model if sample else None
+        size, size_source = self.config.model_bytes, "given"
+        if size is None and model:
+            if model not in self._model_bytes:
+                try:  # llama-server names its model by path; vLLM often by a local folder
+                    self._model_bytes[model] = model_weight_bytes(model)
+                except (OSError, ValueError):
+                    self._model_bytes[model] = None
+            size, size_source = self._model_bytes[model], model.rsplit("/", 1)[-1]
+        bandwidth, bw_source = self.config.bandwidth_bps, "given"
+        gpus = self.store.gpu.gpus if self.store.gpu else ()
+        if bandwidth is None and gpus and gpus[0].peak_bw_gbps:
+            bandwidth, bw_source = gpus[0].peak_bw_gbps * 1e9, "nvml"
+        if not size or not bandwidth:
+            return None
+        probes = [r for _, r in list(state.probes)[-5:] if r.ok]
+        measured = median(r.decode_tps for r in probes) if probes else state.stats.decode_tps_busy
+        return roofline(size, bandwidth, measured, bandwidth_source=bw_source, bytes_source=size_source)
+
     # ---- lifecycle ------------------------------------------------------------------------
     def _selected_slot(self, managed: bool) -> Slot | None:
         candidates = [s for s in self.slots if s.manager is not None] if managed else list(self.slots)
@@ -379,7 +415,8 @@ class EnginetopApp(App[None]):
             return
         for slot in self.slots:
             state = self.store.engines[slot.target.name]
-            self._main.query_one(f"#engine-{slot.index}", EnginePanel).show(state, slot.status)
+            self._main.query_one(f"#engine-{slot.index}", EnginePanel).show(
+                state, slot.status, self._roofline(state))
             self._main.query_one(f"#probes-{slot.index}", ProbePanel).show(
                 [r for _, r in state.probes], self.probes.busy(slot.target), slot.probe_every_s)
         now = time.monotonic()

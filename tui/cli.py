@@ -9,6 +9,7 @@ import json
 import sys
 from pathlib import Path
 
+from tui.secrets import SecretError
 from tui.targets import TargetError, build_targets
 
 # Each area adds its own subcommands with a `register(subparsers)` function.
@@ -51,6 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--probe-max-tokens", type=int, default=64)
     parser.add_argument("--sweep-levels", default="1,2,4,8,16,32", help="concurrency levels for key c")
     parser.add_argument("--sweep-seconds", type=float, default=10.0, help="seconds per sweep level")
+    parser.add_argument("--bandwidth", metavar="RATE",
+                        help="memory bandwidth for the roofline when NVML cannot give it, e.g. 1.79TB/s")
+    parser.add_argument("--model-bytes", metavar="SIZE",
+                        help="weight bytes read per token for the roofline, e.g. 14GB (default: model file)")
     parser.add_argument("--screenshots", type=Path, default=Path("screenshots"),
                         help="where key `s` saves SVG screenshots")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -87,6 +92,7 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
     from tui.app import AppConfig, EnginetopApp
+    from tui.compare.roofline import parse_bandwidth, parse_bytes
     from tui.lifecycle.profiles import ProfileError, load_profiles
     from tui.probe.sweep import SweepConfig
 
@@ -97,20 +103,24 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     loaded = load_profiles()
     try:
         profiles = [loaded.get(name) for name in names]
-        levels = tuple(int(x) for x in args.sweep_levels.split(","))
-        sweep = SweepConfig(levels=levels, duration_s=args.sweep_seconds)
     except ProfileError as exc:
         print(f"enginetop: {exc}", file=sys.stderr)
         return 2
+    try:
+        levels = tuple(int(x) for x in args.sweep_levels.split(","))
+        sweep = SweepConfig(levels=levels, duration_s=args.sweep_seconds)
+        bandwidth = parse_bandwidth(args.bandwidth) if args.bandwidth else None
+        model_bytes = parse_bytes(args.model_bytes) if args.model_bytes else None
     except ValueError as exc:
-        print(f"enginetop: --sweep-levels/--sweep-seconds: {exc}", file=sys.stderr)
+        print(f"enginetop: {exc}", file=sys.stderr)
         return 2
     _log_to_file()
     config = AppConfig(
         targets=targets, profiles=profiles, switchable=[p for p in loaded.profiles.values() if not p.attach],
         probe_every_s=args.probe_every, probe_every_managed_s=args.probe_every or 10.0,
         probe_workload=args.probe_workload, probe_max_tokens=args.probe_max_tokens, sweep=sweep,
-        poll_interval_s=args.interval, horizon_s=args.horizon, screenshot_dir=args.screenshots)
+        poll_interval_s=args.interval, horizon_s=args.horizon, screenshot_dir=args.screenshots,
+        bandwidth_bps=bandwidth, model_bytes=model_bytes)
     app = EnginetopApp(config)
     try:
         app.run()
@@ -138,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     func = getattr(args, "func", cmd_dashboard)
     try:
         return int(func(args) or 0)
-    except TargetError as exc:
+    except (TargetError, SecretError) as exc:
         print(f"enginetop: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

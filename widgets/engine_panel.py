@@ -12,6 +12,7 @@ from tui.store import EngineState
 from widgets.fmt import IDLE, NA, mib, ms, num, pct
 
 if TYPE_CHECKING:  # a type only: widgets never reach into the lifecycle code
+    from tui.compare.roofline import Roofline
     from tui.lifecycle.switch import EngineStatus
 
 HEALTH_STYLE = {"up": "bold green", "loading": "bold yellow", "starting": "bold yellow", "down": "bold red"}
@@ -35,8 +36,9 @@ class EnginePanel(Static, can_focus=True):
         self.engine_name = name
         self.border_title = name
 
-    def show(self, state: EngineState, status: EngineStatus | None = None) -> None:
-        self.update(render_engine(state, status))
+    def show(self, state: EngineState, status: EngineStatus | None = None,
+             roof: Roofline | None = None) -> None:
+        self.update(render_engine(state, status, roof))
 
 
 def _lifecycle_rows(grid: Table, status: EngineStatus) -> None:
@@ -58,7 +60,8 @@ def _lifecycle_rows(grid: Table, status: EngineStatus) -> None:
             grid.add_row("", Text(tail[-100:], style="red"))
 
 
-def render_engine(state: EngineState, status: EngineStatus | None = None) -> Table:
+def render_engine(state: EngineState, status: EngineStatus | None = None,
+                  roof: Roofline | None = None) -> Table:
     sample, stats = state.sample, state.stats
     reading = sample.reading if sample else None
     grid = Table.grid(padding=(0, 1))
@@ -105,6 +108,12 @@ def render_engine(state: EngineState, status: EngineStatus | None = None) -> Tab
     grid.add_row("ITL p50/p90", f"{_shown(itl_exposed, ms(stats.itl_p50_s))} / "
                  f"{_shown(itl_exposed, ms(stats.itl_p90_s))}")
     grid.add_row("host RSS", mib(state.rss_bytes) if state.rss_bytes is not None else NA)
+    if roof is not None:
+        line = f"ceiling {roof.ceiling_tps:.0f} tok/s ({roof.bytes_per_token / 1e9:.2f} GB/token at " \
+               f"{roof.bandwidth_bps / 1e9:.0f} GB/s {roof.bandwidth_source})"
+        if roof.pct_of_ceiling is not None:
+            line += f", {roof.pct_of_ceiling:.0f}% reached"
+        grid.add_row("roofline", line)
     if stats.counter_reset:
         grid.add_row("", Text("counters reset: engine restarted", style="yellow"))
     return grid

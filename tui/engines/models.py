@@ -194,6 +194,9 @@ def build_gemma(gguf: Path, target: Path | None = None) -> Path:
     torch.manual_seed(SEED)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     tokenizer.chat_template = GEMMA_CHAT_TEMPLATE
+    # Gemma degenerates without <bos>; the GGUF tokenizer does not add it, so plain completions would lack it.
+    # (The chat template writes it itself and vLLM does not add a second one there.)
+    tokenizer.add_bos_token = True
     # dequantize=True: transformers would otherwise keep the GGUF blocks packed, which it cannot save.
     model = AutoModelForCausalLM.from_pretrained(
         str(gguf.parent), gguf_file=gguf.name, dtype=torch.bfloat16,
