@@ -1,8 +1,11 @@
-"""The dashboard's own cost: 4 engines polled at 1 Hz, NVML at 1 Hz, default redraw rate, 60 s.
+"""The dashboard's own cost: 4 engines polled at 1 Hz, NVML at 1 Hz, default redraw rate, 60 s a run.
 
-Engines: one real llama-server (the demo model) and three loopback servers that answer /health,
-/v1/models and a ~3,000-line vLLM /metrics body (the heaviest parse). The app runs headless in a
-child process; its CPU time and RSS are read from outside with psutil.
+Two runs, one after the other:
+- typical: two real llama-servers (the demo model) and two loopback servers replaying a real vLLM 0.32
+  /metrics capture (614 lines, tests/data/metrics/vllm_cpu_0.32_real.txt);
+- heavy: one real llama-server and three loopback servers replaying the 3,012-line vLLM 0.33 body.
+Loopback servers also answer /health and /v1/models. The app runs headless in a child process (fake
+NVML with one H200, since this machine has no GPU); its CPU time and RSS are read from outside.
 
     .venv/bin/python bench/bench_app.py [--seconds 60]
 """
@@ -26,8 +29,8 @@ from tui.engines.llamacpp import demo_argv  # noqa: E402
 from tui.lifecycle.process import free_port, launch, stop_group  # noqa: E402
 from tui.paths import runs_dir  # noqa: E402
 
-VLLM_BODY = next((ROOT / "tests/data/metrics").glob("vllm_0_33*.txt")).read_bytes()
-VLLM_LINES = VLLM_BODY.count(b"\n")
+DATA = ROOT / "tests/data/metrics"
+VLLM_BODY = (DATA / "vllm_0_33.txt").read_bytes()  # what FakeVllm serves; each run sets it
 
 
 class FakeVllm(BaseHTTPRequestHandler):
@@ -60,22 +63,24 @@ def wait_http(url: str, timeout: float = 120) -> None:
     raise SystemExit(f"{url} not up")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--seconds", type=float, default=60)
-    args = parser.parse_args()
-
-    port = free_port()
-    llama = launch(demo_argv(port, "--threads", "1"), runs_dir() / f"bench-app-{port}.log")
-    servers = []
-    engines = [f"llama=http://127.0.0.1:{port}"]
-    for i in range(3):
+def measure(seconds: float, llamas: int, body: Path, replays: int) -> tuple[float, float, float, int]:
+    """(cpu s, wall s, peak RSS bytes, body lines) of the app watching `llamas` real llama-servers and
+    `replays` loopback servers replaying `body`."""
+    global VLLM_BODY
+    VLLM_BODY = body.read_bytes()
+    engines, launched, servers = [], [], []
+    for i in range(llamas):
+        port = free_port()
+        launched.append(launch(demo_argv(port, "--threads", "1"), runs_dir() / f"bench-app-{port}.log"))
+        engines.append(f"llama{i}=http://127.0.0.1:{port}")
+    for i in range(replays):
         server = ThreadingHTTPServer(("127.0.0.1", 0), FakeVllm)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         servers.append(server)
         engines.append(f"vllm{i}=http://127.0.0.1:{server.server_address[1]}")
     try:
-        wait_http(f"http://127.0.0.1:{port}/health")
+        for e in engines:
+            wait_http(e.split("=", 1)[1] + "/health")
         argv = [sys.executable, str(ROOT / "bench/app_under_test.py")]
         for e in engines:
             argv += ["--engine", e]
@@ -87,22 +92,31 @@ def main() -> None:
             raise SystemExit(f"app exited: {app.stderr.read().decode()[-2000:]}")
         c0, t0 = proc.cpu_times(), time.monotonic()
         peak_rss = 0
-        while time.monotonic() - t0 < args.seconds:
+        while time.monotonic() - t0 < seconds:
             time.sleep(1)
             peak_rss = max(peak_rss, proc.memory_info().rss)
         c1, t1 = proc.cpu_times(), time.monotonic()
-        cpu = (c1.user + c1.system) - (c0.user + c0.system)
         app.terminate()
         app.wait(10)
-        print(f"app CPU over {t1 - t0:.0f} s: {cpu:.2f} s = {100 * cpu / (t1 - t0):.2f}% of one core "
-              f"(target < 2%)")
-        print(f"app peak RSS: {peak_rss / 2**20:.0f} MiB (target < 150 MB)")
-        print(f"engines: 1 real llama-server + 3 loopback vLLM bodies of {VLLM_LINES} lines; "
-              f"fake NVML H200 at 1 Hz")
+        return (c1.user + c1.system) - (c0.user + c0.system), t1 - t0, peak_rss, VLLM_BODY.count(b"\n")
     finally:
         for s in servers:
             s.shutdown()
-        stop_group(llama)
+        for engine in launched:
+            stop_group(engine)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=float, default=60)
+    args = parser.parse_args()
+    runs = [("typical", 2, DATA / "vllm_cpu_0.32_real.txt", 2), ("heavy", 1, DATA / "vllm_0_33.txt", 3)]
+    for label, llamas, body, replays in runs:
+        cpu, wall, rss, lines = measure(args.seconds, llamas, body, replays)
+        print(f"{label}: {llamas} real llama-server(s) + {replays} replays of a {lines}-line vLLM /metrics, "
+              f"NVML (fake H200) 1 Hz, redraw 1 Hz")
+        print(f"  app CPU over {wall:.0f} s: {cpu:.2f} s = {100 * cpu / wall:.2f}% of one core (target < 2%)")
+        print(f"  app peak RSS: {rss / 2**20:.0f} MiB (target < 150 MB)")
 
 
 if __name__ == "__main__":

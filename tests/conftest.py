@@ -121,7 +121,7 @@ async def _poll_once(target: EngineTarget) -> EngineSample:
 
 @pytest.fixture(scope="session")
 def vllm_server() -> Iterator[RunningVllm]:
-    """The real vLLM (CPU) serving the tiny model with --enforce-eager, for the whole session.
+    """The real vLLM (CPU) serving the tiny model (--enforce-eager, per-request metrics), for the session.
 
     A missing install raises EngineNotInstalled ("run `make vllm`"): the tests using it fail, never skip.
     """
@@ -129,7 +129,9 @@ def vllm_server() -> Iterator[RunningVllm]:
 
     port = free_port()
     log = runs_dir() / f"test-vllm-{port}.log"
-    launched = launch(vllm_argv(tiny_model_dir(), port, "--enforce-eager"), log, env=vllm_env())
+    # Per-request metrics put the engine's own TTFT/ITL for each request on its final usage chunk.
+    argv = vllm_argv(tiny_model_dir(), port, "--enforce-eager", "--enable-per-request-metrics")
+    launched = launch(argv, log, env=vllm_env())
     url = f"http://127.0.0.1:{port}"
     engine = RunningVllm(name="vllm", url=url, port=port, launched=launched)
     try:

@@ -163,7 +163,7 @@ def test_api_key_file_reaches_the_engine_but_never_argv_or_repr(tmp_path: Path) 
     assert "sk-very-secret" not in repr(resolved)
     empty = write(tmp_path, "empty", "# nothing\n")
     profile, _ = parse_profile(GOOD + f'api_key_file = "{empty}"\n', tmp_path / "e.toml", environ={})
-    with pytest.raises(ProfileError, match="contains no key"):
+    with pytest.raises(ProfileError, match="has no key"):
         resolve(profile, environ={})
 
 

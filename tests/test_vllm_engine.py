@@ -124,6 +124,9 @@ def test_gemma_folder_is_dense_and_has_a_chat_template() -> None:
     template = (folder / "chat_template.jinja").read_text()
     assert "<start_of_turn>" in template
     assert 400e6 < (folder / "model.safetensors").stat().st_size < 700e6
+    # Gemma degenerates without <bos>: plain prompts must get it from the tokenizer's post-processor.
+    post = json.loads((folder / "tokenizer.json").read_text())["post_processor"]
+    assert post["single"][0] == {"SpecialToken": {"id": "<bos>", "type_id": 0}}
 
 
 def test_models_cli_in_enginetop_venv_says_which_python(tmp_path: Path) -> None:

@@ -42,7 +42,7 @@ from tui.screens.sweep import SweepScreen
 from tui.screens.switch import ConfirmSwitch, SwitchProgress
 from tui.sources.engine import EngineTarget, poll_engine
 from tui.sources.gpu import GpuSampler
-from tui.sources.host import HostSampler, engine_tree_pids, pid_listening_on
+from tui.sources.host import HostSampler, pid_listening_on
 from tui.store import EngineState, Store
 from widgets.engine_panel import EnginePanel
 from widgets.gpu_panel import GpuPanel
@@ -53,6 +53,9 @@ from widgets.probe_panel import ProbePanel
 log = logging.getLogger(__name__)
 
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", "0.0.0.0"}
+MODEL_REFRESH_S = 30.0
+HEALTH_REFRESH_S = 5.0  # while /metrics answers; any failure asks /health at once
+PID_RESCAN_S = 30.0  # who listens on a watched port: a walk of every socket, and engines seldom move
 
 
 @dataclass
@@ -185,11 +188,22 @@ class EnginetopApp(App[None]):
     async def _engine_loop(self, slot: Slot) -> None:
         assert self._client is not None
         interval = self.config.poll_interval_s
+        model_asked = health_asked = 0.0
         while True:
             started = time.monotonic()
             target = slot.target  # a switch replaces it
+            last = self.store.engines[target.name].sample
+            known = None  # ask /v1/models again after any trouble, and every MODEL_REFRESH_S anyway
+            if last is not None and last.health == "up" and started - model_asked < MODEL_REFRESH_S:
+                known = last.model
+            if known is None:
+                model_asked = started
+            check_health = known is None or started - health_asked >= HEALTH_REFRESH_S
+            if check_health:
+                health_asked = started
             sample = await poll_engine(self._client, target, timeout=min(2.0, interval * 2),
-                                       launched_by_us=slot.manager is not None)
+                                       launched_by_us=slot.manager is not None, known_model=known,
+                                       check_health=check_health)
             if target is slot.target:
                 self.store.add_engine_sample(sample)
             await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
@@ -197,7 +211,9 @@ class EnginetopApp(App[None]):
     async def _gpu_loop(self) -> None:
         while True:
             started = time.monotonic()
-            pids = {name: engine_tree_pids(pid) for name, pid in self._engine_pids().items()}
+            # process trees come from the host sampler's last walk of the process table
+            host = self.store.host
+            pids = {m.engine: set(m.pids) for m in host.engines} if host else {}
             report = await asyncio.to_thread(self._gpu.sample, pids)
             self.store.add_gpu_report(report)
             await asyncio.sleep(max(0.0, self.config.gpu_interval_s - (time.monotonic() - started)))
@@ -209,7 +225,7 @@ class EnginetopApp(App[None]):
             if started >= next_pid_scan:
                 # Finding who listens on a port walks /proc: do it rarely, engines seldom move.
                 await asyncio.to_thread(self._find_local_engine_pids)
-                next_pid_scan = started + 10.0
+                next_pid_scan = started + PID_RESCAN_S
             sample = await asyncio.to_thread(self._host.sample, self._engine_pids())
             self.store.add_host_sample(sample)
             await asyncio.sleep(max(0.0, self.config.host_interval_s - (time.monotonic() - started)))
@@ -422,12 +438,15 @@ class EnginetopApp(App[None]):
         now = time.monotonic()
         horizon = self.config.horizon_s
         spans = [(a - now, b - now) for a, b in self.store.throttle_spans(now - horizon)]
-        self._main.query_one("#plot-gen", TimePlot).show(self._plot(
-            "generation tok/s: counters (lines), probe decode (x)", "tok/s", "gen_tps",
-            lambda r: r.decode_tps, now, spans))
-        self._main.query_one("#plot-ttft", TimePlot).show(self._plot(
-            "TTFT p50: histograms (lines), probes (x)", "seconds", "ttft_p50_s",
-            lambda r: r.ttft_s, now, spans))
+        events = (len(spans), tuple((name, len(st.probes)) for name, st in self.store.engines.items()))
+        gen_plot = self._main.query_one("#plot-gen", TimePlot)
+        if gen_plot.due(now, horizon, events):
+            gen_plot.show(self._plot("generation tok/s: counters (lines), probe decode (x)", "tok/s",
+                                     "gen_tps", lambda r: r.decode_tps, now, spans), now)
+        ttft_plot = self._main.query_one("#plot-ttft", TimePlot)
+        if ttft_plot.due(now, horizon, events):
+            ttft_plot.show(self._plot("TTFT p50: histograms (lines), probes (x)", "seconds", "ttft_p50_s",
+                                      lambda r: r.ttft_s, now, spans), now)
         self._main.query_one("#gpu", GpuPanel).show(self.store.gpu)
         self._main.query_one("#host", HostPanel).show(self.store.host)
 

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rich.table import Table
 from rich.text import Text
-from textual.widgets import Static
 
 from tui.store import EngineState
-from widgets.fmt import IDLE, NA, mib, ms, num, pct
+from widgets.fmt import IDLE, NA, Rows, mib, ms, num, pct
+from widgets.panel import Panel
 
 if TYPE_CHECKING:  # a type only: widgets never reach into the lifecycle code
     from tui.compare.roofline import Roofline
@@ -25,7 +24,7 @@ def _shown(exposed: bool, value: str) -> str:
     return IDLE if exposed else NA
 
 
-class EnginePanel(Static, can_focus=True):
+class EnginePanel(Panel, can_focus=True):
     DEFAULT_CSS = """
     EnginePanel { border: round $primary; padding: 0 1; height: auto; min-height: 16; }
     EnginePanel:focus { border: double $accent; }
@@ -38,10 +37,10 @@ class EnginePanel(Static, can_focus=True):
 
     def show(self, state: EngineState, status: EngineStatus | None = None,
              roof: Roofline | None = None) -> None:
-        self.update(render_engine(state, status, roof))
+        self.redraw(render_engine(state, status, roof))
 
 
-def _lifecycle_rows(grid: Table, status: EngineStatus) -> None:
+def _lifecycle_rows(grid: Rows, status: EngineStatus) -> None:
     """What enginetop knows as the engine's launcher: profile, PID, cold start, or the crash."""
     line = Text(status.profile or "", style="bold")
     if status.state == "crashed":
@@ -61,18 +60,16 @@ def _lifecycle_rows(grid: Table, status: EngineStatus) -> None:
 
 
 def render_engine(state: EngineState, status: EngineStatus | None = None,
-                  roof: Roofline | None = None) -> Table:
+                  roof: Roofline | None = None) -> Text:
     sample, stats = state.sample, state.stats
     reading = sample.reading if sample else None
-    grid = Table.grid(padding=(0, 1))
-    grid.add_column(style="dim", no_wrap=True)
-    grid.add_column(no_wrap=True)
+    grid = Rows()
     if status is not None:
         _lifecycle_rows(grid, status)
 
     if sample is None:
         grid.add_row("health", Text("waiting for first poll", style="dim"))
-        return grid
+        return grid.text()
     health = Text(sample.health, style=HEALTH_STYLE.get(sample.health, ""))
     if sample.health_reason:
         health.append(f"  {sample.health_reason}", style="")
@@ -83,7 +80,7 @@ def render_engine(state: EngineState, status: EngineStatus | None = None,
     if sample.metrics_error:
         grid.add_row("metrics", Text(sample.metrics_error, style="bold red"))
     if reading is None:
-        return grid
+        return grid.text()
 
     def has(attr: str) -> bool:
         return getattr(reading, attr) is not None
@@ -116,4 +113,4 @@ def render_engine(state: EngineState, status: EngineStatus | None = None,
         grid.add_row("roofline", line)
     if stats.counter_reset:
         grid.add_row("", Text("counters reset: engine restarted", style="yellow"))
-    return grid
+    return grid.text()

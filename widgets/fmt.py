@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from rich.text import Text
+
 NA = "n/a"  # the engine or GPU does not expose this value
 IDLE = "–"  # exposed, but nothing happened in the window to compute it from
 
@@ -33,3 +35,23 @@ def bar(fraction: float | None, width: int = 10) -> str:
         return " " * width
     filled = max(0, min(width, round(fraction * width)))
     return "█" * filled + "░" * (width - filled)
+
+
+class Rows:
+    """Label/value lines. Panels redraw every second, and one Text renders far cheaper than a Table."""
+
+    def __init__(self) -> None:
+        self._rows: list[tuple[str, str | Text]] = []
+
+    def add_row(self, label: str, value: str | Text) -> None:
+        self._rows.append((label, value))
+
+    def text(self) -> Text:
+        width = max((len(label) for label, _ in self._rows), default=0) + 1
+        out = Text(no_wrap=True, overflow="ellipsis")
+        for i, (label, value) in enumerate(self._rows):
+            if i:
+                out.append("\n")
+            out.append(label.ljust(width), style="dim")
+            out.append(value if isinstance(value, Text) else Text(value))
+        return out

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 from rich.console import Group
-from rich.table import Table
 from rich.text import Text
-from textual.widgets import Static
 
 from tui.sources.samples import GpuReport, GpuSample
-from widgets.fmt import NA, bar, gib, num
+from widgets.fmt import NA, Rows, bar, gib, num
+from widgets.panel import Panel
 
 
-class GpuPanel(Static):
+class GpuPanel(Panel):
     DEFAULT_CSS = """
     GpuPanel { border: round $secondary; padding: 0 1; height: auto; }
     """
@@ -21,7 +20,7 @@ class GpuPanel(Static):
         self.border_title = "GPU"
 
     def show(self, report: GpuReport | None) -> None:
-        self.update(render_gpus(report))
+        self.redraw(render_gpus(report))
 
 
 def render_gpus(report: GpuReport | None) -> Group | Text:
@@ -39,9 +38,7 @@ def render_gpus(report: GpuReport | None) -> Group | Text:
 
 
 def _render_gpu(g: GpuSample) -> Group:
-    grid = Table.grid(padding=(0, 1))
-    grid.add_column(style="dim", no_wrap=True)
-    grid.add_column(no_wrap=True)
+    grid = Rows()
     title = Text(f"[{g.index}] {g.name or 'GPU'}", style="bold")
     if g.error:
         return Group(title, Text(g.error, style="bold red"))
@@ -69,4 +66,4 @@ def _render_gpu(g: GpuSample) -> Group:
     for p in g.processes:
         who = p.engine or "other"
         grid.add_row("", f"pid {p.pid} ({who}) {gib(p.used_bytes)}")
-    return Group(title, grid)
+    return Group(title, grid.text())

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-from rich.table import Table
 from rich.text import Text
-from textual.widgets import Static
 
 from tui.sources.samples import HostSample
-from widgets.fmt import bar, gib, num
+from widgets.fmt import Rows, bar, gib, num
+from widgets.panel import Panel
 
 RAM_ALARM = 0.90  # above this share of RAM (or any swap in use under load) the panel turns red
 
 
-class HostPanel(Static):
+class HostPanel(Panel):
     DEFAULT_CSS = """
     HostPanel { border: round $secondary; padding: 0 1; height: auto; }
     """
@@ -22,15 +21,13 @@ class HostPanel(Static):
         self.border_title = "host"
 
     def show(self, sample: HostSample | None) -> None:
-        self.update(render_host(sample))
+        self.redraw(render_host(sample))
 
 
-def render_host(h: HostSample | None) -> Table | Text:
+def render_host(h: HostSample | None) -> Text:
     if h is None:
         return Text("reading host…", style="dim")
-    grid = Table.grid(padding=(0, 1))
-    grid.add_column(style="dim", no_wrap=True)
-    grid.add_column(no_wrap=True)
+    grid = Rows()
     cpu = h.cpu_pct
     grid.add_row("CPU", f"{bar(None if cpu is None else cpu / 100)} {num(cpu, '{:.0f}%')}"
                  f" of {num(h.cpu_count, '{:.0f}')} cores")
@@ -47,4 +44,4 @@ def render_host(h: HostSample | None) -> Table | Text:
     grid.add_row("swap", swap)
     for m in h.engines:
         grid.add_row(m.engine, f"RSS {gib(m.rss_bytes)} in {m.processes} process(es), pid {m.pid}")
-    return grid
+    return grid.text()

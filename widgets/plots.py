@@ -25,8 +25,21 @@ class TimePlot(PlotextPlot):
     DEFAULT_CSS = """
     TimePlot { height: 1fr; min-height: 10; border: round $primary-darken-2; }
     """
+    _drawn_at: float = -1e9
+    _events: object = None
 
-    def show(self, data: PlotData) -> None:
+    def due(self, now: float, horizon_s: float, events: object) -> bool:
+        """A chart column spans horizon/width seconds: redrawing more often than that moves nothing, and a
+        plotext redraw is the most expensive thing on this screen. New events (a probe result, a throttle
+        starting) are drawn at once."""
+        if events != self._events:
+            self._events = events
+            return True
+        return now - self._drawn_at >= horizon_s / max(self.size.width - 10, 10)
+
+    def show(self, data: PlotData, now: float | None = None) -> None:
+        if now is not None:
+            self._drawn_at = now
         plt = self.plt
         plt.clear_data()
         plt.clear_figure()

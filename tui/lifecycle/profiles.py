@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tui.paths import config_dir
+from tui.secrets import SecretError, read_api_key
 
 ENGINE_KINDS = ("llama.cpp", "vllm", "sglang", "other")
 DEFAULT_VRAM_THRESHOLD_GIB = 4.0
@@ -27,7 +28,10 @@ GIB = 1024**3
 # Variables that are always defined: the profile's own address, and the bundled demo engine. The demo
 # ones are resolved only when a profile that uses them is started (they may assemble the model file).
 PROFILE_VARIABLES = ("PORT", "HOST")
-BUILTIN_VARIABLES = ("ENGINETOP_LLAMA_SERVER", "ENGINETOP_DEMO_MODEL")
+BUILTIN_VARIABLES = (
+    "ENGINETOP_LLAMA_SERVER", "ENGINETOP_DEMO_MODEL",  # `make engine`
+    "ENGINETOP_VLLM_PYTHON", "ENGINETOP_VLLM_GEMMA", "ENGINETOP_VLLM_TINY",  # `make vllm`
+)
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _TOML_POS = re.compile(r"\(at line (\d+), column \d+\)")
@@ -129,12 +133,17 @@ def is_loopback(host: str) -> bool:
 
 
 def _builtin_value(name: str) -> str:
-    # Imported here so that listing profiles never touches the demo engine.
-    from tui.engines.llamacpp import demo_model_path, llama_server_binary
+    # Imported here so that listing profiles never touches the demo engines.
+    from tui.engines import llamacpp, vllm
 
-    if name == "ENGINETOP_LLAMA_SERVER":
-        return str(llama_server_binary())
-    return str(demo_model_path())
+    locate = {
+        "ENGINETOP_LLAMA_SERVER": llamacpp.llama_server_binary,
+        "ENGINETOP_DEMO_MODEL": llamacpp.demo_model_path,
+        "ENGINETOP_VLLM_PYTHON": vllm.vllm_python,
+        "ENGINETOP_VLLM_GEMMA": vllm.gemma_hf_dir,
+        "ENGINETOP_VLLM_TINY": vllm.tiny_model_dir,
+    }
+    return str(locate[name]())
 
 
 def variable_lookup(
@@ -492,15 +501,6 @@ class ResolvedProfile:
     api_key: str | None = field(default=None, repr=False)  # never printed, logged or put on argv
 
 
-def read_api_key(path: Path) -> str:
-    """First line that is neither empty nor a comment, as llama-server's --api-key-file reads it."""
-    for line in path.read_text(encoding="utf-8").splitlines():
-        key = line.strip()
-        if key and not key.startswith("#"):
-            return key
-    raise ValueError("contains no key (every line is empty or a # comment)")
-
-
 def resolve(profile: Profile, environ: Mapping[str, str] | None = None) -> ResolvedProfile:
     """Substitute variables and read the key; raises ProfileError before anything is started."""
     from tui.engines.llamacpp import EngineNotInstalled
@@ -537,16 +537,8 @@ def resolve(profile: Profile, environ: Mapping[str, str] | None = None) -> Resol
         if not issues:
             try:
                 api_key = read_api_key(key_path)
-            except (OSError, UnicodeDecodeError, ValueError) as exc:
-                reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-                issues.append(
-                    ProfileIssue(
-                        profile.path,
-                        lines.key("api_key_file"),
-                        "api_key_file",
-                        f"cannot read the key file {key_path}: {reason}",
-                    )
-                )
+            except SecretError as exc:
+                issues.append(ProfileIssue(profile.path, lines.key("api_key_file"), "api_key_file", str(exc)))
         if api_key is not None and argv is not None:
             if profile.engine == "llama.cpp" and "--api-key-file" not in argv:
                 argv = (*argv, "--api-key-file", str(key_path))

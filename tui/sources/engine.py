@@ -140,10 +140,32 @@ def _model_id(body: bytes) -> str | None:
     return model if isinstance(model, str) else None
 
 
+async def _metrics(client: httpx.AsyncClient, target: EngineTarget, headers: dict[str, str], timeout: float,
+                   max_body: int) -> tuple[EngineReading | None, str | None]:
+    """The reading, or why there is none."""
+    try:
+        status, body, over = await _fetch(client, target, "/metrics", headers, timeout, max_body)
+    except _Failed as exc:
+        return None, str(exc)
+    if over:
+        return None, f"/metrics body is larger than the {max_body / 2**20:g} MiB limit; not read"
+    if status != 200:
+        return None, _metrics_status_message(status, body, bool(target.api_key))
+    try:
+        return parse_reading(body.decode("utf-8", "replace")), None
+    except MetricsFormatError as exc:
+        return None, str(exc)
+
+
 async def poll_engine(client: httpx.AsyncClient, target: EngineTarget, *, timeout: float = 2.0,
-                      max_body: int = 8 * 2**20, launched_by_us: bool = False) -> EngineSample:
+                      max_body: int = 8 * 2**20, launched_by_us: bool = False,
+                      known_model: str | None = None, check_health: bool = True) -> EngineSample:
     """One poll. `launched_by_us`: a refused connection means "still starting" (vLLM binds its port only
-    after loading the model), not "down"."""
+    after loading the model), not "down". `known_model`: the model id from a recent poll, so /v1/models
+    need not be asked again (a dashboard polling every second asks it only now and then). `check_health`
+    False: go straight to /metrics, and ask /health only if that fails (a healthy engine then costs one
+    request a poll; a caller asks /health itself every few seconds, since a dead vLLM engine core still
+    serves /metrics)."""
     headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
     where = _where(target.url)
 
@@ -159,6 +181,11 @@ async def poll_engine(client: httpx.AsyncClient, target: EngineTarget, *, timeou
         # httpx would fail on it, and its error could quote the header: say so without the key.
         return sample("down", "the API key for this engine has characters an HTTP header cannot carry "
                       "(a line break, control or non-ASCII character)")
+
+    if not check_health and known_model is not None:
+        reading, metrics_error = await _metrics(client, target, headers, timeout, max_body)
+        if reading is not None:
+            return sample("up", None, known_model, reading, metrics_error)
 
     # /health first: when the engine is down or loading, /models and /metrics would only repeat that.
     health: Health = "up"
@@ -181,33 +208,18 @@ async def poll_engine(client: httpx.AsyncClient, target: EngineTarget, *, timeou
         detail = _error_text(body)
         return sample("down", f"{where}/health answered HTTP {status}" + (f": {detail}" if detail else ""))
 
-    model = None
-    models_ok = False
-    try:
-        status, body, _ = await _fetch(client, target, "/v1/models", headers, timeout, 1 << 20)
-        if status == 200:
-            models_ok = True
-            model = _model_id(body)
-    except _Failed:
-        pass  # the model name is a nicety; /metrics below reports reachability problems in full
+    model = known_model
+    models_ok = known_model is not None
+    if known_model is None:
+        try:
+            status, body, _ = await _fetch(client, target, "/v1/models", headers, timeout, 1 << 20)
+            if status == 200:
+                models_ok = True
+                model = _model_id(body)
+        except _Failed:
+            pass  # the model name is a nicety; /metrics below reports reachability problems in full
 
-    reading: EngineReading | None = None
-    metrics_error: str | None = None
-    try:
-        status, body, over = await _fetch(client, target, "/metrics", headers, timeout, max_body)
-    except _Failed as exc:
-        metrics_error = str(exc)
-    else:
-        if over:
-            metrics_error = f"/metrics body is larger than the {max_body / 2**20:g} MiB limit; not read"
-        elif status != 200:
-            metrics_error = _metrics_status_message(status, body, bool(target.api_key))
-        else:
-            try:
-                reading = parse_reading(body.decode("utf-8", "replace"))
-            except MetricsFormatError as exc:
-                metrics_error = str(exc)
-
+    reading, metrics_error = await _metrics(client, target, headers, timeout, max_body)
     if no_health_route and not models_ok and reading is None:
         reason = f"no /health endpoint at {where}, and neither /v1/models nor /metrics answered"
         return sample("down", reason, model, reading, metrics_error)

@@ -15,13 +15,33 @@ log = logging.getLogger(__name__)
 _GONE = (psutil.NoSuchProcess, psutil.AccessDenied)  # ZombieProcess is a NoSuchProcess
 
 
-def _tree(pid: int) -> list[psutil.Process]:
+def children_map() -> dict[int, list[int]]:
+    """PPID -> child PIDs, from one walk of the process table (each walk reads every /proc/PID/stat, so a
+    sample makes one and shares it between engines)."""
+    children: dict[int, list[int]] = {}
+    for proc in psutil.process_iter(["ppid"]):
+        ppid = proc.info.get("ppid")
+        if ppid is not None:
+            children.setdefault(ppid, []).append(proc.pid)
+    return children
+
+
+def _tree(pid: int, children: dict[int, list[int]] | None = None) -> list[psutil.Process]:
     """The process and all its descendants; [] when the root has gone."""
+    children = children_map() if children is None else children
     try:
         root = psutil.Process(pid)
-        return [root, *root.children(recursive=True)]
     except _GONE:
         return []
+    tree, todo = [root], list(children.get(pid, ()))
+    while todo:
+        child = todo.pop()
+        try:
+            tree.append(psutil.Process(child))
+        except _GONE:
+            continue
+        todo.extend(children.get(child, ()))
+    return tree
 
 
 def engine_tree_pids(pid: int) -> set[int]:
@@ -29,14 +49,16 @@ def engine_tree_pids(pid: int) -> set[int]:
     return {p.pid for p in _tree(pid)}
 
 
-def tree_memory(engine: str, pid: int) -> ProcessTreeMemory | None:
+def tree_memory(engine: str, pid: int,
+                children: dict[int, list[int]] | None = None) -> ProcessTreeMemory | None:
     """RSS summed over a process tree (shared pages count once per process) or None when the root has gone.
 
     vLLM / SGLang keep their model weights and KV cache in worker children, so the root alone says little.
     """
     rss = 0
     count = 0
-    for proc in _tree(pid):
+    pids: list[int] = []
+    for proc in _tree(pid, children):
         try:
             with proc.oneshot():
                 if proc.status() == psutil.STATUS_ZOMBIE:  # dead, awaiting its parent: Linux shows RSS 0
@@ -45,9 +67,10 @@ def tree_memory(engine: str, pid: int) -> ProcessTreeMemory | None:
         except _GONE:  # exited since the tree was listed
             continue
         count += 1
+        pids.append(proc.pid)
     if count == 0:
         return None
-    return ProcessTreeMemory(engine=engine, pid=pid, rss_bytes=rss, processes=count)
+    return ProcessTreeMemory(engine=engine, pid=pid, rss_bytes=rss, processes=count, pids=tuple(pids))
 
 
 class HostSampler:
@@ -84,9 +107,10 @@ class HostSampler:
         except Exception as exc:
             log.debug("swap figures unavailable: %s", exc)
         engines = []
+        children = children_map() if engine_pids else {}
         for name, pid in (engine_pids or {}).items():
             try:
-                tree = tree_memory(name, pid)
+                tree = tree_memory(name, pid, children)
             except Exception as exc:
                 log.debug("memory of engine %s (pid %s) unavailable: %s", name, pid, exc)
                 continue

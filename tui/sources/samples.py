@@ -141,6 +141,7 @@ class ProcessTreeMemory:
     pid: int
     rss_bytes: int
     processes: int
+    pids: tuple[int, ...] = ()  # the whole tree: the GPU panel maps GPU processes to engines with it
 
 
 @dataclass(frozen=True, slots=True)

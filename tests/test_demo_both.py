@@ -1,0 +1,96 @@
+"""The seeds' comparison, live: real llama.cpp and real vLLM on the same Gemma 3 270M, side by side.
+
+This is the README's demo, driven by Pilot: both engines started through their profiles (each on a free
+port), probed, and swept. It runs before the vLLM tests (file order) so that two vLLMs never overlap.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from tests.fake_pynvml import FakeNvml, h200
+from tests.screen import screen_text
+from tests.test_dashboard import wait_for
+from tui.app import AppConfig, EnginetopApp
+from tui.lifecycle.process import free_port
+from tui.lifecycle.profiles import load_profiles, repo_profiles_dir
+from tui.lifecycle.switch import EngineManager
+from tui.probe.sweep import SweepConfig
+from tui.screens.sweep import SweepScreen
+from tui.sources.gpu import GpuSampler
+
+
+def profiles_on_free_ports(tmp_path: Path, *names: str):
+    out = tmp_path / "profiles"
+    out.mkdir(exist_ok=True)
+    for name in names:
+        text = (repo_profiles_dir() / f"{name}.toml").read_text()
+        (out / f"{name}.toml").write_text(re.sub(r"(?m)^port = \d+", f"port = {free_port()}", text))
+    return load_profiles([out])
+
+
+async def test_llama_and_vllm_side_by_side_on_gemma(tmp_path):
+    profiles = profiles_on_free_ports(tmp_path, "demo-cpu-threads2", "demo-vllm-gemma")
+    llama, vllm = profiles.get("demo-cpu-threads2"), profiles.get("demo-vllm-gemma")
+    nvml = FakeNvml([h200()])
+    app = EnginetopApp(AppConfig(
+        profiles=[llama, vllm], switchable=[llama, vllm], probe_every_managed_s=4.0, probe_max_tokens=32,
+        sweep=SweepConfig(levels=(1, 2), requests_per_stream=1, duration_s=None),
+        poll_interval_s=1.0, redraw_interval_s=0.5, screenshot_dir=tmp_path / "shots",
+        gpu_sampler=lambda: GpuSampler(nvml)))
+    try:
+        async with app.run_test(size=(220, 64)) as pilot:
+            ready = lambda: all(s.status and s.status.state == "ready" for s in app.slots)  # noqa: E731
+            await wait_for(pilot, ready, timeout=280, what="both engines ready")
+            engines = [app.store.engines[llama.name], app.store.engines[vllm.name]]
+            await wait_for(pilot, lambda: all(len(e.probes) >= 1 for e in engines), timeout=120,
+                           what="a probe on each engine")
+            await wait_for(pilot, lambda: all(e.stats.gen_tps for e in engines), timeout=60,
+                           what="generation rates on both")
+            for engine, dialect in zip(engines, ("llamacpp", "vllm"), strict=True):
+                sample = engine.sample
+                assert sample.health == "up" and sample.reading.dialect == dialect
+                assert sample.model and sample.reading.generation_tokens_total > 0
+                _, probe = engine.probes[-1]
+                assert probe.ok and probe.token_source == "server" and probe.completion_tokens == 32
+                assert 1 < probe.decode_tps < 1000  # plausible for a 270M model on 2 cores
+            vllm_stats = engines[1].stats
+            assert vllm_stats.ttft_p50_s is not None and 0 < vllm_stats.ttft_p50_s < 30  # from histograms
+            assert engines[0].stats.ttft_p50_s is None  # llama.cpp has no histogram: n/a, not 0
+            text = screen_text(app)
+            assert "llamacpp" in text and "vllm" in text
+
+            await pilot.press("c")
+            await pilot.pause(0.2)
+            sweep = app.screen
+            assert isinstance(sweep, SweepScreen)
+            await wait_for(pilot, lambda: all(v == "done" for v in sweep.status.values()), timeout=240,
+                           what="sweep on both engines")
+            for name in (llama.name, vllm.name):
+                levels = sweep.levels[name]
+                assert [lv.level for lv in levels] == [1, 2]
+                assert all(lv.ok == lv.requests and lv.aggregate_tps for lv in levels), name
+            await pilot.press("escape")
+    finally:
+        app.stop_managed()
+
+
+def test_safe_switch_between_llama_and_vllm(tmp_path):
+    profiles = profiles_on_free_ports(tmp_path, "demo-cpu-threads1", "demo-vllm-tiny")
+    llama, vllm = profiles.get("demo-cpu-threads1"), profiles.get("demo-vllm-tiny")
+    manager = EngineManager(gpu=GpuSampler(FakeNvml([h200()])).sample, log_dir=tmp_path, record_state=False)
+    try:
+        first = manager.switch(llama)
+        assert first.ok, first.message
+        second = manager.switch(vllm)
+        assert second.ok, second.message
+        steps = {s.name: s for s in second.steps}
+        assert [s.name for s in second.steps] == ["resolve", "stop", "drain", "port", "start", "ready"]
+        assert "verified gone" in steps["stop"].message and llama.name in steps["stop"].message
+        assert manager.poll_status().profile == vllm.name
+        back = manager.switch(llama)
+        assert back.ok, back.message
+        assert back.instance.cold_start_s > 0
+    finally:
+        manager.stop()
