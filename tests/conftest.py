@@ -25,36 +25,13 @@ class RunningEngine:
     launched: Launched
 
 
-def wait_llama_ready(url: str, launched: Launched, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    last = "no answer yet"
-    while time.monotonic() < deadline:
-        if not launched.alive():
-            tail = "\n".join(launched.log_tail(30))
-            raise RuntimeError(f"llama-server exited with {launched.proc.returncode} while starting:\n{tail}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                reply = httpx.post(
-                    f"{url}/v1/chat/completions",
-                    json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1},
-                    timeout=30,
-                )
-                if reply.status_code == 200:
-                    return
-                last = f"completion answered {reply.status_code}"
-        except httpx.HTTPError as exc:
-            last = repr(exc)
-        time.sleep(0.2)
-    raise RuntimeError(f"llama-server at {url} not ready after {timeout:.0f}s: {last}")
-
-
 def start_llama(name: str, *extra: str) -> RunningEngine:
     port = free_port()
     log = runs_dir() / f"test-{name}-{port}.log"
     launched = launch(demo_argv(port, *extra), log)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_llama_ready(url, launched)
+        wait_openai_ready("llama-server", url, launched, timeout=120)
     except BaseException:
         stop_group(launched)
         raise
@@ -109,7 +86,7 @@ def wait_openai_ready(name: str, url: str, launched: Launched, timeout: float,
                 last = f"completion answered {reply.status_code}: {reply.text[:200]}"
         except httpx.HTTPError as exc:
             last = repr(exc)
-        time.sleep(0.5)
+        time.sleep(0.2)
     tail = "\n".join(launched.log_tail(20))
     raise RuntimeError(f"{name} at {url} not ready after {timeout:.0f}s: {last}\n{tail}")
 

@@ -6,12 +6,13 @@ port), probed, and swept. It runs before the vLLM tests (file order) so that two
 
 from __future__ import annotations
 
+import asyncio
 import re
 from pathlib import Path
 
 from tests.fake_pynvml import FakeNvml, h200
 from tests.screen import screen_text
-from tests.test_dashboard import wait_for
+from tests.test_dashboard import chat, wait_for
 from tui.app import AppConfig, EnginetopApp
 from tui.lifecycle.process import free_port
 from tui.lifecycle.profiles import load_profiles, repo_profiles_dir
@@ -60,6 +61,16 @@ async def test_llama_and_vllm_side_by_side_on_gemma(tmp_path):
             assert engines[0].stats.ttft_p50_s is None  # llama.cpp has no histogram: n/a, not 0
             text = screen_text(app)
             assert "llamacpp" in text and "vllm" in text
+
+            # running rises with concurrent requests, as the dashboard polls it, and falls back after
+            vllm_state = engines[1]
+            burst = asyncio.gather(*(chat(vllm.url, 48) for _ in range(6)))
+            await wait_for(pilot, lambda: (vllm_state.sample.reading.running or 0) >= 2, timeout=60,
+                           what="vLLM running >= 2 on the dashboard")
+            replies = await burst
+            assert [r["usage"]["completion_tokens"] for r in replies] == [48] * 6
+            await wait_for(pilot, lambda: vllm_state.sample.reading.running == 0, timeout=30,
+                           what="running back to 0")
 
             await pilot.press("c")
             await pilot.pause(0.2)

@@ -1,0 +1,95 @@
+"""Refresh the SVGs in screenshots/ from real engines (run after `make engine vllm`).
+
+    .venv/bin/python scripts/make_screenshots.py [--only llama|both]
+
+- dashboard-llama.svg: the dashboard watching a real llama-server (Gemma 3 270M) under load, probes on.
+- demo-llama-vllm.svg: the README demo, llama.cpp and vLLM on the same Gemma 3 270M side by side.
+- sweep-llama-vllm.svg: the concurrency sweep (key c) on both.
+The GPU panel shows what this machine has (no NVIDIA driver here: one line saying so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tui.app import AppConfig, EnginetopApp  # noqa: E402
+from tui.lifecycle.process import free_port  # noqa: E402
+from tui.lifecycle.profiles import load_profiles, repo_profiles_dir  # noqa: E402
+from tui.probe.sweep import SweepConfig  # noqa: E402
+
+OUT = ROOT / "screenshots"
+
+
+def profiles_on_free_ports(tmp: Path, *names: str):
+    for name in names:
+        text = (repo_profiles_dir() / f"{name}.toml").read_text()
+        (tmp / f"{name}.toml").write_text(re.sub(r"(?m)^port = \d+", f"port = {free_port()}", text))
+    return [load_profiles([tmp]).get(n) for n in names]
+
+
+async def load(url: str, seconds: float, streams: int = 2) -> None:
+    """Steady chat traffic so the live plots have something to show."""
+    async def one(client: httpx.AsyncClient, i: int) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            await client.post(f"{url}/v1/chat/completions", json={
+                "messages": [{"role": "user", "content": f"Tell me a story about lighthouse {i}."}],
+                "max_tokens": 48, "ignore_eos": True}, headers={"Connection": "close"})
+
+    async with httpx.AsyncClient(timeout=120) as client:
+        await asyncio.gather(*(one(client, i) for i in range(streams)), return_exceptions=True)
+
+
+async def wait(pilot, predicate, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not predicate():
+        await pilot.pause(0.5)
+
+
+async def shoot(names: tuple[str, ...], stem: str, sweep_stem: str | None) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        profiles = profiles_on_free_ports(Path(tmp), *names)
+        app = EnginetopApp(AppConfig(
+            profiles=profiles, switchable=profiles, probe_every_managed_s=5.0, probe_max_tokens=48,
+            sweep=SweepConfig(levels=(1, 2, 4), requests_per_stream=2, duration_s=None),
+            horizon_s=120.0, screenshot_dir=OUT))
+        try:
+            async with app.run_test(size=(210, 62)) as pilot:
+                await wait(pilot, lambda: all(s.status and s.status.state == "ready" for s in app.slots), 300)
+                await asyncio.gather(*(load(p.url, 45) for p in profiles), pilot.pause(46))
+                await pilot.pause(3)
+                app.save_screenshot(filename=f"{stem}.svg", path=str(OUT))
+                print(f"wrote {OUT / stem}.svg")
+                if sweep_stem:
+                    await pilot.press("c")
+                    await wait(pilot, lambda: all(v == "done" for v in app.screen.status.values()), 600)
+                    await pilot.pause(1)
+                    app.save_screenshot(filename=f"{sweep_stem}.svg", path=str(OUT))
+                    print(f"wrote {OUT / sweep_stem}.svg")
+        finally:
+            app.stop_managed()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--only", choices=["llama", "both"])
+    args = parser.parse_args()
+    if args.only in (None, "llama"):
+        asyncio.run(shoot(("demo-cpu-threads2",), "dashboard-llama", None))
+    if args.only in (None, "both"):
+        asyncio.run(shoot(("demo-cpu-threads2", "demo-vllm-gemma"), "demo-llama-vllm", "sweep-llama-vllm"))
+
+
+if __name__ == "__main__":
+    main()
