@@ -37,9 +37,16 @@ class TimePlot(PlotextPlot):
             return True
         return now - self._drawn_at >= horizon_s / max(self.size.width - 10, 10)
 
+    _empty_shown: str | None = None  # title of the empty chart on screen: on a relative axis it never changes
+
     def show(self, data: PlotData, now: float | None = None) -> None:
         if now is not None:
             self._drawn_at = now
+        empty = not any(xs for xs, _ in data.lines.values()) and not any(
+            xs for xs, _ in data.markers.values()) and not data.throttle_spans
+        if empty and self._empty_shown == data.title:
+            return
+        self._empty_shown = data.title if empty else None
         plt = self.plt
         plt.clear_data()
         plt.clear_figure()
