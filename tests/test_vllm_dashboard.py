@@ -24,9 +24,9 @@ def complete(url: str, max_tokens: int) -> int:
 
 def test_snapshot_json_on_real_vllm(vllm_server):
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tui", "snapshot", "--engine", f"vllm={vllm_server.url}", "--interval", "4",
+        [sys.executable, "-m", "tui", "snapshot", "--engine", f"vllm={vllm_server.url}", "--interval", "10",
          "--timeout", "10", "--json"], stdout=subprocess.PIPE, text=True)
-    time.sleep(1.5)  # the first reading is taken; the request lands between the two
+    time.sleep(5)  # the first reading is taken (start-up and one poll); the request lands between the two
     produced = complete(vllm_server.url, 23)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0
