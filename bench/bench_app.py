@@ -114,7 +114,7 @@ def main() -> None:
     for label, llamas, body, replays in runs:
         cpu, wall, rss, lines = measure(args.seconds, llamas, body, replays)
         print(f"{label}: {llamas} real llama-server(s) + {replays} replays of a {lines}-line vLLM /metrics, "
-              f"NVML (fake H200) 1 Hz, redraw 1 Hz")
+              f"NVML (fake H200) 1 Hz, redraw every 2 s (the default)")
         print(f"  app CPU over {wall:.0f} s: {cpu:.2f} s = {100 * cpu / wall:.2f}% of one core (target < 2%)")
         print(f"  app peak RSS: {rss / 2**20:.0f} MiB (target < 150 MB)")
 

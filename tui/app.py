@@ -42,7 +42,7 @@ from tui.screens.sweep import SweepScreen
 from tui.screens.switch import ConfirmSwitch, SwitchProgress
 from tui.sources.engine import EngineTarget, poll_engine
 from tui.sources.gpu import GpuSampler
-from tui.sources.host import HostSampler, pid_listening_on
+from tui.sources.host import HostSampler, pids_listening
 from tui.store import EngineState, Store
 from widgets.engine_panel import EnginePanel
 from widgets.gpu_panel import GpuPanel
@@ -89,7 +89,7 @@ class AppConfig:
     poll_interval_s: float = 1.0
     gpu_interval_s: float = 1.0
     host_interval_s: float = 2.0
-    redraw_interval_s: float = 1.0
+    redraw_interval_s: float = 2.0  # nvitop's default; polling stays at 1 Hz, so rates keep their resolution
     horizon_s: float = 300.0
     screenshot_dir: Path = Path("screenshots")
     gpu_sampler: Callable[[], GpuSampler] = GpuSampler
@@ -239,15 +239,13 @@ class EnginetopApp(App[None]):
         return pids
 
     def _find_local_engine_pids(self) -> None:
+        watched = {}
         for slot in self.slots:
-            if slot.manager is not None:
-                continue
             parsed = urlparse(slot.target.url)
-            pid = pid_listening_on(parsed.port) if parsed.hostname in LOCAL_HOSTS and parsed.port else None
-            if pid is not None:
-                self._local_pids[slot.target.name] = pid
-            else:
-                self._local_pids.pop(slot.target.name, None)
+            if slot.manager is None and parsed.hostname in LOCAL_HOSTS and parsed.port:
+                watched[slot.target.name] = (None, parsed.port)
+        found = pids_listening(list(watched.values())) if watched else {}
+        self._local_pids = {name: found[addr] for name, addr in watched.items() if addr in found}
 
     # ---- probes ---------------------------------------------------------------------------
     async def _probe(self, slot: Slot) -> None:

@@ -13,6 +13,7 @@ from tui.sources.samples import HostSample, ProcessTreeMemory
 log = logging.getLogger(__name__)
 
 _GONE = (psutil.NoSuchProcess, psutil.AccessDenied)  # ZombieProcess is a NoSuchProcess
+TREE_REFRESH_S = 10.0
 
 
 def children_map() -> dict[int, list[int]]:
@@ -81,10 +82,19 @@ class HostSampler:
     """
 
     def __init__(self) -> None:
+        self._children_map: dict[int, list[int]] | None = None
+        self._children_at = 0.0
         try:
             psutil.cpu_percent(interval=None)  # primes the baseline; this first value is meaningless
         except Exception as exc:
             log.debug("cpu_percent priming failed: %s", exc)
+
+    def _children(self, now: float) -> dict[int, list[int]]:
+        """The process table walk is the costly part of a sample: redo it every TREE_REFRESH_S only (an
+        engine's workers appear at start-up; RSS is still read from every known process each sample)."""
+        if self._children_map is None or now - self._children_at >= TREE_REFRESH_S:
+            self._children_map, self._children_at = children_map(), now
+        return self._children_map
 
     def sample(self, engine_pids: dict[str, int] | None = None) -> HostSample:
         """`engine_pids` maps an engine name to its root PID; engines whose process has gone are left out."""
@@ -107,7 +117,7 @@ class HostSampler:
         except Exception as exc:
             log.debug("swap figures unavailable: %s", exc)
         engines = []
-        children = children_map() if engine_pids else {}
+        children = self._children(t) if engine_pids else {}
         for name, pid in (engine_pids or {}).items():
             try:
                 tree = tree_memory(name, pid, children)
@@ -174,14 +184,21 @@ def pid_listening_on(port: int, host: str | None = None) -> int | None:
     `host` is an IP literal or "localhost"; wildcard listeners (0.0.0.0, ::) match any host. None when
     nothing listens, the socket belongs to a process we may not inspect, or the OS refuses the listing.
     """
+    return pids_listening([(host, port)]).get((host, port))
+
+
+def pids_listening(addresses: list[tuple[str | None, int]]) -> dict[tuple[str | None, int], int]:
+    """pid_listening_on for several (host, port) at once: one walk of every socket instead of one each."""
     try:
         conns = psutil.net_connections(kind="tcp")
     except (psutil.AccessDenied, OSError) as exc:
         log.debug("cannot list TCP sockets: %s", exc)
-        return None
+        return {}
+    found: dict[tuple[str | None, int], int] = {}
     for conn in conns:
-        if conn.status != psutil.CONN_LISTEN or not conn.laddr or conn.laddr.port != port:
+        if conn.status != psutil.CONN_LISTEN or not conn.laddr or conn.pid is None:
             continue
-        if conn.pid is not None and _host_matches(conn.laddr.ip, host):
-            return conn.pid
-    return None
+        for host, port in addresses:
+            if (host, port) not in found and conn.laddr.port == port and _host_matches(conn.laddr.ip, host):
+                found[(host, port)] = conn.pid
+    return found
