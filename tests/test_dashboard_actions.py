@@ -10,10 +10,9 @@ from pathlib import Path
 from tests.fake_pynvml import FakeNvml, h200
 from tests.screen import screen_text
 from tests.test_dashboard import make_app, wait_for
+from tests.test_demo_both import profiles_on_free_ports
 from tui.app import AppConfig, EnginetopApp
 from tui.compare.ab import ABConfig
-from tui.lifecycle.process import free_port
-from tui.lifecycle.profiles import load_profiles, repo_profiles_dir
 from tui.probe.sweep import SweepConfig
 from tui.screens.ab import ABScreen
 from tui.screens.logs import LogScreen
@@ -61,19 +60,8 @@ async def test_key_c_sweeps_every_engine(llama_server, tmp_path):
         assert not isinstance(app.screen, SweepScreen)
 
 
-def demo_profiles_on_free_ports(tmp_path: Path) -> Path:
-    """The shipped CPU demo profiles, each moved to a free port so tests never collide with a user's."""
-    out = tmp_path / "profiles"
-    out.mkdir()
-    for name in ("demo-cpu-threads1", "demo-cpu-threads2"):
-        text = (repo_profiles_dir() / f"{name}.toml").read_text()
-        text = re.sub(r"(?m)^port = \d+", f"port = {free_port()}", text)
-        (out / f"{name}.toml").write_text(text)
-    return out
-
-
 async def test_switch_with_keys_then_crash_behind_our_back(tmp_path):
-    profiles = load_profiles([demo_profiles_on_free_ports(tmp_path)])
+    profiles = profiles_on_free_ports(tmp_path, "demo-cpu-threads1", "demo-cpu-threads2")
     a, b = profiles.get("demo-cpu-threads1"), profiles.get("demo-cpu-threads2")
     nvml = FakeNvml([h200()])
     app = EnginetopApp(AppConfig(
