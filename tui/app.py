@@ -32,9 +32,11 @@ from tui.compare.ab import ABConfig
 from tui.compare.roofline import Roofline, model_weight_bytes, roofline
 from tui.lifecycle.profiles import Profile, ProfileError, resolve
 from tui.lifecycle.switch import EngineManager, EngineStatus, StepEvent, SwitchResult
+from tui.probe.results import ProbeResult
 from tui.probe.runner import ProbeRunner
 from tui.probe.stats import median
 from tui.probe.sweep import SweepConfig
+from tui.probe.workloads import WorkloadParams
 from tui.screens.ab import ABScreen
 from tui.screens.help import HelpScreen
 from tui.screens.logs import LogScreen
@@ -251,24 +253,19 @@ class EnginetopApp(App[None]):
     async def _probe(self, slot: Slot) -> None:
         target = slot.target
 
-        def keep(result) -> None:
+        def keep(result: ProbeResult) -> None:
             self.store.add_probe(target.name, result)
 
-        params = self._probe_params()
+        params = WorkloadParams(max_tokens=self.config.probe_max_tokens)
         await self.probes.probe(target, self.config.probe_workload, params, repeat=1, on_result=keep)
-
-    def _probe_params(self):
-        from tui.probe.workloads import WorkloadParams
-
-        return WorkloadParams(max_tokens=self.config.probe_max_tokens)
 
     async def _probe_loop(self, slot: Slot) -> None:
         assert slot.probe_every_s
         while True:
             await asyncio.sleep(slot.probe_every_s)
             sample = self.store.engines[slot.target.name].sample
-            if isinstance(self.screen, SweepScreen):
-                continue  # a sweep is measuring: a probe now would add load to the level it measures
+            if isinstance(self.screen, (SweepScreen, ABScreen)):
+                continue  # a sweep or A/B is measuring: a probe now would add load to what it measures
             if sample is not None and sample.health == "up" and not self.probes.busy(slot.target):
                 await self._probe(slot)
 
