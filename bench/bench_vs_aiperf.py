@@ -3,10 +3,12 @@
     .venv/bin/python bench/bench_vs_aiperf.py [--requests 20] [--max-tokens 64] [--rounds 2]
 
 One llama-server (--parallel 1) serves both clients, one request at a time. Both send the same kind of
-request: enginetop's "short" workload body (a unique nonce first, so llama.cpp's prompt cache reuses only
-the chat-template prefix), max_tokens fixed, ignore_eos, temperature 0; the two clients get different
-prompt indices, so neither is served the other's cached prompt. The clients take turns in blocks
-(ABBA order over --rounds), so drift on a shared machine hits both.
+request: enginetop's "short" workload body (a first word hashed from a per-run nonce and the request's
+number, so llama.cpp's prompt cache reuses only the chat-template prefix), max_tokens fixed, ignore_eos,
+temperature 0; each enginetop block draws its own nonce and the clients get different prompt indices, so
+neither is served the other's cached prompt. enginetop's TTFT starts when the request is sent (its
+connect is timed apart). The clients take turns in blocks (ABBA order over --rounds), so drift on a
+shared machine hits both.
 
 Per client: requests ok / failed, the client's own TTFT and decode tok/s medians, and the server's own
 figures for the same requests: llama.cpp's per-request `timings` (enginetop reads them from each
@@ -43,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -190,11 +193,15 @@ def run_child(argv: list[str], env: dict[str, str] | None, out_path: Path) -> tu
     with out_path.open("wb") as out:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 env={**os.environ, **(env or {})}, start_new_session=True)
+        leader_started = psutil.Process(proc.pid).create_time()
+        # Wait for the exit without reaping: while the leader is an unreaped zombie its PID (the group's
+        # id) cannot be reused, so what is left in the group is provably this run's and safe to signal.
+        os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
+        if group_alive(proc.pid):  # a service process left behind would also escape the rusage count
+            stop_pgid(proc.pid, create_time=leader_started)
+            print(f"  warning: {Path(argv[0]).name} left processes behind; stopped them", flush=True)
         rc = proc.wait()
     wall, cpu = time.perf_counter() - t0, child_cpu() - cpu0
-    if group_alive(proc.pid):  # a service process left behind would also escape the rusage count
-        stop_pgid(proc.pid)
-        print(f"  warning: {Path(argv[0]).name} left processes behind; stopped them", flush=True)
     return rc, cpu, wall
 
 

@@ -1,10 +1,12 @@
-"""Refresh the SVGs in screenshots/ from real engines (run after `make engine vllm`).
+"""Refresh screenshots/ from real engines (run after `make engine vllm chromium`). Tests never write here.
 
-    .venv/bin/python scripts/make_screenshots.py [--only llama|both]
+    .venv/bin/python scripts/make_screenshots.py [--only llama|both|report]
 
 - dashboard-llama.svg: the dashboard watching a real llama-server (Gemma 3 270M) under load, probes on.
 - demo-llama-vllm.svg: the README demo, llama.cpp and vLLM on the same Gemma 3 270M side by side.
 - sweep-llama-vllm.svg: the concurrency sweep (key c) on both.
+- report.png: the offline HTML report of a real `enginetop ab` of the two CPU demo profiles (2 x 2), in
+  headless Chromium with the network off, rendered as tests/test_report.py renders it.
 The GPU panel shows what this machine has (no NVIDIA driver here: one line saying so).
 """
 
@@ -13,6 +15,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import re
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -81,14 +85,35 @@ async def shoot(names: tuple[str, ...], stem: str, sweep_stem: str | None) -> No
             app.stop_managed()
 
 
+def shoot_report() -> None:
+    from tests.test_report import render_in_chromium  # the tests' renderer: network off, blank-page check
+
+    with tempfile.TemporaryDirectory() as tmp_dir:
+        tmp = Path(tmp_dir)
+        html = tmp / "report.html"
+        run = subprocess.run(
+            [sys.executable, "-m", "tui", "ab", "demo-cpu-threads1", "demo-cpu-threads2", "--instances", "2",
+             "--blocks", "2", "--requests", "2", "--max-tokens", "24", "--warmup", "1",
+             "--bandwidth", "20GB/s", "-o", str(tmp / "ab.json"), "--report", str(html)],
+            cwd=ROOT, stdout=subprocess.DEVNULL, check=False)
+        if run.returncode != 0:
+            raise SystemExit(f"enginetop ab failed with exit code {run.returncode} (its messages are above)")
+        render_in_chromium(html, tmp / "report.png", tmp)
+        OUT.mkdir(exist_ok=True)
+        shutil.copyfile(tmp / "report.png", OUT / "report.png")
+    print(f"wrote {OUT / 'report.png'}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--only", choices=["llama", "both"])
+    parser.add_argument("--only", choices=["llama", "both", "report"])
     args = parser.parse_args()
     if args.only in (None, "llama"):
         asyncio.run(shoot(("demo-cpu-threads2",), "dashboard-llama", None))
     if args.only in (None, "both"):
         asyncio.run(shoot(("demo-cpu-threads2", "demo-vllm-gemma"), "demo-llama-vllm", "sweep-llama-vllm"))
+    if args.only in (None, "report"):
+        shoot_report()
 
 
 if __name__ == "__main__":

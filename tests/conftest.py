@@ -92,8 +92,8 @@ def wait_openai_ready(name: str, url: str, launched: Launched, timeout: float,
 
 
 async def _poll_once(target: EngineTarget) -> EngineSample:
-    async with httpx.AsyncClient() as client:
-        return await poll_engine(client, target, launched_by_us=True)
+    async with httpx.AsyncHTTPTransport() as transport:
+        return await poll_engine(transport, target, launched_by_us=True)
 
 
 @pytest.fixture(scope="session")

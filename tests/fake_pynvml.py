@@ -12,12 +12,18 @@ friendly objects the real functions return, and errors are raised the way pynvml
 Anything not written here but present in pynvml (constants, struct classes, error classes) is taken from
 the real module; a real pynvml *function* that is not faked raises AttributeError so that a test never
 reaches the real library by accident.
+
+Misuse is recorded in `misuse` (and, where NVML would, also raised): a GPM sample freed twice or used after
+its free, and two threads inside NVML calls at once (each call holds its thread "inside" for
+`call_delay_s`, so a race a test wants to provoke has a window to happen in).
 """
 
 from __future__ import annotations
 
 import ctypes
 import inspect
+import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
@@ -170,6 +176,10 @@ class FakeNvml:
         self._gpm: dict[int, _GpmSnapshot | None] = {}  # live samples by address: None until filled
         self._gpm_buffers: dict[int, ctypes.Array[ctypes.c_char]] = {}
         self._gpm_seq = 0
+        self.call_delay_s = 0.0
+        self.misuse: list[str] = []
+        self._inside: int | None = None  # the thread inside a call (during its delay)
+        self._inside_lock = threading.Lock()
 
     # ---- scripting helpers ----------------------------------------------------------------------------
 
@@ -201,10 +211,23 @@ class FakeNvml:
 
     def _enter(self, fn_name: str) -> None:
         self.calls[fn_name] += 1
+        if self.call_delay_s:
+            self._hold(fn_name)
         if fn_name in self.missing_functions:
             _raise(NVML_ERROR_FUNCTION_NOT_FOUND)
         if not self.initialized:
             _raise(NVML_ERROR_UNINITIALIZED)
+
+    def _hold(self, fn_name: str) -> None:
+        me = threading.get_ident()
+        with self._inside_lock:
+            if self._inside not in (None, me):
+                self.misuse.append(f"{fn_name} called while another thread was inside an NVML call")
+            self._inside = me
+        time.sleep(self.call_delay_s)
+        with self._inside_lock:
+            if self._inside == me:
+                self._inside = None
 
     def _gpu(self, fn_name: str, handle: Any) -> FakeGpu:
         self._enter(fn_name)
@@ -343,7 +366,7 @@ class FakeNvml:
 
     def nvmlGpmSampleGet(self, handle: Any, gpm_sample: Any) -> Any:
         gpu = self._gpu("nvmlGpmSampleGet", handle)
-        address = self._live_address(gpm_sample)
+        address = self._live_address(gpm_sample, "nvmlGpmSampleGet")
         if not gpu.gpm_supported:
             _raise(NVML_ERROR_NOT_SUPPORTED)
         self._gpm_seq += 1
@@ -352,7 +375,7 @@ class FakeNvml:
 
     def nvmlGpmSampleFree(self, gpm_sample: Any) -> None:
         self._enter("nvmlGpmSampleFree")
-        address = self._live_address(gpm_sample)
+        address = self._live_address(gpm_sample, "nvmlGpmSampleFree")
         del self._gpm[address]
         del self._gpm_buffers[address]
 
@@ -364,8 +387,8 @@ class FakeNvml:
             _raise(NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
         if not 1 <= metrics_get.numMetrics <= NVML_GPM_METRIC_MAX:
             _raise(NVML_ERROR_INVALID_ARGUMENT)
-        first = self._gpm.get(self._live_address(metrics_get.sample1))
-        second = self._gpm.get(self._live_address(metrics_get.sample2))
+        first = self._gpm.get(self._live_address(metrics_get.sample1, "nvmlGpmMetricsGet"))
+        second = self._gpm.get(self._live_address(metrics_get.sample2, "nvmlGpmMetricsGet"))
         # both filled, by the same GPU, sample1 the older one (NVML's baseline/latest convention)
         if first is None or second is None or first.gpu != second.gpu or first.seq >= second.seq:
             _raise(NVML_ERROR_INVALID_ARGUMENT)
@@ -381,10 +404,11 @@ class FakeNvml:
                 metric.nvmlReturn = NVML_ERROR_NOT_SUPPORTED
         return metrics_get
 
-    def _live_address(self, gpm_sample: Any) -> int:
+    def _live_address(self, gpm_sample: Any, fn_name: str) -> int:
         address = ctypes.cast(gpm_sample, ctypes.c_void_p).value
         if address is None or address not in self._gpm:
-            _raise(NVML_ERROR_INVALID_ARGUMENT)  # freed twice, never allocated, or NULL
+            self.misuse.append(f"{fn_name}: GPM sample {address} freed twice, never allocated, or NULL")
+            _raise(NVML_ERROR_INVALID_ARGUMENT)
         return address
 
 

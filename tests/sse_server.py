@@ -9,6 +9,11 @@ replaces them. Timing knobs (first-token delay, per-token delay, jitter with a s
 "noisy" engine in A/B tests. Server-side timings in the final chunk are measured on the server's clock,
 like llama.cpp's, so a client can be checked against them.
 
+`accept_after_s` starts the server with its accept queue full and accepts nothing for that long: a client
+connecting meanwhile has its SYN dropped and retried by the kernel (about 1 s later), the real shape of a
+slow connect to an overloaded listener. `ForwardProxy` is a minimal HTTP forward proxy that records what
+passed through it.
+
 Run standalone (for benches, in its own process): python -m tests.sse_server --port 0
 """
 
@@ -19,12 +24,15 @@ import asyncio
 import contextlib
 import json
 import random
+import socket
+import ssl
 import threading
 import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 Mode = Literal["ok", "http500", "error_mid", "drop", "hang", "oversized", "bad_json", "echo_key_401"]
 
@@ -37,6 +45,10 @@ class Scenario:
     tokens: int | None = None  # None: honour the request's max_tokens (default 16)
     tokens_per_chunk: int = 1
     first_token_delay_s: float = 0.0  # "prefill" time before the first content chunk
+    queue_s: float = 0.0  # waited before "scheduling"; reported as vLLM's queue_time_ms, not in its TTFT
+    # The frontend holds the first token this long after the engine made it (vLLM's frontend was seen
+    # writing a stream out late): the server's own TTFT stays small, the client's grows.
+    write_delay_s: float = 0.0
     per_token_delay_s: float = 0.0
     jitter_s: float = 0.0  # uniform +-jitter on every delay, from a seeded generator
     seed: int = 0
@@ -85,7 +97,8 @@ class SSEServer:
     """Threaded loopback server; use as a context manager or start()/stop()."""
 
     def __init__(self, scenarios: dict[str, Scenario] | None = None, *, default: Scenario | None = None,
-                 host: str = "127.0.0.1", port: int = 0, record: int = 1000) -> None:
+                 host: str = "127.0.0.1", port: int = 0, record: int = 1000,
+                 accept_after_s: float = 0.0, tls: ssl.SSLContext | None = None) -> None:
         self.scenarios: dict[str, Scenario] = {
             "ok": Scenario(),
             "multi": Scenario(tokens_per_chunk=3),
@@ -106,6 +119,9 @@ class SSEServer:
         self.default = default or self.scenarios["ok"]
         self.host = host
         self.port = port
+        self.accept_after_s = accept_after_s
+        self.tls = tls  # a server context: https:// on the same port
+        self._opener: asyncio.Task[None] | None = None
         self.requests: deque[RecordedRequest] = deque(maxlen=record)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.Server | None = None
@@ -119,7 +135,7 @@ class SSEServer:
     # --- lifecycle -------------------------------------------------------------------------------------
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
 
     def url_for(self, scenario: str) -> str:
         return f"{self.url}/s/{scenario}"
@@ -147,7 +163,11 @@ class SSEServer:
     def _run(self) -> None:
         loop = asyncio.new_event_loop()
         self._loop = loop
-        self._server = loop.run_until_complete(asyncio.start_server(self._handle, self.host, self.port))
+        if self.accept_after_s:
+            self._server = loop.run_until_complete(self._start_late(loop))
+        else:
+            self._server = loop.run_until_complete(
+                asyncio.start_server(self._handle, self.host, self.port, ssl=self.tls))
         self.port = self._server.sockets[0].getsockname()[1]
         self._ready.set()
         try:
@@ -158,6 +178,29 @@ class SSEServer:
             with contextlib.suppress(Exception):
                 loop.run_until_complete(asyncio.sleep(0))
             loop.close()
+
+    async def _start_late(self, loop: asyncio.AbstractEventLoop) -> asyncio.Server:
+        """Listen with a full accept queue (backlog 0 and connections nobody accepts) for accept_after_s."""
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind((self.host, self.port))
+        sock.listen(0)
+        fillers = []
+        for _ in range(3):
+            filler = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            filler.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                filler.connect(sock.getsockname())
+            fillers.append(filler)
+        server = await asyncio.start_server(self._handle, sock=sock, start_serving=False)
+
+        async def open_later() -> None:
+            await asyncio.sleep(self.accept_after_s)
+            for filler in fillers:
+                filler.close()
+            await server.start_serving()
+
+        self._opener = loop.create_task(open_later())
+        return server
 
     async def serve_forever(self) -> None:
         """For standalone use in the current loop (see __main__)."""
@@ -261,6 +304,7 @@ class SSEServer:
         words = _prompt_words(body)
         prompt_n = len(words)
         cached = self._cached(words)
+        await asyncio.sleep(sc.queue_s)
         t0 = time.perf_counter()
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
                      b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
@@ -296,6 +340,9 @@ class SSEServer:
                 return
             if sc.mode == "oversized" and n_chunks == 1:
                 await send(_event(_chunk({"content": "x" * sc.oversized_bytes})))
+            if t_first is None and sc.write_delay_s:
+                t_first = time.perf_counter()  # made now, written late
+                await asyncio.sleep(sc.write_delay_s)
             await send(_event(_chunk({"content": text})))
             t_last = time.perf_counter()
             if t_first is None:
@@ -328,13 +375,111 @@ class SSEServer:
             if sc.vllm_metrics:
                 usage_chunk["metrics"] = {
                     "time_to_first_token_ms": (first - t0) * 1000, "generation_time_ms": (t_last - t0) * 1000,
-                    "queue_time_ms": 0.0, "mean_itl_ms": (t_last - first) * 1000 / max(1, n_tokens - 1),
+                    "queue_time_ms": sc.queue_s * 1000,
+                    "mean_itl_ms": (t_last - first) * 1000 / max(1, n_tokens - 1),
                     "tokens_per_second": n_tokens / max(1e-9, t_last - t0)}
             await send(_event(usage_chunk))
         if sc.done:
             await send(_event(b"[DONE]"))
         writer.write(b"0\r\n\r\n")
         await writer.drain()
+
+
+@dataclass(frozen=True)
+class ProxiedRequest:
+    method: str
+    target: str  # as the client wrote it: an absolute URL for a forward proxy
+    headers: dict[str, str]
+
+
+class ForwardProxy:
+    """A minimal HTTP/1.1 proxy on loopback, in a thread: absolute-form requests to http:// URLs are sent
+    on in origin form over a new connection; CONNECT opens a tunnel. It records each request and relays
+    both ways until either side closes."""
+
+    def __init__(self) -> None:
+        self.requests: deque[ProxiedRequest] = deque(maxlen=100)
+        self.port = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> ForwardProxy:
+        self._thread = threading.Thread(target=self._run, name="forward-proxy", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("forward proxy did not start")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def _run(self) -> None:
+        loop = self._loop = asyncio.new_event_loop()
+        server = loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0))
+        self.port = server.sockets[0].getsockname()[1]
+        self._ready.set()
+        try:
+            loop.run_forever()
+        finally:
+            server.close()
+            for task in asyncio.all_tasks(loop):
+                task.cancel()
+            with contextlib.suppress(Exception):
+                loop.run_until_complete(asyncio.sleep(0))
+            loop.close()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream: asyncio.StreamWriter | None = None
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            first, *header_lines = head.decode("latin-1").split("\r\n")
+            method, target, version = first.split(" ", 2)
+            pairs = (line.partition(":") for line in header_lines if line)
+            headers = {k.strip().lower(): v.strip() for k, _, v in pairs}
+            self.requests.append(ProxiedRequest(method=method, target=target, headers=headers))
+            if method == "CONNECT":
+                host, _, port = target.rpartition(":")
+                up_reader, upstream = await asyncio.open_connection(host.strip("[]"), int(port))
+                writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                await asyncio.gather(self._pipe(reader, upstream), self._pipe(up_reader, writer))
+                return
+            url = urlsplit(target)
+            if url.scheme != "http" or not url.hostname:
+                writer.write(b"HTTP/1.1 501 Not Implemented\r\nContent-Length: 0\r\n\r\n")
+                await writer.drain()
+                return
+            up_reader, upstream = await asyncio.open_connection(url.hostname, url.port or 80)
+            path = url.path + (f"?{url.query}" if url.query else "")
+            rest = head.split(b"\r\n", 1)[1]
+            upstream.write(f"{method} {path or '/'} {version}\r\n".encode("latin-1") + rest)
+            await asyncio.gather(self._pipe(reader, upstream), self._pipe(up_reader, writer))
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError, OSError):
+            pass
+        except asyncio.CancelledError:
+            pass
+        finally:
+            for w in (writer, upstream):
+                if w is not None:
+                    with contextlib.suppress(Exception):
+                        w.close()
+
+    @staticmethod
+    async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        try:
+            while data := await src.read(65536):
+                dst.write(data)
+                await dst.drain()
+        finally:
+            with contextlib.suppress(Exception):
+                dst.close()
 
 
 @contextlib.contextmanager

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import statistics
 
 import pynvml
 import pytest
@@ -10,7 +11,8 @@ from fake_pynvml import FakeNvml, rtx4090
 
 from tests.sse_server import Scenario, SSEServer
 from tui.compare.ab import ABConfig, Arm, analyze, run_comparison
-from tui.compare.engines import Started, Target
+from tui.compare.engines import AttachedEngine, Started, Target
+from tui.compare.report import render_html
 from tui.sources.gpu import GpuSampler
 from tui.sources.samples import GpuReport
 
@@ -145,3 +147,71 @@ def test_bad_config_is_refused_with_a_message() -> None:
         _config(workload="agent").check()
     with pytest.raises(ValueError, match="at least 1"):
         _config(instances=0).check()
+
+
+def test_attached_arms_are_rounds_in_the_progress_the_result_and_the_method() -> None:
+    """Nothing is restarted for attached servers: no word of the run may say "instance" or a fresh start."""
+    server = SSEServer(default=Scenario(per_token_delay_s=0.002, first_token_delay_s=0.01)).start()
+    try:
+        arms = [Arm(name, AttachedEngine(name, server.url), origin=f"watched at {server.url}")
+                for name in ("A", "B")]
+        messages: list[str] = []
+        result = run_comparison(arms, _config(instances=2, requests_per_block=1), progress=messages.append)
+    finally:
+        server.stop()
+    assert messages and not [m for m in messages if "instance" in m]
+    assert "A: round 1" in messages and any(m.startswith("B: round 2 block 1:") for m in messages)
+    facts = result["method"]
+    assert facts["mode"] == "coresident"
+    assert [(a["name"], a["restarted"], a["unit"], a["starts"]) for a in facts["arms"]] == [
+        ("A", False, "round", 2), ("B", False, "round", 2)]
+    assert all(not i["fresh"] for i in result["instances"])
+    assert {a["instance_unit"] for a in result["analysis"]["arms"].values()} == {"rounds"}
+    html = render_html(result)
+    method = _method_text(html)
+    assert "fresh engine start" not in method and "instance" not in method
+    assert "never restarted (watched at" in method and "2 rounds in time" in method
+    assert "all engines kept running side by side" in method
+    assert "The GPU was not sampled: no GPU source was given to this run." in method
+    assert "Inst." not in html and "<th>Round</th>" in html
+
+
+def test_fresh_arms_method_says_fresh_starts_and_what_the_requests_used() -> None:
+    a = SSEEngine("A", lambda _i: 0.002)
+    b = SSEEngine("B", lambda _i: 0.002)
+    result = run_comparison([Arm("A", a), Arm("B", b)], _config(instances=2, requests_per_block=1,
+                                                               warmup_requests=1, mode="switch"))
+    facts = result["method"]
+    assert [(x["restarted"], x["starts"], x["warmup_sent"], x["warmup_ok"]) for x in facts["arms"]] == [
+        (True, 2, 2, 2), (True, 2, 2, 2)]
+    method = _method_text(render_html(result))
+    # SSE servers started directly, not through the safe switch: the Method must not claim it was used
+    assert "<b>A</b>: 2 fresh engine starts, cold start" in method
+    assert "safe switch" not in method and "round" not in method.split("Schedule")[0]
+    assert "Schedule <b>switch</b>: one engine at a time" in method
+    assert "after each start (4 sent, 4 answered)" in method
+    req = facts["requests"]
+    assert req["max_tokens"] == 16 and req["temperature"] == 0 and req["ignore_eos"] is True
+    assert req["params"]["seed"] == 0 and req["params"]["max_tokens"] == 16
+    first = result["blocks"][0]["requests"][0]
+    assert first["prompt_tokens"] and req["first_prompt_start"].startswith("[")
+    assert f"began “{req['first_prompt_start']}" in method
+    nonce = req["params"]["nonce"]  # drawn for this run (tui.probe.workloads), so no earlier run's prompts
+    assert nonce and f"this run's nonce <b>{nonce}</b>" in method
+    assert "opening the connection was measured apart" in method
+
+
+def _method_text(html: str) -> str:
+    return html[html.index("<h2>Method</h2>"):html.index("</ol>", html.index("<h2>Method</h2>"))]
+
+
+def implied_verdict(result: dict, arm: str) -> tuple[float, str]:
+    """The CV across instance (round) medians and its verdict, recomputed from the raw blocks with the
+    standard library: what the data implies, independent of tui.compare's own arithmetic."""
+    by_instance: dict[int, list[float]] = {}
+    for b in result["blocks"]:
+        if b["arm"] == arm and b["decode_tps"] is not None:
+            by_instance.setdefault(b["instance"], []).append(b["decode_tps"])
+    medians = [statistics.median(v) for _, v in sorted(by_instance.items())]
+    cv = statistics.stdev(medians) / statistics.fmean(medians) * 100
+    return cv, "reproducible" if cv <= result["config"]["cv_threshold_pct"] else "not reproducible"

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_ab import implied_verdict
 from tests.test_report import SSEEngine
-from tui.compare.ab import ABConfig, Arm, run_comparison
+from tui.compare.ab import ABConfig, Arm, analyze, run_comparison
 from tui.compare.report import render_html
 from tui.compare.sweep_param import best_value, parse_param_spec, set_option, sweep_profiles, sweep_table
 from tui.lifecycle.profiles import Profile
@@ -65,8 +66,23 @@ def test_sweep_table_and_report_on_sse_servers() -> None:
     assert speeds["2"] > speeds["1"] > speeds["3"]  # 5 ms/token is fastest, 15 ms slowest
     html = render_html(result)
     assert "<h2>Parameter sweep</h2>" in html
-    assert "Best reproducible value" in html or "No value was reproducible" in html
     assert len(re.findall(r"<svg\b", html)) >= 4
+    # Each verdict is what the measured CV across instances implies at the run's threshold.
+    for row in rows:
+        cv, implied = implied_verdict(result, row["arm"])
+        assert row["instances"] == 2 and row["instance_cv_pct"] == pytest.approx(cv)
+        assert row["verdict"] == implied, row
+    # Thresholds that make the verdicts known whatever the host's noise: above every CV all values are
+    # reproducible and the fastest (5 ms/token) is advised; below every CV none is and nothing is advised.
+    cvs = [row["instance_cv_pct"] for row in rows]
+    result["config"]["cv_threshold_pct"] = max(cvs) + 1.0
+    result["analysis"] = analyze(result)
+    assert "Best reproducible value: <b>2</b>" in render_html(result)
+    assert min(cvs) > 0  # two instances never measure exactly the same median
+    result["config"]["cv_threshold_pct"] = min(cvs) / 2
+    result["analysis"] = analyze(result)
+    html = render_html(result)
+    assert "No value was reproducible" in html and "Best reproducible value" not in html
     # best_value picks the fastest reproducible value; verdicts set here, the live ones depend on host load
     for row in rows:
         row["verdict"] = "reproducible"

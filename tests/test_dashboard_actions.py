@@ -20,6 +20,7 @@ from tui.screens.sweep import SweepScreen
 from tui.screens.switch import ConfirmSwitch, SwitchProgress
 from tui.sources.engine import EngineTarget
 from tui.sources.gpu import GpuSampler
+from widgets.plots import TimePlot
 
 
 async def test_key_f_probes_and_marks_the_plots(llama_server, tmp_path):
@@ -36,6 +37,13 @@ async def test_key_f_probes_and_marks_the_plots(llama_server, tmp_path):
         text = screen_text(app)
         assert "median of last 1: decode" in text
         assert "llama probe" in text  # the probe marker's legend on the tok/s plot
+        # each marker sits at the instant its figure measured, not when the request ended
+        for plot_id, at, value in (("#plot-gen", result.decode_at, result.decode_tps),
+                                   ("#plot-ttft", result.ttft_at, result.ttft_s)):
+            data, now = app.query_one(plot_id, TimePlot).shown
+            xs, ys = data.markers["llama"]
+            assert ys == [value] and abs(now + xs[0] - at) < 1e-6, (plot_id, now + xs[0], at)
+        assert result.decode_at < result.ended_at - 0.1  # 64 tokens at ~60 tok/s: half a second apart
         row = f"{result.completion_tokens}/{result.chunks}"
         assert row in text, text[text.find("probes"):][:800]
 
@@ -96,7 +104,14 @@ async def test_switch_with_keys_then_crash_behind_our_back(tmp_path):
             await pilot.press("l")
             await pilot.pause(0.3)
             assert isinstance(app.screen, LogScreen)
-            assert "llama" in screen_text(app) or "server" in screen_text(app)
+            log_path = slot.manager.current.log_path
+            assert app.screen.path == log_path and log_path.name.startswith(b.name)
+            text = screen_text(app)
+            assert f"profile {b.name}" in text  # the header enginetop wrote when it launched B
+            # a line well inside the shown tail (60 lines): the engine keeps logging while we look
+            lines = [line.strip() for line in log_path.read_text().splitlines() if line.strip()]
+            shown = lines[-min(20, len(lines))]
+            assert shown[:60] in text, (shown, text[-2000:])
             await pilot.press("escape")
 
             os.kill(slot.status.pid, signal.SIGKILL)
@@ -110,25 +125,56 @@ async def test_switch_with_keys_then_crash_behind_our_back(tmp_path):
 
 
 async def test_key_a_interleaves_ab_over_watched_engines(llama_server, tmp_path, monkeypatch):
+    """One watched engine and one the dashboard started from a profile: nothing is restarted, the words
+    say rounds, and the report names the managed engine's kind, profile and argv as launched."""
     monkeypatch.setenv("ENGINETOP_CACHE", str(tmp_path / "cache"))
-    targets = [EngineTarget("A", llama_server.url), EngineTarget("B", llama_server.url)]
-    app = make_app(targets, tmp_path)
-    app.config.ab = ABConfig(instances=2, blocks=1, requests_per_block=1, max_tokens=12, warmup_requests=0,
-                             mode="coresident", bootstrap_samples=200)
-    async with app.run_test(size=(200, 60)) as pilot:
-        await pilot.press("a")
-        await pilot.pause(0.2)
-        screen = app.screen
-        assert isinstance(screen, ABScreen)
-        await wait_for(pilot, lambda: screen.result is not None, timeout=180, what="A/B result")
-        blocks = screen.result["blocks"]
-        assert [b["arm"] for b in blocks] == ["A", "B", "B", "A"]  # interleaved, order flipped each round
-        await pilot.pause(0.3)
-        text = screen_text(app)
-        assert "B / A decode:" in text and "95% CI" in text
-        assert re.search(r"A\s+[\d.]+\s+[\d.]+", text)
+    managed = profiles_on_free_ports(tmp_path, "demo-cpu-threads1").get("demo-cpu-threads1")
+    app = EnginetopApp(AppConfig(
+        targets=[EngineTarget("A", llama_server.url)], profiles=[managed], poll_interval_s=0.5,
+        redraw_interval_s=0.25, screenshot_dir=tmp_path / "shots",
+        gpu_sampler=lambda: GpuSampler(FakeNvml([h200()])),
+        ab=ABConfig(instances=2, blocks=1, requests_per_block=1, max_tokens=12, warmup_requests=0,
+                    mode="coresident", bootstrap_samples=200)))
+    try:
+        async with app.run_test(size=(200, 60)) as pilot:
+            slot = app.slots[1]
+            await wait_for(pilot, lambda: slot.status and slot.status.state == "ready", timeout=120,
+                           what="the managed engine ready")
+            pid = slot.manager.current.pid
+            await pilot.press("a")
+            await pilot.pause(0.2)
+            screen = app.screen
+            assert isinstance(screen, ABScreen) and screen.run is app.ab_run
+            await wait_for(pilot, lambda: screen.run.done, timeout=180, what="A/B result")
+            result = screen.run.result
+            assert result is not None, screen.run.error
+            blocks = result["blocks"]
+            assert [b["arm"] for b in blocks] == ["A", managed.name, managed.name, "A"]  # order flips
+            await pilot.pause(0.6)
+            text = screen_text(app)
+            assert f"{managed.name} / A decode:" in text and "95% CI" in text
+            assert re.search(r"A\s+[\d.]+\s+[\d.]+", text)
+            assert "instance" not in text and "rounds" in text
+            assert slot.manager.current.pid == pid  # measured as it ran, never restarted
+        arms = {a["name"]: a for a in result["arms"]}
+        b = arms[managed.name]
+        assert b["engine"] == "llama.cpp" and b["profile_path"] == str(managed.path)
+        assert b["argv"][b["argv"].index("--threads") + 1] == "1" and str(managed.port) in b["argv"]
+        assert b["origin"] == f"started by the dashboard from profile {managed.name} (PID {pid}), not " \
+            "restarted for the A/B"
+        assert arms["A"]["origin"].startswith("watched by the dashboard") and arms["A"]["engine"] is None
         saved = list((tmp_path / "cache" / "runs").glob("ab-*.html"))
-        assert len(saved) == 1 and "<svg" in saved[0].read_text()
+        assert len(saved) == 1
+        html = saved[0].read_text()
+        assert "<svg" in html
+        assert "<dt>Engine</dt><dd>llama.cpp</dd>" in html and f"<dd>{managed.path}</dd>" in html
+        method = html[html.index("<h2>Method</h2>"):html.index("</ol>", html.index("<h2>Method</h2>"))]
+        assert "fresh engine start" not in method and "instance" not in method
+        assert f"<b>{managed.name}</b>: never restarted (started by the dashboard from profile" in method
+        assert "2 rounds in time" in method
+        assert "GPU state was read from the dashboard&#x27;s GPU panel" in method
+    finally:
+        app.stop_managed()
 
 
 async def test_roofline_beside_measured_decode(llama_server, tmp_path):

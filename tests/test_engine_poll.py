@@ -102,8 +102,8 @@ def healthy(fake: Fake, metrics: Route | None = None) -> None:
 
 
 async def poll(fake: Fake, api_key: str | None = None, **kwargs: object):
-    async with httpx.AsyncClient() as client:
-        return await poll_engine(client, EngineTarget("e1", fake.url, api_key), **kwargs)
+    async with httpx.AsyncHTTPTransport() as transport:
+        return await poll_engine(transport, EngineTarget("e1", fake.url, api_key), **kwargs)
 
 
 async def test_healthy_engine_gives_model_and_reading(fake: Fake) -> None:
@@ -122,10 +122,10 @@ async def test_healthy_engine_gives_model_and_reading(fake: Fake) -> None:
 
 async def test_connection_refused() -> None:
     port = free_port()  # nothing listens there
-    async with httpx.AsyncClient() as client:
+    async with httpx.AsyncHTTPTransport() as transport:
         target = EngineTarget("e", f"http://127.0.0.1:{port}")
-        down = await poll_engine(client, target)
-        starting = await poll_engine(client, target, launched_by_us=True)
+        down = await poll_engine(transport, target)
+        starting = await poll_engine(transport, target, launched_by_us=True)
     assert down.health == "down"
     assert down.health_reason == f"connection refused at 127.0.0.1:{port} — is the engine running?"
     assert down.reading is None and down.model is None
@@ -278,8 +278,8 @@ async def test_nan_in_metrics_is_none_not_an_error(fake: Fake) -> None:
 
 
 async def test_invalid_url_does_not_raise() -> None:
-    async with httpx.AsyncClient() as client:
-        sample = await poll_engine(client, EngineTarget("e", "127.0.0.1:8000"))
+    async with httpx.AsyncHTTPTransport() as transport:
+        sample = await poll_engine(transport, EngineTarget("e", "127.0.0.1:8000"))
     assert sample.health == "down"
     assert sample.health_reason.startswith("invalid engine URL")
 

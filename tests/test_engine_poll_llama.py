@@ -25,8 +25,8 @@ async def test_counters_move_by_exactly_what_the_replies_report(llama_server) ->
         "temperature": 0,
         "stream": False,
     }
-    async with httpx.AsyncClient() as client:
-        before = await poll_engine(client, target)
+    async with httpx.AsyncClient() as client, httpx.AsyncHTTPTransport() as transport:
+        before = await poll_engine(transport, target)
         assert before.health == "up", before.health_reason
         assert before.metrics_error is None
         assert before.reading.dialect == "llamacpp"
@@ -40,7 +40,7 @@ async def test_counters_move_by_exactly_what_the_replies_report(llama_server) ->
         # Generation counters are added when the slot is released, just after the reply is sent.
         deadline = time.monotonic() + 10
         while True:
-            after = await poll_engine(client, target)
+            after = await poll_engine(transport, target)
             moved = after.reading.generation_tokens_total - before.reading.generation_tokens_total
             if moved >= completion or time.monotonic() > deadline:
                 break
@@ -54,7 +54,7 @@ async def test_counters_move_by_exactly_what_the_replies_report(llama_server) ->
     assert cached > 0
     assert new.prefix_cache_hits_total - old.prefix_cache_hits_total == cached
     assert new.prefix_cache_queries_total - old.prefix_cache_queries_total == prompts
-    assert new.prompt_tokens_total - old.prompt_tokens_total == prompts - cached
+    assert new.prompt_tokens_computed_total - old.prompt_tokens_computed_total == prompts - cached
     stats = derive(old, before.t, new, after.t)
     assert stats.counter_reset is False
     assert stats.gen_tps > 0
@@ -74,11 +74,11 @@ async def test_llama_server_without_metrics_flag_and_with_api_key() -> None:
     launched = launch(argv, runs_dir() / f"test-nometrics-{port}.log", env={"LLAMA_API_KEY": key})
     try:
         url = f"http://127.0.0.1:{port}"
-        async with httpx.AsyncClient() as client:
+        async with httpx.AsyncHTTPTransport() as transport:
             seen = set()
             deadline = time.monotonic() + 120
             while True:
-                anonymous = await poll_engine(client, EngineTarget("nometrics", url), launched_by_us=True)
+                anonymous = await poll_engine(transport, EngineTarget("nometrics", url), launched_by_us=True)
                 seen.add(anonymous.health)
                 if anonymous.health == "up":
                     break
@@ -89,7 +89,7 @@ async def test_llama_server_without_metrics_flag_and_with_api_key() -> None:
             assert anonymous.metrics_error == "unauthorized: set an API key for this engine"
             assert anonymous.model is None  # /v1/models needs the key in this llama.cpp version
 
-            keyed = await poll_engine(client, EngineTarget("nometrics", url, key))
+            keyed = await poll_engine(transport, EngineTarget("nometrics", url, key))
             assert keyed.health == "up"
             assert keyed.metrics_error == "metrics disabled: start llama-server with --metrics"
             assert keyed.model  # with the key /v1/models answers

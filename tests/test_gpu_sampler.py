@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import threading
+import time
 
 import pynvml
 import pytest
@@ -419,3 +421,43 @@ def test_a_gpu_without_a_handle_says_why() -> None:
     first, second = GpuSampler(nvml).sample().gpus
     assert first.error == "no handle for this GPU (NVML: Insufficient Permissions)"
     assert second.error is None and second.name == "NVIDIA GeForce RTX 4090"
+
+
+def test_polling_drain_and_close_at_once_never_overlap_nvml_calls_or_free_twice() -> None:
+    """The dashboard's polling loop and a switch's drain thread share one sampler, and the app closes it on
+    exit. Each sample frees the previous GPM sample: unserialised, two threads free or use the same one
+    (a double free on a real driver), and init runs twice. The fake records every call made while another
+    thread is inside NVML, and every freed sample used again."""
+    nvml = FakeNvml([h200(dram_bw_util_pct=40.0), h200(uuid="GPU-second", dram_bw_util_pct=40.0)])
+    nvml.call_delay_s = 0.0002  # each NVML call takes a moment, as a real one does: room for a race
+    sampler = GpuSampler(nvml)
+    reports = []
+    errors: list[BaseException] = []
+    together = threading.Barrier(3)
+
+    def run(work) -> None:
+        try:
+            together.wait(timeout=10)
+            work()
+        except BaseException as exc:  # surfaced by the assert below
+            errors.append(exc)
+
+    def poll() -> None:
+        for _ in range(40):
+            reports.append(sampler.sample())
+
+    def close_now_and_then() -> None:
+        for _ in range(5):
+            time.sleep(0.01)
+            sampler.close()  # the next sample initialises NVML again
+
+    threads = [threading.Thread(target=run, args=(w,)) for w in (poll, poll, close_now_and_then)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    sampler.close()
+    assert not errors and len(reports) == 80
+    assert nvml.misuse == []
+    assert nvml.live_gpm_samples() == 0  # every GPM sample freed exactly once
+    assert all(r.unavailable is None and len(r.gpus) == 2 for r in reports)

@@ -1,4 +1,4 @@
-"""HostSampler, engine_tree_pids and pid_listening_on against real processes and real sockets."""
+"""HostSampler, CpuMeter and pids_listening against real processes, real CPU time and real sockets."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import psutil
 import pytest
 
-from tui.sources.host import HostSampler, engine_tree_pids, pid_listening_on
+from tui.sources.host import CpuMeter, HostSampler, children_map, pids_listening, tree_memory
 
 MiB = 1 << 20
 LEAF_MIB = 64
@@ -102,10 +102,16 @@ def test_tree_rss_and_process_count(chain: Chain) -> None:
     assert whole.rss_bytes > middle.rss_bytes
 
 
-def test_engine_tree_pids(chain: Chain) -> None:
-    assert engine_tree_pids(chain.root) == {chain.root, chain.middle, chain.leaf}
-    assert engine_tree_pids(chain.middle) == {chain.middle, chain.leaf}
-    assert engine_tree_pids(chain.leaf) == {chain.leaf}
+def tree_pids(pid: int) -> set[int]:
+    tree = tree_memory("e", pid, children_map())
+    return set(tree.pids) if tree is not None else set()
+
+
+def test_tree_pids(chain: Chain) -> None:
+    # the GPU panel maps GPU processes to engines with these
+    assert tree_pids(chain.root) == {chain.root, chain.middle, chain.leaf}
+    assert tree_pids(chain.middle) == {chain.middle, chain.leaf}
+    assert tree_pids(chain.leaf) == {chain.leaf}
 
 
 def test_vanished_processes(chain: Chain) -> None:
@@ -119,7 +125,7 @@ def test_vanished_processes(chain: Chain) -> None:
     kill_session(chain.proc)
     wait_until(lambda: not psutil.pid_exists(chain.middle), "the middle process to go")
     assert sampler.sample({"whole": chain.root}).engines == ()
-    assert engine_tree_pids(chain.root) == set()
+    assert tree_pids(chain.root) == set()
 
 
 def test_host_figures() -> None:
@@ -137,6 +143,28 @@ def test_host_figures() -> None:
     assert s.swap_total_bytes == int(fields["SwapTotal"].split()[0]) * 1024
     assert s.swap_used_bytes is not None and 0 <= s.swap_used_bytes <= s.swap_total_bytes
     assert s.engines == ()
+
+
+def burn_cpu(seconds: float) -> None:
+    deadline = time.process_time() + seconds
+    while time.process_time() < deadline:
+        pass
+
+
+def test_each_cpu_reader_has_its_own_interval() -> None:
+    """The host panel and an A/B block read the CPU at once: neither may shorten the other's interval."""
+    panel = HostSampler()
+    burn_cpu(0.5)  # one core busy for 0.5 s: at least 1/cpu_count of the host
+    block = CpuMeter()  # a second reader starts its interval now...
+    psutil.cpu_percent(interval=None)  # ...and a third uses psutil's one shared baseline
+    busy = panel.sample().cpu_pct  # still measured over the panel's own 0.5 s, burn included
+    assert busy is not None and busy >= 0.8 * 100.0 / psutil.cpu_count(), busy
+    burn_cpu(0.2)
+    assert (block.percent() or 0.0) >= 0.8 * 100.0 / psutil.cpu_count()
+
+
+def pid_listening_on(port: int, host: str | None = None) -> int | None:
+    return pids_listening([(host, port)]).get((host, port))
 
 
 def start_listener(address: str) -> tuple[subprocess.Popen[str], int]:

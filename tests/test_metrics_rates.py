@@ -1,13 +1,19 @@
-"""derive() and histogram_quantile() on known data."""
+"""derive() and histogram_quantile() on known data, real engine counters, and the real llama-server."""
 
 from __future__ import annotations
 
+import json
 import math
+import time
 from dataclasses import replace
+from pathlib import Path
+from uuid import uuid4
 
+import httpx
 import pytest
 
-from tui.sources.rates import derive, histogram_quantile
+from tui.sources.metrics import parse_reading
+from tui.sources.rates import MIN_BUSY_S, MIN_BUSY_TOKENS, MIN_WINDOW_S, derive, histogram_quantile, went_back
 from tui.sources.samples import EngineReading, EngineStats
 
 INF = math.inf
@@ -64,17 +70,20 @@ def test_histogram_quantile_rejects_bad_q() -> None:
 
 
 LLAMA_PREV = EngineReading(
-    dialect="llamacpp", running=1, waiting=0, prompt_tokens_total=1000, generation_tokens_total=500,
-    prompt_seconds_total=2.0, generation_seconds_total=10.0, prefix_cache_queries_total=1200,
-    prefix_cache_hits_total=200, spec_drafts_total=0, spec_draft_tokens_total=0, spec_accepted_tokens_total=0,
+    dialect="llamacpp", running=1, waiting=0, prompt_tokens_processed_total=1200,
+    prompt_tokens_computed_total=1000, prompt_tokens_cached_total=200, generation_tokens_total=500,
+    generation_seconds_total=10.0, prefix_cache_queries_total=1200, prefix_cache_hits_total=200,
+    spec_drafts_total=0, spec_draft_tokens_total=0, spec_accepted_tokens_total=0,
 )
 
 
 def test_llamacpp_rates() -> None:
-    cur = replace(LLAMA_PREV, prompt_tokens_total=1300, generation_tokens_total=620, prompt_seconds_total=2.5,
-                  generation_seconds_total=12.0, prefix_cache_queries_total=1600, prefix_cache_hits_total=300)
+    cur = replace(LLAMA_PREV, prompt_tokens_processed_total=1600, prompt_tokens_computed_total=1300,
+                  prompt_tokens_cached_total=300, generation_tokens_total=620, generation_seconds_total=12.0,
+                  prefix_cache_queries_total=1600, prefix_cache_hits_total=300)
     stats = derive(LLAMA_PREV, 100.0, cur, 102.0)
-    assert stats.prompt_tps == pytest.approx(150.0)
+    assert stats.prompt_processed_tps == pytest.approx(200.0)  # 400 prompt tokens, 100 of them cached
+    assert stats.prompt_computed_tps == pytest.approx(150.0)  # the 300 prefilled
     assert stats.gen_tps == pytest.approx(60.0)
     assert stats.decode_tps_busy == pytest.approx(60.0)  # 120 tokens in 2.0 s of decode time
     assert stats.prefix_cache_hit_rate == pytest.approx(0.25)  # 100 of 400 looked-up tokens
@@ -93,7 +102,7 @@ def test_idle_window() -> None:
 
 def test_counter_reset_voids_the_whole_window() -> None:
     # Engine restarted: generation went back, while prompt tokens of the new run already exceed the old.
-    cur = replace(LLAMA_PREV, generation_tokens_total=20, prompt_tokens_total=5000,
+    cur = replace(LLAMA_PREV, generation_tokens_total=20, prompt_tokens_processed_total=5000,
                   generation_seconds_total=0.5)
     stats = derive(LLAMA_PREV, 0.0, cur, 1.0)
     assert stats == EngineStats(counter_reset=True)
@@ -105,6 +114,7 @@ def test_reset_is_not_sticky() -> None:
     stats = derive(restarted, 1.0, later, 2.0)
     assert stats.counter_reset is False
     assert stats.gen_tps == pytest.approx(60.0)
+    assert went_back(LLAMA_PREV, restarted) and not went_back(restarted, later)
 
 
 def test_dialect_change_counts_as_reset() -> None:
@@ -120,7 +130,8 @@ def test_missing_counters_stay_none() -> None:
     cur = EngineReading(dialect="vllm", generation_tokens_total=30)
     stats = derive(prev, 0.0, cur, 2.0)
     assert stats.gen_tps == pytest.approx(10.0)
-    assert stats.prompt_tps is None
+    assert stats.prompt_processed_tps is None
+    assert stats.prompt_computed_tps is None
     assert stats.decode_tps_busy is None
 
 
@@ -163,11 +174,12 @@ def test_changed_bucket_layout_gives_no_quantile_and_no_reset() -> None:
 
 
 def test_sglang_falls_back_to_its_gauges_only_without_counters() -> None:
-    prev = EngineReading(dialect="sglang", prompt_tokens_total=100, prefix_cache_queries_total=100,
+    prev = EngineReading(dialect="sglang", prompt_tokens_processed_total=100, prefix_cache_queries_total=100,
                          prefix_cache_hits_total=None, spec_drafts_total=10, cache_hit_rate_gauge=0.9,
                          spec_accept_rate_gauge=0.5, spec_accept_length_gauge=2.5)
-    cur = replace(prev, prompt_tokens_total=200, prefix_cache_queries_total=200, spec_drafts_total=20,
-                  cache_hit_rate_gauge=0.4, spec_accept_rate_gauge=0.7, spec_accept_length_gauge=3.1)
+    cur = replace(prev, prompt_tokens_processed_total=200, prefix_cache_queries_total=200,
+                  spec_drafts_total=20, cache_hit_rate_gauge=0.4, spec_accept_rate_gauge=0.7,
+                  spec_accept_length_gauge=3.1)
     stats = derive(prev, 0.0, cur, 1.0)
     assert stats.prefix_cache_hit_rate == 0.4  # the current gauge, since hits are not exposed
     assert stats.spec_accept_rate == 0.7
@@ -180,3 +192,164 @@ def test_sglang_falls_back_to_its_gauges_only_without_counters() -> None:
     before = replace(prev, prefix_cache_hits_total=10)
     idle = derive(before, 0.0, before, 1.0)
     assert idle.prefix_cache_hit_rate is None  # counters exist and nothing was looked up: no rate
+
+
+
+# --- real llama.cpp counters: a rate from too little is "–" (None), never a figure that cannot be ----------
+
+DATA = Path(__file__).parent / "data" / "metrics"
+SEQUENCE = json.loads((DATA / "llamacpp_readiness_sequence.json").read_text())
+READY, ONE, SIXTY_FOUR = (parse_reading(SEQUENCE["bodies"][k])
+                          for k in ("after_readiness", "after_1_token", "after_64_tokens"))
+# The same llama-server before its first request: every counter at zero.
+FRESH = replace(READY, prompt_tokens_processed_total=0, prompt_tokens_computed_total=0,
+                prompt_tokens_cached_total=0, generation_tokens_total=0, generation_seconds_total=0,
+                prefix_cache_queries_total=0, prefix_cache_hits_total=0)
+
+
+def test_one_token_over_a_microsecond_gives_no_decode_rate() -> None:
+    # The readiness check's 1-token completion, then another: 1 token over 1e-6 s of decode time each,
+    # which read "decode busy 1000000.0 tok/s" before the minimums.
+    for prev, cur in ((FRESH, READY), (READY, ONE)):
+        assert cur.generation_tokens_total - prev.generation_tokens_total == 1
+        assert cur.generation_seconds_total - prev.generation_seconds_total == pytest.approx(1e-6)
+        assert derive(prev, 0.0, cur, 1.0).decode_tps_busy is None
+
+
+def test_64_tokens_give_the_servers_own_decode_rate() -> None:
+    timings = SEQUENCE["replies"]["64_tokens"]["timings"]
+    stats = derive(ONE, 0.0, SIXTY_FOUR, 30.0)
+    # tokens per second of decode time, as the server timed them (its counter prints 6 digits)
+    server_timed = timings["predicted_n"] / timings["predicted_ms"] * 1000
+    assert stats.decode_tps_busy == pytest.approx(server_timed, rel=1e-5)
+    # the server's own figure times the n-1 gaps between n tokens: 64/63 of it
+    assert stats.decode_tps_busy == pytest.approx(timings["predicted_per_second"] * 64 / 63, rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("tokens", "seconds", "shown"),
+    [(MIN_BUSY_TOKENS - 1, 1.0, False), (MIN_BUSY_TOKENS, 1.0, True), (1000, MIN_BUSY_S / 2, False),
+     (1000, MIN_BUSY_S, True)],
+)
+def test_decode_busy_needs_enough_tokens_and_time(tokens: int, seconds: float, shown: bool) -> None:
+    prev = replace(LLAMA_PREV, generation_seconds_total=0.0)
+    cur = replace(prev, generation_tokens_total=prev.generation_tokens_total + tokens,
+                  generation_seconds_total=seconds)
+    busy = derive(prev, 0.0, cur, 10.0).decode_tps_busy
+    assert busy == (pytest.approx(tokens / seconds) if shown else None)
+
+
+def test_windowed_rates_need_a_long_enough_window() -> None:
+    short = derive(ONE, 0.0, SIXTY_FOUR, MIN_WINDOW_S * 0.9)
+    assert short.gen_tps is None and short.prompt_processed_tps is None and short.prompt_computed_tps is None
+    assert short.decode_tps_busy is not None  # busy time is the engine's own, not the poll window
+    enough = derive(ONE, 0.0, SIXTY_FOUR, MIN_WINDOW_S)
+    assert enough.gen_tps == pytest.approx(64 / MIN_WINDOW_S)
+
+
+def test_prompt_processed_and_computed_from_real_llamacpp_counters() -> None:
+    reply = SEQUENCE["replies"]["64_tokens"]
+    stats = derive(ONE, 0.0, SIXTY_FOUR, 2.0)
+    # processed = the whole prompt (usage.prompt_tokens, its cached token included); computed = prompt_n
+    assert stats.prompt_processed_tps * 2.0 == pytest.approx(reply["usage"]["prompt_tokens"])
+    assert stats.prompt_computed_tps * 2.0 == pytest.approx(reply["timings"]["prompt_n"])
+    assert reply["timings"]["cache_n"] > 0
+
+
+def test_prompt_processed_and_computed_from_the_real_vllm_body() -> None:
+    facts = json.loads((DATA / "vllm_cpu_0.32_real.json").read_text())
+    real = parse_reading((DATA / "vllm_cpu_0.32_real.txt").read_text())
+    fresh = replace(real, prompt_tokens_processed_total=0, prompt_tokens_computed_total=0,
+                    prompt_tokens_cached_total=0, generation_tokens_total=0, prefix_cache_queries_total=0,
+                    prefix_cache_hits_total=0, requests_finished_total=0, ttft_buckets=None, itl_buckets=None)
+    stats = derive(fresh, 0.0, real, 10.0)
+    assert stats.prompt_processed_tps == pytest.approx(facts["prompt_tokens"] / 10)  # 1155: all clients sent
+    assert stats.prompt_computed_tps == pytest.approx(643 / 10)  # by_source{local_compute}
+    # without the exact counter (older vLLM), processed - cached gives the same figure
+    older = derive(replace(fresh, prompt_tokens_computed_total=None), 0.0,
+                   replace(real, prompt_tokens_computed_total=None), 10.0)
+    assert older.prompt_computed_tps == pytest.approx(643 / 10)
+
+
+def test_computed_is_none_when_cached_outruns_processed() -> None:
+    # Two counters scraped between their two updates (SGLang adds prompt, then cached): no figure.
+    prev = EngineReading(dialect="sglang", prompt_tokens_processed_total=100, prompt_tokens_cached_total=10)
+    cur = replace(prev, prompt_tokens_processed_total=110, prompt_tokens_cached_total=30)
+    stats = derive(prev, 0.0, cur, 1.0)
+    assert stats.prompt_processed_tps == pytest.approx(10.0)
+    assert stats.prompt_computed_tps is None
+
+
+# --- the real llama-server -----------------------------------------------------------------------------
+
+def scrape(client: httpx.Client) -> tuple[EngineReading, float]:
+    reply = client.get("/metrics")
+    reply.raise_for_status()
+    return parse_reading(reply.text), time.monotonic()
+
+
+def settled(client: httpx.Client, before: EngineReading, before_t: float,
+            tokens: int) -> tuple[EngineReading, float]:
+    """llama.cpp adds the generation counters when the slot is released, just after the reply is sent."""
+    deadline = time.monotonic() + 10
+    while True:
+        time.sleep(max(0.05, before_t + MIN_WINDOW_S - time.monotonic()))
+        reading, t = scrape(client)
+        if reading.generation_tokens_total - before.generation_tokens_total >= tokens or t > deadline:
+            return reading, t
+
+
+def chat(client: httpx.Client, content: str, max_tokens: int) -> dict:
+    reply = client.post("/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens, "ignore_eos": True,
+        "temperature": 0})
+    reply.raise_for_status()
+    return reply.json()
+
+
+@pytest.mark.engine
+def test_real_server_one_token_gives_no_decode_rate_and_64_the_true_one(llama_server) -> None:
+    with httpx.Client(base_url=llama_server.url, timeout=180) as client:
+        before, t0 = scrape(client)
+        chat(client, f"Say hi. {uuid4()}", 1)
+        one, t1 = settled(client, before, t0, 1)
+        assert one.generation_tokens_total - before.generation_tokens_total == 1
+        # one token's busy time is ~1e-6 s: /metrics prints 6 significant digits, so on a server that has
+        # run a while it may not move at all (the fresh-server bodies in the data file show 1e-06 s)
+        assert one.generation_seconds_total >= before.generation_seconds_total
+        assert derive(before, t0, one, t1).decode_tps_busy is None
+
+        reply = chat(client, f"Tell me a long story. {uuid4()}", 64)
+        after, t2 = settled(client, one, t1, 64)
+    timings = reply["timings"]
+    assert timings["predicted_n"] == 64 == after.generation_tokens_total - one.generation_tokens_total
+    seconds = after.generation_seconds_total - one.generation_seconds_total
+    printed = 10 ** (math.floor(math.log10(after.generation_seconds_total)) - 5)  # /metrics prints 6 digits
+    assert abs(seconds - timings["predicted_ms"] / 1000) <= printed
+    stats = derive(one, t1, after, t2)
+    assert stats.decode_tps_busy == pytest.approx(64 / seconds)
+    assert stats.decode_tps_busy == pytest.approx(timings["predicted_per_second"], rel=0.05)  # n vs n-1 gaps
+
+
+@pytest.mark.engine
+def test_real_server_processed_and_computed_prompt_tokens_match_its_usage(llama_server) -> None:
+    prompt = f"{uuid4()} Describe the water cycle, the seasons and the tides in three short paragraphs."
+    seen = []
+    with httpx.Client(base_url=llama_server.url, timeout=180) as client:
+        for _ in range(2):  # the same prompt twice: the second is served mostly from the prompt cache
+            before, t0 = scrape(client)
+            reply = chat(client, prompt, 4)
+            after, t1 = settled(client, before, t0, 4)
+            seen.append((before, t0, after, t1, reply))
+    for before, t0, after, t1, reply in seen:
+        usage, timings = reply["usage"], reply["timings"]
+        assert usage["prompt_tokens"] == timings["prompt_n"] + timings["cache_n"]
+        moved = {k: getattr(after, f"prompt_tokens_{k}_total") - getattr(before, f"prompt_tokens_{k}_total")
+                 for k in ("processed", "computed", "cached")}
+        assert moved == {"processed": usage["prompt_tokens"], "computed": timings["prompt_n"],
+                         "cached": timings["cache_n"]}
+        stats = derive(before, t0, after, t1)
+        assert stats.prompt_processed_tps * (t1 - t0) == pytest.approx(usage["prompt_tokens"])
+        assert stats.prompt_computed_tps * (t1 - t0) == pytest.approx(timings["prompt_n"])
+    first, second = (reply["timings"] for *_, reply in seen)
+    assert second["cache_n"] > first["cache_n"] and second["prompt_n"] < first["prompt_n"]

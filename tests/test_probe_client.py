@@ -10,7 +10,8 @@ import pytest
 from sse_server import Scenario, SSEServer, running
 
 from tui.lifecycle.process import free_port
-from tui.probe.client import ProbeClient, ProbeLimits, chat_url, public_url
+from tui.net import public_url
+from tui.probe.client import ProbeClient, ProbeLimits, chat_url
 from tui.probe.results import CHUNK_ESTIMATE_NOTE, ProbeResult
 from tui.sources.engine import EngineTarget
 

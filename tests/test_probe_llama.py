@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import secrets
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 
 from tui.probe.client import ProbeClient
 from tui.probe.results import ProbeResult
+from tui.probe.runner import ProbeRunner
 from tui.probe.stats import median
 from tui.probe.sweep import SweepConfig, run_sweep
 from tui.probe.workloads import WorkloadParams, run_workload
@@ -58,7 +60,7 @@ async def test_long_prefill_is_not_served_from_the_cache(llama_server) -> None:
     for r in results:
         assert r.completion_tokens == 1 and r.decode_tps is None  # one token: no decode rate to claim
         assert r.prompt_tokens is not None and 550 <= r.prompt_tokens <= 900
-        # The seeded nonce makes every prompt new after the template's first few tokens.
+        # The nonce makes every prompt new after the template's first few tokens.
         assert r.cached_tokens is not None and r.cached_tokens < 20
         assert r.prefill_source == "server" and r.prefill_tps is not None and r.prefill_tps > 0
 
@@ -97,3 +99,54 @@ def test_cli_probe_against_llama(llama_server) -> None:
         assert r["server_decode_tps"] is not None and r["prefill_source"] == "server"
         assert r["server_timings"]["predicted_n"] == 16
     assert summary["ok"] == 2
+
+
+def cli_probe(url: str, *args: str) -> list[dict]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "tui", "probe", "--engine", url, "--json", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return [json.loads(line) for line in proc.stdout.splitlines()]
+
+
+async def test_repeated_dashboard_probes_and_cli_runs_are_not_served_from_the_cache(llama_server) -> None:
+    """Five probes the way the dashboard sends them (`f` pressed five times: ProbeRunner.probe with the same
+    workload, params and repeat=1, request index 0 each time), then two separate `enginetop probe` runs.
+    Each after the first may reuse only the chat template's tokens from llama.cpp's prompt cache."""
+    runner = ProbeRunner()
+    target = EngineTarget(name="llama", url=llama_server.url)
+    params = WorkloadParams(max_tokens=8)
+    dashboard: list[ProbeResult] = []
+    for _ in range(5):
+        await runner.probe(target, "short", params, repeat=1, on_result=dashboard.append)
+    await runner.aclose()
+    cli = [cli_probe(llama_server.url, "--repeat", "1", "--max-tokens", "8")[0] for _ in range(2)]
+    assert all(r.ok for r in dashboard) and all(r["ok"] for r in cli)
+    assert [r.index for r in dashboard] == [0] * 5
+    seen = [(r.cached_tokens, r.prompt_tokens, r.cache_served) for r in dashboard]
+    seen += [(r["cached_tokens"], r["prompt_tokens"], r["cache_served"]) for r in cli]
+    for cached, prompt, served in seen[1:]:
+        assert cached is not None and prompt is not None and cached / prompt < 0.5, seen
+        assert not served
+    # A fixed nonce repeats a prompt on purpose, and the result says the cache served it.
+    fixed = ("--nonce", secrets.token_hex(4), "--max-tokens", "8")
+    cli_probe(llama_server.url, *fixed)
+    again = cli_probe(llama_server.url, *fixed)[0]
+    assert again["cached_share"] >= 0.5 and again["cache_served"] is True
+    note = f"prompt cache served {again['cached_tokens']} of {again['prompt_tokens']} prompt tokens"
+    assert any(n.startswith(note) for n in again["notes"]), again["notes"]
+
+
+async def test_engine_ttft_beside_the_clients_and_no_gap_on_llama(llama_server) -> None:
+    results = await collect(llama_server.url, "short", WorkloadParams(max_tokens=8), 3)
+    for r in results:
+        assert r.ok and r.server is not None and r.server.prompt_ms is not None
+        assert r.server_ttft_s == pytest.approx(r.server.prompt_ms / 1000)
+        assert r.ttft_s is not None and r.ttft_s >= r.server_ttft_s  # the client cannot see it sooner
+        assert r.connect_s is not None and r.connect_s < r.ttft_s
+        assert r.ttft_gap() is None, r.ttft_gap()
+    (request, summary) = cli_probe(llama_server.url, "--repeat", "1", "--max-tokens", "8")
+    assert request["server_ttft_s"] == pytest.approx(request["server_timings"]["prompt_ms"] / 1000)
+    assert request["ttft_gap"] is None and request["connect_s"] is not None
+    assert summary["server_ttft_s_p50"] == request["server_ttft_s"]

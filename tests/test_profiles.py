@@ -127,11 +127,61 @@ def test_one_bad_file_does_not_stop_the_others(tmp_path: Path) -> None:
     assert by_file["b-unknown.toml"].line == 5 and by_file["b-unknown.toml"].field == "colour"
 
 
-@pytest.mark.parametrize("argv", ['["srv", "--api-key", "s3cret"]', '["srv", "--api-key=s3cret"]'])
-def test_api_key_on_argv_is_rejected(tmp_path: Path, argv: str) -> None:
+KEY_SPELLINGS = [
+    '["srv", "--api-key", "s3cret"]',
+    '["srv", "--api-key=s3cret"]',
+    '["srv", "--api_key", "s3cret"]',  # vLLM reads _ as -
+    '["srv", "--api_key=s3cret"]',
+    '["srv", "--api-k", "s3cret"]',  # argparse takes an unambiguous prefix
+    '["srv", "--api-ke=s3cret"]',
+    '["srv", "--API-KEY", "s3cret"]',
+    '["srv", " --Api_Ke=s3cret"]',
+]
+
+
+@pytest.mark.parametrize("argv", KEY_SPELLINGS)
+def test_api_key_on_argv_is_rejected_in_every_spelling(tmp_path: Path, argv: str) -> None:
     profile, issue = only_issue(GOOD.replace('["/bin/true", "--port", "${PORT}"]', argv), tmp_path)
-    assert profile is None and issue.line == 3 and issue.field.startswith("argv[")
-    assert "api_key_file" in issue.message
+    assert profile is None and issue.line == 3 and issue.field == "argv[1]"
+    assert "API-key flag" in issue.message and "api_key_file" in issue.message
+    assert "s3cret" not in str(issue)
+
+
+NOT_KEY_FLAGS = ["--api-key-file", "--api-key-file=/k", "--api", "--api-", "--api-server-count"]
+
+
+@pytest.mark.parametrize("arg", NOT_KEY_FLAGS)
+def test_flags_that_are_not_the_key_pass(tmp_path: Path, arg: str) -> None:
+    text = GOOD.replace('"--port"', f'"{arg}", "x", "--port"')
+    assert parse_profile(text, write(tmp_path, "p.toml", text), environ={})[1] == []
+
+
+def test_key_flag_or_key_from_a_variable_is_rejected_when_resolved(tmp_path: Path) -> None:
+    """${VAR} can expand to a key flag or to the key itself: caught after substitution, where every start
+    passes, naming the element and never the value."""
+    key_file = write(tmp_path, "key", "sk-from-file-123\n")
+    text = GOOD.replace('"--port"', '"${EXTRA}", "--port"') + f'api_key_file = "{key_file}"\n'
+    path = write(tmp_path, "p.toml", text)
+    for extra in ("--api-key=sk-other-456", "--API_K", "prefix-sk-from-file-123"):
+        profile, issues = parse_profile(text, path, environ={"EXTRA": extra})
+        assert profile is not None and issues == []  # the text as written is clean
+        with pytest.raises(ProfileError) as err:
+            resolve(profile, environ={"EXTRA": extra})
+        [issue] = err.value.issues
+        assert issue.field == "argv[1]" and issue.line == 3 and "command line" in issue.message
+        assert "sk-" not in str(err.value)
+
+
+def test_sweep_arm_that_sets_the_key_flag_cannot_start(tmp_path: Path) -> None:
+    """A sweep derives profiles with dataclasses.replace (no parse_profile): resolve() still refuses."""
+    from tui.compare.sweep_param import parse_param_spec, sweep_profiles
+
+    profile, _ = parse_profile(GOOD, write(tmp_path, "p.toml", GOOD), environ={})
+    arms = sweep_profiles(profile, parse_param_spec("api_key=sk-a,sk-b"))
+    for _, arm in arms:
+        assert "--api_key" in arm.argv
+        with pytest.raises(ProfileError, match=r"argv\[3\]: '--api-key' is an API-key flag"):
+            resolve(arm, environ={})
 
 
 def test_api_key_in_env_is_rejected(tmp_path: Path) -> None:
@@ -155,7 +205,10 @@ def test_api_key_file_reaches_the_engine_but_never_argv_or_repr(tmp_path: Path) 
     profile, _ = parse_profile(llama, tmp_path / "l.toml", environ={})
     resolved = resolve(profile, environ={})
     assert resolved.api_key == "sk-very-secret"
-    assert resolved.argv[-2:] == ("--api-key-file", str(key_file))
+    # llama-server gets the same stripped key enginetop sends, in its environment (a file handed over
+    # as it is would give it "key\r" when the file has CRLF line ends)
+    assert resolved.env["LLAMA_API_KEY"] == "sk-very-secret"
+    assert resolved.argv == ("/bin/true", "--port", "8123")
     assert "sk-very-secret" not in repr(resolved) and "sk-very-secret" not in shlex.join(resolved.argv)
     vllm = llama.replace('"llama.cpp"', '"vllm"')
     resolved = resolve(parse_profile(vllm, tmp_path / "v.toml", environ={})[0], environ={})
@@ -239,3 +292,30 @@ def test_shipped_seed_configs_match_the_report() -> None:
     a, b = loaded.get("demo-cpu-threads1"), loaded.get("demo-cpu-threads2")
     differ = [(x, y) for x, y in zip(a.argv, b.argv, strict=True) if x != y]
     assert differ == [("1", "2")] and a.argv[a.argv.index("1") - 1] == "--threads"
+
+
+def test_users_own_api_key_file_is_read_the_way_llama_server_reads_it(tmp_path: Path) -> None:
+    """argv's --api-key-file: llama-server keeps "\\r" (CRLF) and spaces, which no client can send: refused,
+    by file, never quoting the key. A clean file gives enginetop the engine's first key."""
+    def resolved_with(content: bytes, flag_style: str = "split") -> prof.ResolvedProfile:
+        key_file = tmp_path / "engine.key"
+        key_file.write_bytes(content)
+        flag = f'"--api-key-file={key_file}"' if flag_style == "eq" else f'"--api-key-file", "{key_file}"'
+        text = GOOD.replace('"--port"', f'{flag}, "--port"')
+        profile, issues = parse_profile(text, write(tmp_path, "p.toml", text), environ={})
+        assert profile is not None and issues == []
+        return resolve(profile, environ={})
+
+    assert resolved_with(b"# comment\nsk-engine-1\nsk-engine-2\n").api_key == "sk-engine-1"
+    assert resolved_with(b"sk-engine-1\n", "eq").api_key == "sk-engine-1"
+    for bad, words in ((b"sk-engine-1\r\n", r"Windows line endings \(CRLF\)"), (b" sk-engine-1\n", "spaces")):
+        with pytest.raises(ProfileError, match=words) as err:
+            resolved_with(bad)
+        assert "sk-engine-1" not in str(err.value) and "engine.key" in str(err.value)
+
+
+def test_llama_key_with_a_comma_is_refused(tmp_path: Path) -> None:
+    key_file = write(tmp_path, "key", "sk-a,b\n")  # LLAMA_API_KEY would split it into two keys
+    profile, _ = parse_profile(GOOD + f'api_key_file = "{key_file}"\n', tmp_path / "l.toml", environ={})
+    with pytest.raises(ProfileError, match="contains a comma"):
+        resolve(profile, environ={})

@@ -96,12 +96,32 @@ def test_report_is_self_contained_and_has_every_section(result: dict) -> None:
         assert f"<h2>{heading}</h2>" in html, heading
     assert "--per-token-delay" in html  # the exact argv
     assert "slow / fast" in html
-    assert "reproducible" in html
+    for name, arm in result["analysis"]["arms"].items():  # each arm's own verdict, as computed
+        cls = {"reproducible": "ok", "not reproducible": "bad"}.get(arm["verdict"], "warn")
+        assert f'<span class="{cls}">{arm["verdict"]}</span><br><span class="muted">CV' in html, name
     # roofline: 20 GB/s over 0.25 GB per token = 80 tok/s ceiling
     assert "80.0" in html
     # every request is in the raw table
     n_requests = sum(len(b["requests"]) for b in result["blocks"])
     assert f"All {n_requests} requests" in html
+
+
+def test_method_is_written_from_what_the_run_recorded(result: dict) -> None:
+    html = render_html(result)
+    method = html[html.index("<h2>Method</h2>"):html.index("</ol>", html.index("<h2>Method</h2>"))]
+    # fresh SSE servers, started directly: fresh starts, but no safe switch that never ran
+    assert "<b>fast</b>: 2 fresh engine starts, cold start 0.0–0.0 s" in method
+    assert "safe switch" not in method
+    assert "round i started instance i of every arm, side by side on distinct ports" in method
+    assert "No warm-up requests were sent" in method
+    assert "The GPU was not sampled" in method
+    requests = [r for b in result["blocks"] for r in b["requests"]]
+    assert f"{len(requests)} of {len(requests)} successful requests said how many prompt tokens" in method
+    # a result written before the facts were recorded says so instead of guessing
+    old = {k: v for k, v in result.items() if k != "method"}
+    old_method = render_html(old).split("<h2>Method</h2>")[1].split("</ol>")[0]
+    assert "did not record how the run was done" in old_method
+    assert "fresh" not in old_method
 
 
 def test_result_files_round_trip(result: dict, tmp_path: Path) -> None:

@@ -13,7 +13,15 @@ import pytest
 from sse_server import Scenario, SSEServer, running
 
 from tui.probe.client import ProbeClient
-from tui.secrets import SecretError, read_api_key, redact
+from tui.secrets import (
+    SecretError,
+    is_key_flag,
+    keys_on_argv,
+    read_api_key,
+    read_llama_key_file,
+    redact,
+    redact_argv,
+)
 from tui.sources.engine import EngineTarget
 
 KEY = "sk-test-5f3a9c1e77d04b2a"
@@ -140,3 +148,66 @@ def test_cli_missing_key_file_is_bad_input(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"enginetop probe: API key file {tmp_path / 'nope'} does not exist"
     assert proc.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("arg", "is_key"),
+    [
+        ("--api-key", True), ("--api-key=x", True), ("--api_key", True), ("--API-KEY=x", True),
+        ("--api-k", True), ("--api-ke", True), ("--Api_Ke=x", True),
+        ("--api-key-file", False), ("--api-key-file=/k", False), ("--api", False), ("--api-", False),
+        ("--api-server-count", False), ("--api-keys", False), ("-k", False), ("sk-abc", False),
+    ],
+)
+def test_key_flag_spellings(arg: str, is_key: bool) -> None:
+    assert is_key_flag(arg) is is_key
+
+
+def test_keys_on_argv_names_elements_not_values() -> None:
+    argv = ["srv", "--model", "m", "--api_key", "sk-flag-value", f"--x=pre{KEY}post", "--api-key-file", "/k"]
+    found = keys_on_argv(argv, [KEY, None])
+    assert [i for i, _ in found] == [3, 5]
+    assert "is an API-key flag" in found[0][1] and "contains the API key itself" in found[1][1]
+    assert not any("sk-" in why for _, why in found)
+
+
+def test_redact_argv_hides_key_flag_values_and_the_key() -> None:
+    argv = ["srv", "--api-key", "sk-one", "--api_ke=sk-two", "--note", f"x{KEY}y", "--api-key-file", "/k"]
+    assert redact_argv(argv, KEY) == [
+        "srv", "--api-key", "***", "--api_ke=***", "--note", "x***y", "--api-key-file", "/k",
+    ]
+
+
+def test_llama_key_file_read_as_llama_server_reads_it(tmp_path: Path) -> None:
+    path = tmp_path / "key"
+    path.write_bytes(b"# comment\n\nsk-one\nsk-two\n")
+    assert read_llama_key_file(path) == ["sk-one", "sk-two"]
+    path.write_bytes(b"# comment\r\nsk-one\r\n")
+    with pytest.raises(SecretError, match=r"CRLF.*every request gets 401") as err:
+        read_llama_key_file(path)
+    assert "sk-one" not in str(err.value)
+    path.write_bytes(b"sk-one \n")
+    with pytest.raises(SecretError, match="spaces around the key") as err:
+        read_llama_key_file(path)
+    assert "sk-one" not in str(err.value) and "line 1" in str(err.value)
+    path.write_bytes(b"# only\n")
+    with pytest.raises(SecretError, match="has no key"):
+        read_llama_key_file(path)
+
+
+def test_engine_log_gets_the_argv_redacted(tmp_path: Path) -> None:
+    """launch_instance writes the argv into the engine's log; a key on it (resolve() refuses one, but a
+    ResolvedProfile can be built by hand) is written as ***."""
+    from tui.lifecycle.engine import launch_instance
+    from tui.lifecycle.process import free_port, stop_group
+    from tui.lifecycle.profiles import Profile, ResolvedProfile
+
+    port = free_port()
+    argv = (sys.executable, "-c", "pass", "--api-key", "sk-flag-secret", f"--tag={KEY}")
+    profile = Profile(name="redact", engine="other", port=port, path=tmp_path / "r.toml", argv=argv)
+    resolved = ResolvedProfile(profile=profile, argv=argv, env={}, workdir=None, api_key=KEY)
+    instance = launch_instance(resolved, log_dir=tmp_path)
+    stop_group(instance.launched)
+    text = instance.log_path.read_text()
+    assert "--api-key '***' '--tag=***'" in text
+    assert "sk-flag-secret" not in text and KEY not in text

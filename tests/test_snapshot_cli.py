@@ -10,9 +10,10 @@ import httpx
 
 from tui.lifecycle.process import free_port
 
-KEYS = ("dialect", "health", "model", "running", "waiting", "prompt_tps", "gen_tps", "prefix_cache_hit_rate",
-        "spec_accept_rate", "kv_cache_usage", "ttft_p50_s", "ttft_p90_s", "itl_p50_s", "prompt_tokens_total",
-        "generation_tokens_total")
+KEYS = ("dialect", "health", "model", "running", "waiting", "prompt_processed_tps", "prompt_computed_tps",
+        "gen_tps", "decode_tps_busy", "prefix_cache_hit_rate", "spec_accept_rate", "kv_cache_usage",
+        "ttft_p50_s", "ttft_p90_s", "itl_p50_s", "prompt_tokens_processed_total",
+        "prompt_tokens_computed_total", "prompt_tokens_cached_total", "generation_tokens_total")
 
 
 def snapshot(*args: str) -> tuple[int, dict]:
@@ -38,11 +39,19 @@ def test_snapshot_counts_exactly_the_tokens_the_server_reported(llama_server):
     reply = httpx.post(f"{llama_server.url}/v1/chat/completions", timeout=60, json={
         "messages": [{"role": "user", "content": "Name three rivers."}],
         "max_tokens": 17, "ignore_eos": True})
-    produced = reply.json()["usage"]["completion_tokens"]
+    usage = reply.json()["usage"]
     code, second = snapshot("--engine", f"llama={llama_server.url}")
     assert code == 0
-    moved = second["engines"]["llama"]["generation_tokens_total"] - engine["generation_tokens_total"]
-    assert moved == produced == 17
+
+    def moved(key: str) -> float:
+        return second["engines"]["llama"][key] - engine[key]
+
+    assert moved("generation_tokens_total") == usage["completion_tokens"] == 17
+    # the same meaning on every engine: processed = the whole prompt, computed = what was not cached
+    cached = usage["prompt_tokens_details"]["cached_tokens"]
+    assert moved("prompt_tokens_processed_total") == usage["prompt_tokens"]
+    assert moved("prompt_tokens_cached_total") == cached
+    assert moved("prompt_tokens_computed_total") == usage["prompt_tokens"] - cached
 
 
 def test_snapshot_exit_status_3_when_an_engine_is_down(llama_server):

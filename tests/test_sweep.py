@@ -75,14 +75,25 @@ def test_sweep_config_rejects_bad_input() -> None:
         SweepConfig(workload="agent")
 
 
-async def test_self_monitor_sees_a_blocked_loop() -> None:
+def burn_cpu(seconds: float) -> float:
+    """Busy work on this thread for `seconds` of CPU time; returns the CPU time it took."""
+    start = time.process_time()
+    while time.process_time() - start < seconds:
+        sum(range(1000))
+    return time.process_time() - start
+
+
+async def test_self_monitor_sees_a_blocked_loop_and_counts_the_cpu_burnt() -> None:
     async with SelfMonitor(0.005) as monitor:
         await asyncio.sleep(0.05)
-        time.sleep(0.08)  # the loop is blocked: the ticker wakes late
+        time.sleep(0.08)  # the loop is blocked without using the CPU: the ticker wakes late
+        burnt = burn_cpu(0.2)  # blocked again, busy this time
         await asyncio.sleep(0.05)
     load = monitor.load
     assert load is not None and load.loop_lag_max_ms is not None and load.loop_lag_max_ms >= 70
-    assert load.cpu_s >= 0 and load.wall_s >= 0.18
+    # The busy work is counted, the sleeps are not (the ticker itself costs a few ms at most).
+    assert burnt <= load.cpu_s <= burnt + 0.05, (load.cpu_s, burnt)
+    assert load.wall_s >= 0.08 + burnt + 0.1 and load.cpu_share < 1
 
 
 def test_client_load_verdict() -> None:

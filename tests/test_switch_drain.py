@@ -7,6 +7,7 @@ real llama-server demo profile, so "never started" and "started" are checked on 
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import threading
 import time
@@ -15,13 +16,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-from fake_pynvml import NVML_ERROR_LIBRARY_NOT_FOUND, FakeNvml, h200
+from fake_pynvml import NVML_ERROR_LIBRARY_NOT_FOUND, FakeNvml, h200, rtx4090
 
 from tui.lifecycle import switch as switch_mod
 from tui.lifecycle.engine import EngineInstance, launch_instance
 from tui.lifecycle.process import free_port, port_open, stop_group
 from tui.lifecycle.profiles import GIB, Profile, load_profiles, resolve
-from tui.lifecycle.switch import EngineManager, StepEvent
+from tui.lifecycle.switch import EngineManager, StepEvent, cuda_visible_indices
 from tui.sources.gpu import GpuSampler
 from tui.sources.samples import GpuReport
 
@@ -185,3 +186,145 @@ def test_without_a_gpu_the_drain_checks_processes_and_port(
     assert status.state == "ready" and status.attached and status.url == llama_server.url
     stop = manager.stop()  # an attached server is never stopped by enginetop
     assert stop.ok and stop.steps[0].status == "skipped" and llama_server.launched.alive()
+
+
+# ---------------------------------------------------------------- only the GPUs that matter (item 17)
+
+
+@pytest.fixture
+def other_engine() -> Iterator[subprocess.Popen[bytes]]:
+    """A live process that is not the old engine: another engine's process on the same machine."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(1)"])
+    yield proc
+    proc.kill()
+    proc.wait(timeout=10)
+
+
+class StagedGpus:
+    """The real GpuSampler over FakeNvml; `stage(n, nvml)` scripts the n-th sample (0-based) first."""
+
+    def __init__(self, gpus: list, stage) -> None:
+        self.nvml = FakeNvml(gpus)
+        self.sampler = GpuSampler(self.nvml)
+        self.stage = stage
+        self.count = 0
+
+    def __call__(self) -> GpuReport:
+        self.stage(self.count, self.nvml)
+        self.count += 1
+        return self.sampler.sample()
+
+
+def demo_with_env(tmp_path: Path, name: str, env: str = "", drain: float = 3) -> Profile:
+    path = tmp_path / f"{name}.toml"
+    text = DEMO.format(name=name, port=free_port(), drain=drain) + (f"\n[env]\n{env}\n" if env else "")
+    path.write_text(text, encoding="utf-8")
+    return load_profiles([tmp_path]).get(name)
+
+
+def switch_with(tmp_path: Path, old: EngineInstance, target: Profile, gpu: StagedGpus):
+    manager = EngineManager(gpu=gpu, log_dir=tmp_path, record_state=False)
+    manager.adopt(old)
+    return manager, manager.switch(target)
+
+
+def test_another_engine_on_a_second_gpu_does_not_block_the_switch(
+    tmp_path: Path, old_engine: EngineInstance, other_engine: subprocess.Popen[bytes], fast_poll: None
+) -> None:
+    """Old engine on GPU 0 (seen there before the stop), another engine holding 20 GiB on GPU 1: only
+    GPU 0 is waited on. Before: every GPU had to fall under the threshold, so this never switched."""
+
+    def stage(n: int, nvml: FakeNvml) -> None:
+        held = n == 0  # the sample taken before the stop sees the old engine on GPU 0
+        nvml.set_vram_used(0, int((30 if held else 1) * GIB))
+        nvml.gpus[0].compute_procs = [(old_engine.pid, 29 * GIB)] if held else []
+        nvml.set_vram_used(1, 20 * GIB)
+        nvml.gpus[1].compute_procs = [(other_engine.pid, 20 * GIB)]
+
+    target = demo_with_env(tmp_path, "target-gpu0")
+    gpus = StagedGpus([h200(), h200(uuid="GPU-b")], stage)
+    manager, result = switch_with(tmp_path, old_engine, target, gpus)
+    try:
+        assert result.ok, result.message
+        drain = result.steps[2].message
+        assert "GPU 0 VRAM used 1.0 GiB" in drain
+        assert "GPU 1 not waited on (neither the old engine's nor the new one's)" in drain
+    finally:
+        assert manager.stop().ok
+
+
+def test_another_engines_memory_on_the_same_gpu_is_not_counted(
+    tmp_path: Path, old_engine: EngineInstance, other_engine: subprocess.Popen[bytes], fast_poll: None
+) -> None:
+    """One GPU, shared: 20 GiB stay in use after the old engine left, all of it held by another live
+    process. The old engine's memory is gone, so the switch goes on, and says what it did not count."""
+
+    def stage(n: int, nvml: FakeNvml) -> None:
+        held = n == 0
+        nvml.set_vram_used(0, int((50 if held else 20.5) * GIB))
+        old = [(old_engine.pid, 30 * GIB)] if held else []
+        nvml.gpus[0].compute_procs = [(other_engine.pid, 20 * GIB), *old]
+
+    target = demo_with_env(tmp_path, "target-shared")
+    manager, result = switch_with(tmp_path, old_engine, target, StagedGpus([h200()], stage))
+    try:
+        assert result.ok, result.message
+        assert (
+            f"GPU 0 VRAM used 20.5 GiB, 20.0 GiB of it held by other processes (PIDs {other_engine.pid}), "
+            "not counted" in result.steps[2].message
+        )
+    finally:
+        assert manager.stop().ok
+
+
+@pytest.mark.parametrize("visible", ["1", "GPU-b", ""])
+def test_cuda_visible_devices_of_the_new_profile_picks_the_gpus(
+    tmp_path: Path, old_engine: EngineInstance, fast_poll: None, visible: str
+) -> None:
+    """GPU 0 holds 20 GiB nobody is listed for (another container's, say) and the old engine was never
+    seen on a GPU: a target on GPU 1 (by index or UUID prefix) or on none starts; without
+    CUDA_VISIBLE_DEVICES every GPU is waited on, and GPU 0 blocks."""
+
+    def stage(n: int, nvml: FakeNvml) -> None:
+        nvml.set_vram_used(0, 20 * GIB)
+        nvml.set_vram_used(1, 1 * GIB)
+
+    gpus = [h200(uuid="GPU-a0000000"), h200(uuid="GPU-b0000000")]
+    target = demo_with_env(tmp_path, "target-visible", env=f'CUDA_VISIBLE_DEVICES = "{visible}"')
+    manager, result = switch_with(tmp_path, old_engine, target, StagedGpus(gpus, stage))
+    try:
+        assert result.ok, result.message
+        assert "GPU 0 not waited on" in result.steps[2].message
+    finally:
+        assert manager.stop().ok
+    blocked = demo_with_env(tmp_path, "target-anywhere", drain=1)
+    manager, result = switch_with(tmp_path, launch_old(tmp_path), blocked, StagedGpus(gpus, stage))
+    assert not result.ok and result.failed_step == "drain" and "GPU 0: VRAM used 20.0 GiB" in result.message
+    assert manager.stop().ok
+
+
+def launch_old(tmp_path: Path) -> EngineInstance:
+    port = free_port()
+    profile = Profile(name="old-again", engine="other", port=port, path=tmp_path / "old2.toml",
+                      argv=(sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"))
+    instance = launch_instance(resolve(profile), log_dir=tmp_path)
+    deadline = time.monotonic() + 15
+    while not port_open("127.0.0.1", port) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return instance
+
+
+def test_cuda_visible_indices() -> None:
+    same = FakeNvml([h200(uuid="GPU-aa11"), h200(uuid="GPU-bb22")])
+    report = GpuSampler(same).sample()
+    assert cuda_visible_indices("1", report.gpus) == {1}
+    assert cuda_visible_indices("0,1", report.gpus) == {0, 1}
+    assert cuda_visible_indices("GPU-bb", report.gpus) == {1}
+    assert cuda_visible_indices("bb22", report.gpus) == {1}
+    assert cuda_visible_indices("", report.gpus) == set()
+    assert cuda_visible_indices("-1", report.gpus) == set()
+    assert cuda_visible_indices("1,7,0", report.gpus) == {1}  # CUDA stops at the first invalid entry
+    assert cuda_visible_indices("MIG-1234", report.gpus) is None
+    mixed = GpuSampler(FakeNvml([h200(), rtx4090()])).sample()
+    assert cuda_visible_indices("1", mixed.gpus) is None  # CUDA's fastest-first order may not be NVML's
+    assert cuda_visible_indices(mixed.gpus[1].uuid, mixed.gpus) == {1}

@@ -13,31 +13,34 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import signal
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
-import httpx
 from textual.app import App, ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Container, Horizontal
 from textual.widgets import Footer, Header
 from textual.worker import Worker, WorkerState
 
 from tui.compare.ab import ABConfig
 from tui.compare.roofline import Roofline, model_weight_bytes, roofline
+from tui.lifecycle.process import pid_alive
 from tui.lifecycle.profiles import Profile, ProfileError, resolve
 from tui.lifecycle.switch import EngineManager, EngineStatus, StepEvent, SwitchResult
-from tui.probe.results import ProbeResult
+from tui.net import Transports
+from tui.probe.results import DEFAULT_TTFT_GAP_FACTOR, ProbeResult
 from tui.probe.runner import ProbeRunner
 from tui.probe.stats import median
 from tui.probe.sweep import SweepConfig
 from tui.probe.workloads import WorkloadParams
-from tui.screens.ab import ABScreen
+from tui.screens.ab import ABRun, ABScreen, dashboard_arm, start_dashboard_ab
 from tui.screens.help import HelpScreen
 from tui.screens.logs import LogScreen
 from tui.screens.sweep import SweepScreen
@@ -45,6 +48,7 @@ from tui.screens.switch import ConfirmSwitch, SwitchProgress
 from tui.sources.engine import EngineTarget, poll_engine
 from tui.sources.gpu import GpuSampler
 from tui.sources.host import HostSampler, pids_listening
+from tui.sources.samples import GpuReport, HostSample
 from tui.store import EngineState, Store
 from widgets.engine_panel import EnginePanel
 from widgets.gpu_panel import GpuPanel
@@ -58,6 +62,7 @@ LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", "0.0.0.0"}
 MODEL_REFRESH_S = 30.0
 HEALTH_REFRESH_S = 5.0  # while /metrics answers; any failure asks /health at once
 PID_RESCAN_S = 30.0  # who listens on a watched port: a walk of every socket, and engines seldom move
+QUIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
 @dataclass
@@ -72,6 +77,8 @@ class Slot:
     status: EngineStatus | None = None
     failure: str | None = None  # why the last start/switch failed, until the next one succeeds
     probe_every_s: float | None = None
+    model_asked: float = 0.0  # when the poller last asked /v1/models, and /health
+    health_asked: float = 0.0
 
 
 @dataclass
@@ -83,6 +90,7 @@ class AppConfig:
     probe_every_managed_s: float | None = None  # for engines enginetop started
     probe_workload: str = "short"
     probe_max_tokens: int = 64
+    ttft_gap_factor: float = DEFAULT_TTFT_GAP_FACTOR  # client TTFT over engine TTFT: flagged above this
     sweep: SweepConfig = field(default_factory=lambda: SweepConfig(levels=(1, 2, 4, 8, 16, 32)))
     ab: ABConfig = field(default_factory=lambda: ABConfig(
         instances=3, blocks=2, requests_per_block=2, max_tokens=32, mode="coresident"))
@@ -101,8 +109,7 @@ class AppConfig:
 class EnginetopApp(App[None]):
     TITLE = "enginetop"
     CSS = """
-    #engines { height: auto; }
-    #engines > Vertical { width: 1fr; height: auto; }
+    #engines { layout: grid; grid-rows: auto auto; height: auto; }
     #plots { height: 1fr; min-height: 12; }
     #plots > TimePlot { width: 1fr; }
     #bottom { height: auto; }
@@ -126,11 +133,13 @@ class EnginetopApp(App[None]):
         self.config = config
         self.store = Store(horizon_s=config.horizon_s)
         self.paused = False
+        self.quit_reason = "q"  # or the signal that ended the app
         self.probes = ProbeRunner()
-        self._client: httpx.AsyncClient | None = None
+        self._transports = Transports()  # one pool per proxy (tui.net): usually the one direct pool
         self._gpu = config.gpu_sampler()
         self._host = config.host_sampler()
         self._local_pids: dict[str, int] = {}  # watched engines on this machine, found by port
+        self._polls: dict[int, asyncio.Task[None]] = {}  # the engine poll in flight, per slot
         self._model_bytes: dict[str, float | None] = {}
         self.slots: list[Slot] = []
         for target in config.targets:
@@ -144,11 +153,14 @@ class EnginetopApp(App[None]):
     # ---- layout -------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
         yield Header()
-        with Horizontal(id="engines"):
+        # A grid, engines in the first row and their probes below, one column each: no container per column
+        # (every container is one more widget to paint when a panel beside it changes).
+        with Container(id="engines") as engines:
+            engines.styles.grid_size_columns = max(1, len(self.slots))
             for slot in self.slots:
-                with Vertical():
-                    yield EnginePanel(slot.target.name, id=f"engine-{slot.index}")
-                    yield ProbePanel(id=f"probes-{slot.index}")
+                yield EnginePanel(slot.target.name, id=f"engine-{slot.index}")
+            for slot in self.slots:
+                yield ProbePanel(id=f"probes-{slot.index}")
         with Horizontal(id="plots"):
             yield TimePlot(id="plot-gen")
             yield TimePlot(id="plot-ttft")
@@ -159,24 +171,32 @@ class EnginetopApp(App[None]):
 
     def on_mount(self) -> None:
         self._main = self.screen  # widgets live here; modal screens stack above it
+        loop = asyncio.get_running_loop()
+        for sig in QUIT_SIGNALS:
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread
+                loop.add_signal_handler(sig, self._quit_on_signal, sig)
         self.sub_title = self._subtitle()
-        self._client = httpx.AsyncClient()
+        self.run_worker(self._sample_loop(), name="polling", group="poll")
         for slot in self.slots:
-            self.run_worker(self._engine_loop(slot), name=f"engine {slot.index}", group="poll")
             if slot.probe_every_s:
                 self.run_worker(self._probe_loop(slot), name=f"probes {slot.index}", group="probe-loop")
             if slot.manager is not None and slot.profile is not None:
-                self._run_lifecycle(slot, slot.profile, progress=None)
-        self.run_worker(self._gpu_loop(), name="NVML", group="poll")
-        self.run_worker(self._host_loop(), name="host", group="poll")
+                self._run_lifecycle(slot, slot.profile, progress=None, initial=True)
         self.set_interval(self.config.redraw_interval_s, self.redraw)
         self.redraw()
 
     async def on_unmount(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in QUIT_SIGNALS:
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.remove_signal_handler(sig)
+        self._cancel_lifecycle()
         self.workers.cancel_all()  # before the HTTP client they use is closed
+        for task in self._polls.values():
+            task.cancel()
         await self.probes.aclose()
-        if self._client is not None:
-            await self._client.aclose()
+        await self._transports.aclose()
+        await asyncio.to_thread(self._gpu.close)
 
     def _profile_target(self, profile: Profile) -> EngineTarget:
         api_key = None
@@ -184,53 +204,87 @@ class EnginetopApp(App[None]):
             # a bad key file is reported by the lifecycle's "resolve" step, where the user sees it
             with contextlib.suppress(ProfileError):
                 api_key = resolve(profile).api_key
-        return EngineTarget(name=profile.name, url=profile.url, api_key=api_key)
+        return EngineTarget(name=profile.name, url=profile.url, api_key=api_key,
+                            health_path=profile.health_path, metrics_path=profile.metrics_path)
 
     # ---- polling --------------------------------------------------------------------------
-    async def _engine_loop(self, slot: Slot) -> None:
-        assert self._client is not None
-        interval = self.config.poll_interval_s
-        model_asked = health_asked = 0.0
+    async def _sample_loop(self) -> None:
+        """The one polling loop. Every tick, each source that is due is read and what it returns goes to
+        the store: engines concurrently, each in its own task so a slow one delays nobody but itself;
+        NVML and psutil together in one thread hop (they block)."""
+        config = self.config
+        next_engines = next_gpu = next_host = next_scan = 0.0
         while True:
-            started = time.monotonic()
-            target = slot.target  # a switch replaces it
-            last = self.store.engines[target.name].sample
-            known = None  # ask /v1/models again after any trouble, and every MODEL_REFRESH_S anyway
-            if last is not None and last.health == "up" and started - model_asked < MODEL_REFRESH_S:
-                known = last.model
-            if known is None:
-                model_asked = started
-            check_health = known is None or started - health_asked >= HEALTH_REFRESH_S
-            if check_health:
-                health_asked = started
-            sample = await poll_engine(self._client, target, timeout=min(2.0, interval * 2),
-                                       launched_by_us=slot.manager is not None, known_model=known,
-                                       check_health=check_health)
-            if target is slot.target:
-                self.store.add_engine_sample(sample)
-            await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
+            now = time.monotonic()
+            if now >= next_engines:
+                next_engines = now + config.poll_interval_s
+                for slot in self.slots:
+                    task = self._polls.get(slot.index)
+                    if task is None or task.done():
+                        poll = self._poll_engine(slot, now)
+                        self._polls[slot.index] = self._spawn(poll, f"engine {slot.index}")
+            gpu, host, scan = now >= next_gpu, now >= next_host, now >= next_scan
+            if gpu:
+                next_gpu = now + config.gpu_interval_s
+            if host:
+                next_host = now + config.host_interval_s
+            if scan:
+                next_scan = now + PID_RESCAN_S
+            if gpu or host:
+                host_sample, report = await asyncio.to_thread(self._sample_machine, gpu, host, scan)
+                if host_sample is not None:
+                    self.store.add_host_sample(host_sample)
+                if report is not None:
+                    self.store.add_gpu_report(report)
+            await asyncio.sleep(max(0.0, min(next_engines, next_gpu, next_host) - time.monotonic()))
 
-    async def _gpu_loop(self) -> None:
-        while True:
-            started = time.monotonic()
-            # process trees come from the host sampler's last walk of the process table
-            host = self.store.host
-            pids = {m.engine: set(m.pids) for m in host.engines} if host else {}
-            report = await asyncio.to_thread(self._gpu.sample, pids)
-            self.store.add_gpu_report(report)
-            await asyncio.sleep(max(0.0, self.config.gpu_interval_s - (time.monotonic() - started)))
+    def _spawn(self, coro: Any, name: str) -> asyncio.Task[None]:
+        """A task whose failure reaches the one place errors are reported (a worker per poll would post
+        messages every second for nothing)."""
+        task = asyncio.create_task(coro, name=name)
 
-    async def _host_loop(self) -> None:
-        next_pid_scan = 0.0
-        while True:
-            started = time.monotonic()
-            if started >= next_pid_scan:
-                # Finding who listens on a port walks /proc: do it rarely, engines seldom move.
-                await asyncio.to_thread(self._find_local_engine_pids)
-                next_pid_scan = started + PID_RESCAN_S
-            sample = await asyncio.to_thread(self._host.sample, self._engine_pids())
-            self.store.add_host_sample(sample)
-            await asyncio.sleep(max(0.0, self.config.host_interval_s - (time.monotonic() - started)))
+        def done(t: asyncio.Task[None]) -> None:
+            if not t.cancelled() and t.exception() is not None:
+                self._report_failure(name, t.exception())
+
+        task.add_done_callback(done)
+        return task
+
+    async def _poll_engine(self, slot: Slot, started: float) -> None:
+        target = slot.target  # a switch replaces it
+        last = self.store.engines[target.name].sample
+        known = None  # ask /v1/models again after any trouble, and every MODEL_REFRESH_S anyway
+        if last is not None and last.health == "up" and started - slot.model_asked < MODEL_REFRESH_S:
+            known = last.model
+        if known is None:
+            slot.model_asked = started
+        # A dead vLLM engine core still serves /metrics, so /health is asked now and then; llama-server
+        # answers both from one HTTP server (503 on every path while loading), so /metrics says it all.
+        llama = last is not None and last.reading is not None and last.reading.dialect == "llamacpp"
+        check_health = known is None or (not llama and started - slot.health_asked >= HEALTH_REFRESH_S)
+        if check_health:
+            slot.health_asked = started
+        sample = await poll_engine(self._transports.for_url(target.url), target,
+                                   timeout=min(2.0, self.config.poll_interval_s * 2),
+                                   launched_by_us=slot.manager is not None, known_model=known,
+                                   check_health=check_health)
+        if target is slot.target:
+            self.store.add_engine_sample(sample)
+
+    def _sample_machine(self, gpu: bool, host: bool, scan: bool) -> tuple[HostSample | None,
+                                                                        GpuReport | None]:
+        """In a thread: NVML and psutil block. The GPU panel maps GPU processes to engines with the process
+        trees of the host sampler's walk; finding who listens on a watched port walks every socket, so it
+        is done rarely (engines seldom move). The store is fed on the event loop, by the caller."""
+        if scan:
+            self._find_local_engine_pids()
+        host_sample = self._host.sample(self._engine_pids()) if host else None
+        report = None
+        if gpu:
+            trees = host_sample or self.store.host
+            pids = {m.engine: set(m.pids) for m in trees.engines} if trees else {}
+            report = self._gpu.sample(pids)
+        return host_sample, report
 
     def _engine_pids(self) -> dict[str, int]:
         pids = dict(self._local_pids)
@@ -246,6 +300,9 @@ class EnginetopApp(App[None]):
             parsed = urlparse(slot.target.url)
             if slot.manager is None and parsed.hostname in LOCAL_HOSTS and parsed.port:
                 watched[slot.target.name] = (None, parsed.port)
+        known = self._local_pids
+        if all(name in known and pid_alive(known[name]) for name in watched):
+            return  # every watched engine's process is still there: walking every socket would find the same
         found = pids_listening(list(watched.values())) if watched else {}
         self._local_pids = {name: found[addr] for name, addr in watched.items() if addr in found}
 
@@ -264,12 +321,26 @@ class EnginetopApp(App[None]):
         while True:
             await asyncio.sleep(slot.probe_every_s)
             sample = self.store.engines[slot.target.name].sample
-            if isinstance(self.screen, (SweepScreen, ABScreen)):
+            if isinstance(self.screen, SweepScreen) or self.ab_running:
                 continue  # a sweep or A/B is measuring: a probe now would add load to what it measures
             if sample is not None and sample.health == "up" and not self.probes.busy(slot.target):
                 await self._probe(slot)
 
+    @property
+    def ab_running(self) -> bool:
+        """An A/B run is measuring (its screen may be closed)."""
+        return self.ab_run is not None and not self.ab_run.done
+
+    def _ab_measuring(self) -> bool:
+        """Say so when an A/B is running: extra load now would skew what it measures."""
+        if self.ab_running:
+            self.notify("an A/B run is measuring: wait for it (key a shows its progress)", severity="warning")
+            return True
+        return False
+
     def action_probe_now(self) -> None:
+        if self._ab_measuring():
+            return
         started = 0
         for slot in self.slots:
             if not self.probes.busy(slot.target):
@@ -279,10 +350,35 @@ class EnginetopApp(App[None]):
             self.notify("a probe is already running on every engine", severity="warning")
 
     def action_sweep(self) -> None:
+        if self._ab_measuring():
+            return
         self.push_screen(SweepScreen([s.target for s in self.slots], self.probes, self.config.sweep))
 
+    ab_run: ABRun | None = None  # the app owns it: closing its screen neither stops nor loses the run
+
     def action_ab(self) -> None:
-        self.push_screen(ABScreen([s.target for s in self.slots], self.config.ab))
+        run = self.ab_run
+        if isinstance(self.screen, ABScreen):
+            return  # already showing it
+        if run is not None and not run.done:
+            self.push_screen(ABScreen(run))  # `a` again shows the run in progress, never starts a second
+            return
+        if len(self.slots) < 2:
+            self.notify("A/B needs at least two engines on screen (or `enginetop ab PROFILE_A PROFILE_B`)",
+                        severity="warning")
+            return
+        arms = [dashboard_arm(s.target, s.profile, s.manager.current if s.manager else None)
+                for s in self.slots]
+        run = self.ab_run = start_dashboard_ab(arms, self.config.ab, self.store, self.config.gpu_interval_s)
+
+        async def tell_when_done() -> None:
+            while not run.done:
+                await asyncio.sleep(0.5)
+            self.notify(run.summary(), title="A/B", severity="error" if run.error else "information",
+                        timeout=30)
+
+        self.run_worker(tell_when_done(), name="A/B", group="ab")
+        self.push_screen(ABScreen(run))
 
     # ---- roofline ---------------------------------------------------------------------------
     def _roofline(self, state: EngineState) -> Roofline | None:
@@ -345,7 +441,9 @@ class EnginetopApp(App[None]):
 
         self.push_screen(ConfirmSwitch(question), answered)
 
-    def _run_lifecycle(self, slot: Slot, to: Profile, progress: SwitchProgress | None) -> None:
+    def _run_lifecycle(self, slot: Slot, to: Profile, progress: SwitchProgress | None,
+                       initial: bool = False) -> None:
+        """Start (initial: or adopt the engine `enginetop up` left running for this profile) or switch."""
         assert slot.manager is not None
         manager = slot.manager
         cancel = progress.cancel if progress else threading.Event()
@@ -360,7 +458,8 @@ class EnginetopApp(App[None]):
                 self.call_from_thread(progress.step, event)
 
         def work() -> SwitchResult:
-            return manager.switch(to, on_step=on_step, cancel=cancel)
+            adopted = manager.adopt_recorded(to, on_step=on_step, cancel=cancel) if initial else None
+            return adopted if adopted is not None else manager.switch(to, on_step=on_step, cancel=cancel)
 
         def done(result: SwitchResult) -> None:
             if progress is not None:
@@ -379,6 +478,7 @@ class EnginetopApp(App[None]):
     def _relabel(self, slot: Slot) -> None:
         if self.is_mounted and hasattr(self, "_main"):
             self._main.query_one(f"#engine-{slot.index}", EnginePanel).border_title = slot.target.name
+            self.sub_title = self._subtitle()
 
     def action_show_log(self) -> None:
         slot = self._selected_slot(managed=True)
@@ -393,26 +493,19 @@ class EnginetopApp(App[None]):
 
     # ---- the one place worker failures surface ----------------------------------------------
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
-        """Say what broke; restart pollers; everything else keeps running."""
+        """Say what broke; restart the polling loop; everything else keeps running."""
         worker = event.worker
         if event.state != WorkerState.ERROR or not self.is_running:
             return
-        error = worker.error
-        log.error("worker %s failed: %r", worker.name, error, exc_info=error)
-        self.notify(f"{type(error).__name__}: {error}", title=f"{worker.name} failed", severity="error",
-                    timeout=10)
+        self._report_failure(worker.name, worker.error)
         if worker.group == "poll":
-            self.set_timer(2.0, lambda: self._restart(worker.name))
+            self.set_timer(2.0, lambda: self.run_worker(self._sample_loop(), name="polling", group="poll"))
 
-    def _restart(self, name: str) -> None:
-        if name == "NVML":
-            self.run_worker(self._gpu_loop(), name=name, group="poll")
-        elif name == "host":
-            self.run_worker(self._host_loop(), name=name, group="poll")
-        else:
-            for slot in self.slots:
-                if name == f"engine {slot.index}":
-                    self.run_worker(self._engine_loop(slot), name=name, group="poll")
+    def _report_failure(self, name: str, error: BaseException | None) -> None:
+        log.error("%s failed: %r", name, error, exc_info=error)
+        if self.is_running:
+            self.notify(f"{type(error).__name__}: {error}", title=f"{name} failed", severity="error",
+                        timeout=10)
 
     # ---- drawing ------------------------------------------------------------------------
     def redraw(self) -> None:
@@ -429,19 +522,22 @@ class EnginetopApp(App[None]):
             self._main.query_one(f"#engine-{slot.index}", EnginePanel).show(
                 state, slot.status, self._roofline(state))
             self._main.query_one(f"#probes-{slot.index}", ProbePanel).show(
-                [r for _, r in state.probes], self.probes.busy(slot.target), slot.probe_every_s)
+                [r for _, r in state.probes], self.probes.busy(slot.target), slot.probe_every_s,
+                self.config.ttft_gap_factor)
         now = time.monotonic()
         horizon = self.config.horizon_s
         spans = [(a - now, b - now) for a, b in self.store.throttle_spans(now - horizon)]
-        events = (len(spans), tuple((name, len(st.probes)) for name, st in self.store.engines.items()))
+        # the newest probe's time, not the count: probes older than the horizon are dropped
+        events = (len(spans), tuple((name, st.probes[-1][0] if st.probes else None)
+                                    for name, st in self.store.engines.items()))
         gen_plot = self._main.query_one("#plot-gen", TimePlot)
         if gen_plot.due(now, horizon, events):
             gen_plot.show(self._plot("generation tok/s: counters (lines), probe decode (x)", "tok/s",
-                                     "gen_tps", lambda r: r.decode_tps, now, spans), now)
+                                     "gen_tps", lambda r: (r.decode_at, r.decode_tps), now, spans), now)
         ttft_plot = self._main.query_one("#plot-ttft", TimePlot)
         if ttft_plot.due(now, horizon, events):
             ttft_plot.show(self._plot("TTFT p50: histograms (lines), probes (x)", "seconds", "ttft_p50_s",
-                                      lambda r: r.ttft_s, now, spans), now)
+                                      lambda r: (r.ttft_at, r.ttft_s), now, spans), now)
         self._main.query_one("#gpu", GpuPanel).show(self.store.gpu)
         self._main.query_one("#host", HostPanel).show(self.store.host)
 
@@ -452,8 +548,9 @@ class EnginetopApp(App[None]):
         for name, state in self.store.engines.items():
             points = state.series[key].since(t0)
             lines[name] = ([t - now for t, _ in points], [v for _, v in points])
-            probes = [(t - now, probe_value(r)) for t, r in state.probes if t >= t0]
-            probes = [(x, y) for x, y in probes if y is not None]
+            # a marker sits at the instant its figure measured (mid-span), not when the request ended
+            probes = [probe_value(r) for _, r in state.probes]
+            probes = [(at - now, y) for at, y in probes if at is not None and y is not None and at >= t0]
             markers[name] = ([x for x, _ in probes], [y for _, y in probes])
         return PlotData(title=title, ylabel=ylabel, horizon_s=self.config.horizon_s, lines=lines,
                         markers=markers, throttle_spans=spans)
@@ -486,6 +583,23 @@ class EnginetopApp(App[None]):
         keys.append(("tab", "select the next engine column (for l and 1-9)"))
         self.push_screen(HelpScreen(keys))
 
+    async def action_quit(self) -> None:
+        self._cancel_lifecycle()  # a cold start in progress must not hold the exit for minutes
+        self.exit()
+
+    def _quit_on_signal(self, sig: signal.Signals) -> None:
+        """SIGTERM / SIGHUP: quit as `q` does, so the engines enginetop started are stopped too."""
+        self.quit_reason = sig.name
+        log.warning("%s received: quitting", sig.name)
+        self._cancel_lifecycle()
+        self.exit()
+
+    def _cancel_lifecycle(self) -> None:
+        for slot in self.slots:
+            if slot.manager is not None:
+                slot.manager.cancel()
+
     def stop_managed(self) -> list[SwitchResult]:
-        """Stop the engines enginetop launched; called after the app exits (it blocks)."""
-        return [slot.manager.stop() for slot in self.slots if slot.manager is not None]
+        """Stop the engines this dashboard launched (an engine adopted from `enginetop up` is left running,
+        and its result says so); called after the app exits (it blocks)."""
+        return [slot.manager.shutdown() for slot in self.slots if slot.manager is not None]

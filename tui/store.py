@@ -1,38 +1,64 @@
-"""Bounded history of everything polled: memory does not grow with session length.
+"""Bounded history of everything polled: memory grows with neither session length nor horizon.
 
 Counters become rates here (over a short window, so llama.cpp's end-of-request counter updates do not
-read as bursts) and histograms become quantiles over a longer window. Nothing here imports Textual.
+read as bursts) and histograms become quantiles over a longer window. Every plotted series keeps at most
+`max_points` points over the horizon (see Series), so a 24 h horizon costs what a 1 h one does, and each
+poll costs the same whatever the horizon. Nothing here imports Textual.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tui.sources.rates import derive
+from tui.sources.rates import derive, went_back
 from tui.sources.samples import EngineReading, EngineSample, EngineStats, GpuReport, HostSample
 
 Point = tuple[float, float]  # (time.monotonic(), value)
 
+ENGINE_SERIES = ("gen_tps", "ttft_p50_s")  # what the plots draw, from EngineStats
+MIN_PROBES_KEPT = 10  # the probe panel lists and medians the last few, however old they are
+
 
 class Series:
-    """A ring buffer of (t, value); values that are not available are simply not stored."""
+    """(t, value) points over the last `horizon_s`, at most `max_points` + 1 of them.
 
-    def __init__(self, maxlen: int) -> None:
-        self.points: deque[Point] = deque(maxlen=maxlen)
+    Samples that fall in the same time bucket of horizon/max_points seconds share one point: the first
+    sample's time and the mean of the values, or their maximum with `peak=True` (a throttled second must
+    never be averaged away). Samples further apart than a bucket keep a point each, so a short horizon
+    keeps full resolution. Values that are not available are not stored.
+    """
+
+    def __init__(self, horizon_s: float, max_points: int, peak: bool = False) -> None:
+        self.horizon_s = horizon_s
+        self.bucket_s = horizon_s / max_points
+        self.peak = peak
+        self.points: deque[Point] = deque(maxlen=max_points + 1)
+        self._bucket: int | None = None  # bucket of the newest point
+        self._sum = 0.0
+        self._n = 0
 
     def add(self, t: float, value: float | None) -> None:
-        if value is not None:
+        if value is None:
+            return
+        bucket = math.floor(t / self.bucket_s)
+        if bucket == self._bucket and self.points:
+            first_t, kept = self.points[-1]
+            self._sum += value
+            self._n += 1
+            self.points[-1] = (first_t, max(kept, value) if self.peak else self._sum / self._n)
+        else:
             self.points.append((t, value))
+            self._bucket, self._sum, self._n = bucket, value, 1
+        cutoff = t - self.horizon_s
+        while self.points[0][0] < cutoff:
+            self.points.popleft()
 
     def since(self, t0: float) -> list[Point]:
         return [p for p in self.points if p[0] >= t0]
-
-    def last(self) -> float | None:
-        return self.points[-1][1] if self.points else None
 
 
 @dataclass
@@ -41,34 +67,35 @@ class EngineState:
     url: str
     sample: EngineSample | None = None
     stats: EngineStats = field(default_factory=EngineStats)
-    # (t, reading) for the longest window we derive over
+    # (t, reading) for the longest window we derive over, all from the engine's current run
     readings: deque[tuple[float, EngineReading]] = field(default_factory=deque)
+    reset_t: float | None = None  # when the counters last went back (the engine restarted)
     series: dict[str, Series] = field(default_factory=dict)
-    probes: deque[tuple[float, Any]] = field(default_factory=lambda: deque(maxlen=200))  # (t, ProbeResult)
+    probes: deque[tuple[float, Any]] = field(default_factory=deque)  # (t, ProbeResult), oldest first
     rss_bytes: int | None = None
-
-
-ENGINE_SERIES = ("gen_tps", "prompt_tps", "ttft_p50_s", "ttft_p90_s", "itl_p50_s", "running", "waiting")
 
 
 class Store:
     def __init__(self, horizon_s: float = 600.0, rate_window_s: float = 10.0,
-                 latency_window_s: float = 60.0, max_points: int = 3600) -> None:
+                 latency_window_s: float = 60.0, max_points: int = 3600, max_probes: int = 1000) -> None:
+        if not horizon_s > 0:
+            raise ValueError(f"the plots' horizon must be a positive number of seconds, got {horizon_s}")
         self.horizon_s = horizon_s
         self.rate_window_s = rate_window_s
         self.latency_window_s = latency_window_s
         self.max_points = max_points
+        self.max_probes = max_probes
         self.engines: dict[str, EngineState] = {}
         self.gpu: GpuReport | None = None
         self.host: HostSample | None = None
-        self.throttle: Series = Series(max_points)  # 1.0 while any GPU reports a real throttle reason
-        self.throttle_words: dict[int, tuple[str, ...]] = {}
+        # 1.0 while any GPU reports a real throttle reason
+        self.throttle = Series(horizon_s, max_points, peak=True)
 
     def engine(self, name: str, url: str = "") -> EngineState:
         state = self.engines.get(name)
         if state is None:
-            series = {k: Series(self.max_points) for k in ENGINE_SERIES}
-            state = EngineState(name=name, url=url, series=series)
+            series = {k: Series(self.horizon_s, self.max_points) for k in ENGINE_SERIES}
+            state = EngineState(name=name, url=url, series=series, probes=deque(maxlen=self.max_probes))
             self.engines[name] = state
         return state
 
@@ -81,27 +108,33 @@ class Store:
                 state.stats = EngineStats()
             return state
         readings = state.readings
+        if readings and went_back(readings[-1][1], sample.reading):
+            # The engine restarted: nothing before this reading can be compared with what follows, so
+            # the windows start again here instead of staying void until the old readings age out.
+            readings.clear()
+            state.reset_t = t
         readings.append((t, sample.reading))
-        while readings and t - readings[0][0] > self.latency_window_s + 1.0:
+        while t - readings[0][0] > self.latency_window_s + 1.0:
             readings.popleft()
-        state.stats = self._stats(readings, t)
+        state.stats = self._stats(state, t)
         for key in ENGINE_SERIES:
-            value = getattr(state.stats, key, None)
-            if value is None:
-                value = getattr(sample.reading, key, None)
-            state.series[key].add(t, value)
+            state.series[key].add(t, getattr(state.stats, key))
         return state
 
-    def _stats(self, readings: deque[tuple[float, EngineReading]], t: float) -> EngineStats:
+    def _stats(self, state: EngineState, t: float) -> EngineStats:
+        # Shown until the latency window holds only the new run: its figures cover less time meanwhile.
+        reset = state.reset_t is not None and t - state.reset_t < self.latency_window_s
+        readings = state.readings
         if len(readings) < 2:
-            return EngineStats()
+            return EngineStats(counter_reset=reset)
         cur_t, cur = readings[-1]
-        rate_prev = _oldest_within(readings, t - self.rate_window_s)
-        lat_prev = readings[0]
-        rates = derive(rate_prev[1], rate_prev[0], cur, cur_t)
-        lat = derive(lat_prev[1], lat_prev[0], cur, cur_t)
+        rate_t, rate_prev = _oldest_within(readings, t - self.rate_window_s)
+        lat_t, lat_prev = readings[0]
+        rates = derive(rate_prev, rate_t, cur, cur_t)
+        lat = derive(lat_prev, lat_t, cur, cur_t)
         return EngineStats(
-            prompt_tps=rates.prompt_tps,
+            prompt_processed_tps=rates.prompt_processed_tps,
+            prompt_computed_tps=rates.prompt_computed_tps,
             gen_tps=rates.gen_tps,
             decode_tps_busy=lat.decode_tps_busy,
             prefix_cache_hit_rate=lat.prefix_cache_hit_rate,
@@ -111,14 +144,12 @@ class Store:
             ttft_p90_s=lat.ttft_p90_s,
             itl_p50_s=lat.itl_p50_s,
             itl_p90_s=lat.itl_p90_s,
-            counter_reset=rates.counter_reset or lat.counter_reset,
+            counter_reset=reset,
         )
 
     def add_gpu_report(self, report: GpuReport) -> None:
         self.gpu = report
-        throttled = [g for g in report.gpus if g.throttled]
-        self.throttle.add(report.t, 1.0 if throttled else 0.0)
-        self.throttle_words = {g.index: g.throttle_reasons for g in throttled}
+        self.throttle.add(report.t, 1.0 if any(g.throttled for g in report.gpus) else 0.0)
 
     def add_host_sample(self, sample: HostSample) -> None:
         self.host = sample
@@ -127,10 +158,15 @@ class Store:
             state.rss_bytes = by_engine.get(name)
 
     def add_probe(self, name: str, result: Any, t: float | None = None) -> None:
-        self.engine(name).probes.append((time.monotonic() if t is None else t, result))
+        t = time.monotonic() if t is None else t
+        probes = self.engine(name).probes
+        probes.append((t, result))
+        while len(probes) > MIN_PROBES_KEPT and probes[0][0] < t - self.horizon_s:
+            probes.popleft()
 
     def throttle_spans(self, t0: float) -> list[tuple[float, float]]:
-        """Periods (start, end) since t0 in which a GPU reported a real throttle reason."""
+        """Periods (start, end) since t0 in which a GPU reported a real throttle reason; a span still open
+        ends at the last report."""
         spans: list[tuple[float, float]] = []
         start: float | None = None
         last_t = t0
@@ -146,10 +182,10 @@ class Store:
         return spans
 
 
-def _oldest_within(readings: Iterable[tuple[float, EngineReading]], t0: float) -> tuple[float, EngineReading]:
+def _oldest_within(readings: deque[tuple[float, EngineReading]], t0: float) -> tuple[float, EngineReading]:
     """The oldest reading at or after t0, but never the newest one (a rate needs two readings)."""
-    items = list(readings)
-    for item in items[:-1]:
-        if item[0] >= t0:
+    second_newest = len(readings) - 2
+    for i, item in enumerate(readings):
+        if item[0] >= t0 or i == second_newest:
             return item
-    return items[-2]
+    raise ValueError("a window needs two readings")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from urllib.parse import urlparse
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
+from tui.net import split_credentials
 from tui.sources.engine import EngineTarget
 
 
@@ -11,16 +13,33 @@ class TargetError(ValueError):
     pass
 
 
-def parse_engine_spec(spec: str) -> tuple[str, str]:
-    """`NAME=URL` or a bare URL (named after host:port)."""
+@dataclass(frozen=True, slots=True)
+class EngineSpec:
+    name: str
+    url: str  # public: any user:password@ has been split off into basic_auth
+    basic_auth: tuple[str, str] | None = field(default=None, repr=False)
+
+
+def parse_engine_spec(spec: str) -> EngineSpec:
+    """`NAME=URL` or a bare URL (named after host:port). Credentials in the URL never reach the name or
+    the URL that is shown: they are kept apart and sent as Basic auth."""
     name, sep, url = spec.partition("=")
-    if not sep:
+    if not sep or "://" in name:
         name, url = "", spec
     url = url.strip().rstrip("/")
-    parsed = urlparse(url)
-    if parsed.scheme not in ("http", "https") or not parsed.netloc:
-        raise TargetError(f"--engine {spec!r}: expected NAME=http://HOST:PORT (got no http(s) URL)")
-    return (name.strip() or parsed.netloc), url
+    try:
+        public, basic = split_credentials(url)
+        parts = urlsplit(public)
+        port = parts.port
+    except ValueError as exc:
+        shown = spec.rpartition("@")[2] if "@" in spec else spec
+        raise TargetError(f"--engine {shown!r}: not a valid URL ({exc}); ports run from 1 to 65535") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        shown = f"{name}={public}" if name else public
+        raise TargetError(f"--engine {shown!r}: expected NAME=http://HOST:PORT (got no http(s) URL)")
+    if port == 0:
+        raise TargetError(f"--engine {public!r}: port 0 is not a port an engine can listen on")
+    return EngineSpec(name.strip() or parts.netloc, public, basic)
 
 
 def _by_name(pairs: list[str] | None, flag: str) -> dict[str, str]:
@@ -42,12 +61,13 @@ def build_targets(engines: list[str] | None, key_files: list[str] | None = None,
     targets: list[EngineTarget] = []
     seen: set[str] = set()
     for spec in engines or []:
-        name, url = parse_engine_spec(spec)
-        if name in seen:
-            raise TargetError(f"two engines are named {name!r}: give each --engine a distinct NAME=")
-        seen.add(name)
+        parsed = parse_engine_spec(spec)
+        if parsed.name in seen:
+            raise TargetError(f"two engines are named {parsed.name!r}: give each --engine a distinct NAME=")
+        seen.add(parsed.name)
+        name = parsed.name
         key = read_api_key(files.get(name), envs.get(name)) if (name in files or name in envs) else None
-        targets.append(EngineTarget(name=name, url=url, api_key=key))
+        targets.append(EngineTarget(name=name, url=parsed.url, api_key=key, basic_auth=parsed.basic_auth))
     unknown = (set(files) | set(envs)) - seen
     if unknown:
         raise TargetError(f"API key given for unknown engine(s): {', '.join(sorted(unknown))}")

@@ -89,7 +89,11 @@ def render_engine(state: EngineState, status: EngineStatus | None = None,
     grid.add_row("running", num(reading.running, "{:.0f}"))
     grid.add_row("waiting", num(reading.waiting, "{:.0f}"))
     grid.add_row("gen tok/s", _shown(has("generation_tokens_total"), num(stats.gen_tps)))
-    grid.add_row("prompt tok/s", _shown(has("prompt_tokens_total"), num(stats.prompt_tps)))
+    # The same two quantities on every engine (help screen): all prompt tokens, and those really prefilled.
+    processed = has("prompt_tokens_processed_total")
+    grid.add_row("prompt tok/s", _shown(processed, num(stats.prompt_processed_tps)))
+    computed = has("prompt_tokens_computed_total") or (processed and has("prompt_tokens_cached_total"))
+    grid.add_row("prefill tok/s", _shown(computed, num(stats.prompt_computed_tps)))
     if has("generation_seconds_total"):
         grid.add_row("decode busy", _shown(True, num(stats.decode_tps_busy, "{:.1f} tok/s")))
     cache_exposed = has("prefix_cache_queries_total") or has("cache_hit_rate_gauge")

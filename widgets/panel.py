@@ -20,12 +20,23 @@ def _lines(content: Any) -> Any:
     return None  # unknown: always lay out
 
 
+def _same(a: Any, b: Any) -> bool:
+    """The same picture: Text compares by its characters and styles, a Group by its parts; anything else
+    (a Table) is taken as changed."""
+    if isinstance(a, Text) and isinstance(b, Text):
+        return a == b
+    if isinstance(a, Group) and isinstance(b, Group):
+        pa, pb = a.renderables, b.renderables
+        return len(pa) == len(pb) and all(_same(x, y) for x, y in zip(pa, pb, strict=True))
+    return False
+
+
 class Panel(Static):
     _shape: Any = None
     _last: Any = None
 
     def redraw(self, content: Any) -> None:
-        if isinstance(content, Text) and content == self._last:
+        if _same(content, self._last):
             return  # nothing changed: no repaint at all
         self._last = content
         shape = _lines(content)

@@ -1,7 +1,9 @@
 """Probe results for one engine: the last few requests and a rolling median, every figure labelled.
 
 Token counts come from the server; a result whose counts were estimated from stream chunks says so,
-and the chunk count is shown beside the server's token count as a cross-check.
+and the chunk count is shown beside the server's token count as a cross-check. The engine's own TTFT
+stands beside the client's; the warnings (a probe served from the prompt cache, a TTFT gap and its likely
+cause) are the results' own words.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from tui.probe.results import ProbeResult
+from tui.probe.results import DEFAULT_TTFT_GAP_FACTOR, ProbeResult
 from tui.probe.stats import median
 from widgets.fmt import NA, ms, num
 from widgets.panel import Panel
@@ -29,14 +31,24 @@ class ProbePanel(Panel):
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         self.border_title = "probes"
+        self._drawn: tuple[tuple[ProbeResult, ...], float | None] = ((), None)
 
-    def show(self, results: Sequence[ProbeResult], busy: bool, every_s: float | None) -> None:
-        self.border_subtitle = ("probing… " if busy else "") + (
-            f"every {every_s:g}s" if every_s else "f: probe now")
-        self.redraw(render_probes(results))
+    def show(self, results: Sequence[ProbeResult], busy: bool, every_s: float | None,
+             ttft_gap_factor: float = DEFAULT_TTFT_GAP_FACTOR) -> None:
+        subtitle = ("probing… " if busy else "") + (f"every {every_s:g}s" if every_s else "f: probe now")
+        if subtitle != self.border_subtitle:  # setting it, even to the same words, repaints the border
+            self.border_subtitle = subtitle
+        # Results never change once made: the same newest results (the same objects) draw the same panel.
+        newest = tuple(results[-max(SHOWN, MEDIAN_OF):])
+        drawn, factor = self._drawn
+        same = len(drawn) == len(newest) and all(a is b for a, b in zip(drawn, newest, strict=True))
+        if not same or factor != ttft_gap_factor:
+            self._drawn = (newest, ttft_gap_factor)
+            self.redraw(render_probes(results, ttft_gap_factor))
 
 
-def render_probes(results: Sequence[ProbeResult]) -> Group | Text:
+def render_probes(results: Sequence[ProbeResult],
+                  ttft_gap_factor: float = DEFAULT_TTFT_GAP_FACTOR) -> Group | Text:
     if not results:
         return Text("no probe yet (press f)", style="dim")
     recent = list(results)[-MEDIAN_OF:]
@@ -49,15 +61,19 @@ def render_probes(results: Sequence[ProbeResult]) -> Group | Text:
         if server is not None:
             head.append(f" (server {server:.1f})")
         head.append(f"  TTFT {ms(median(r.ttft_s for r in ok))}", style="bold")
+        server_ttft = median(r.server_ttft_s for r in ok)
+        if server_ttft is not None:
+            head.append(f" (engine {ms(server_ttft)})")
         if any(r.estimated for r in ok):
             head.append("  estimated from chunks", style="yellow")
     table = Table(box=None, padding=(0, 1), show_edge=False, header_style="dim")
-    for col in ("#", "TTFT", "decode", "prefill", "tokens/chunks", "cached"):
+    for col in ("#", "TTFT", "engine", "decode", "prefill", "tokens/chunks", "cached"):
         table.add_column(col, no_wrap=True, justify="right" if col != "#" else "left")
-    for r in list(results)[-SHOWN:]:
+    shown = list(results)[-SHOWN:]
+    for r in shown:
         label = f"{r.workload}{'' if r.turn is None else f' t{r.turn}'}"
         if not r.ok:
-            table.add_row(label, Text(r.error or "failed", style="red"), "", "", "", "")
+            table.add_row(label, Text(r.error or "failed", style="red"), "", "", "", "", "")
             continue
         prefill = num(r.prefill_tps, "{:.0f}")
         if r.prefill_source == "client-lower-bound":
@@ -67,5 +83,16 @@ def render_probes(results: Sequence[ProbeResult]) -> Group | Text:
             tokens += " est."
         cached = NA if r.cached_tokens is None or not r.prompt_tokens else \
             f"{r.cached_tokens}/{r.prompt_tokens}"
-        table.add_row(label, ms(r.ttft_s), num(r.decode_tps), prefill, tokens, cached)
-    return Group(head, table)
+        gap = r.ttft_gap(ttft_gap_factor)
+        ttft = Text(ms(r.ttft_s), style="yellow" if gap is not None else "")
+        cached_cell = Text(cached, style="yellow" if r.cache_served else "")
+        table.add_row(label, ttft, ms(r.server_ttft_s), num(r.decode_tps), prefill, tokens, cached_cell)
+    return Group(head, table, *_warnings(shown[-1], ttft_gap_factor))
+
+
+def _warnings(latest: ProbeResult, ttft_gap_factor: float) -> list[Text]:
+    """What the latest probe warns about, in its own words."""
+    words = [latest.cache_note] if latest.cache_note is not None else []
+    if (gap := latest.ttft_gap(ttft_gap_factor)) is not None:
+        words.append(gap.text())
+    return [Text(f"! {w}", style="yellow") for w in words]

@@ -1,34 +1,34 @@
-"""Interleaved A/B(/C...) comparison over fresh engine instances, and its analysis.
+"""Interleaved A/B(/C...) comparison of engines, and its analysis.
 
-Method (what the report's "method" section states):
-- Every instance of every arm is a fresh start through the safe switch (stop, VRAM/PIDs/port drained,
-  start, /health and a real 1-token completion), then `warmup_requests` unrecorded requests.
+An arm's engine is either restarted (each "instance" a fresh start, through the safe switch for profiles)
+or attached (never restarted: its "instances" are rounds in time). What a run actually did, arm by arm,
+is recorded in the result's "method" (method_facts), and the report's Method is written from that alone.
+
+- After each start (attached: at each round) `warmup_requests` unrecorded requests.
 - A block is `requests_per_block` sequential single-stream requests of one workload; its value is the
   median over its successful requests. Each block also records the GPU state sampled while it ran.
 - Two schedules:
-  * "coresident": instance i of every arm runs at the same time (distinct ports); blocks alternate
-    arms A B A B ... (B A B A in odd rounds), so drift hits every arm alike. Used when the engines fit
-    side by side (no GPU, or attached servers). Attached servers are never restarted: their
-    "instances" are rounds.
-  * "switch": one engine at a time (a GPU that holds only one). Round i starts instance i of each arm
-    in turn, A B in even rounds and B A in odd ones, and runs that instance's blocks back to back.
+  * "coresident": round i of every arm runs at the same time (fresh instances on distinct ports, or the
+    attached servers as they are); blocks alternate arms A B A B ... (B A B A in odd rounds), so drift
+    hits every arm alike.
+  * "switch": one engine at a time (a GPU that holds only one). Round i starts instance i of each arm in
+    turn, A B in even rounds and B A in odd ones, and runs that instance's blocks back to back.
     Arms are interleaved at the instance level; restarting for every block would turn blocks into
     instances and multiply cold starts (165 s for vLLM in the seeds).
-- Per arm: median, CV% and range over blocks; the median of each instance; CV% across instance medians
-  decides the verdict (stats.verdict). Ratios of medians against the first arm get a hierarchical
+- Per arm: median, CV% and range over blocks; the median of each instance (round); CV% across those
+  medians decides the verdict (stats.verdict). Ratios of medians against the first arm get a hierarchical
   bootstrap 95% interval (instances, then blocks).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
-
-import psutil
 
 from tui.compare.engines import ArmEngine, Started, StartError, engine_version
 from tui.compare.gpu_watch import GpuSource, GpuWatch
@@ -42,9 +42,10 @@ from tui.compare.stats import (
     verdict,
 )
 from tui.probe.client import ProbeClient, ProbeLimits
-from tui.probe.results import ProbeResult
+from tui.probe.results import ProbeResult, token_source_of
 from tui.probe.sweep import SweepConfig, SweepResult, run_sweep
-from tui.probe.workloads import WORKLOADS, WorkloadParams, run_workload
+from tui.probe.workloads import WORKLOADS, WorkloadParams, request_body, run_workload
+from tui.sources.host import CpuMeter
 
 SCHEMA = "enginetop.compare/1"
 Mode = Literal["switch", "coresident"]
@@ -96,6 +97,14 @@ class Arm:
     profile_path: str | None = None
     param: dict[str, str] | None = None  # sweeps: {"option": "--threads", "value": "2"}
     notes: str = ""
+    # How an engine this comparison does not start came to run, in words for the report ("started by the
+    # dashboard from profile X, PID n"); None for engines the comparison starts itself.
+    origin: str | None = None
+
+    @property
+    def unit(self) -> str:
+        """What one repetition of this arm is: a fresh engine instance, or a round in time."""
+        return "round" if self.engine.attached else "instance"
 
 
 Progress = Callable[[str], None]
@@ -117,19 +126,26 @@ class _Run:
     errors: list[str] = field(default_factory=list)
     versions: dict[str, str | None] = field(default_factory=dict)
     seq: int = 0
+    # Made once per run: whatever per-run values WorkloadParams draws (its nonce) stay the same for every
+    # request of this run, and are recorded as what the request bodies used.
+    base_params: WorkloadParams = field(init=False)
 
-    # ---- one instance ---------------------------------------------------------------------------------
+    def __post_init__(self) -> None:
+        self.base_params = WorkloadParams(max_tokens=self.config.max_tokens, seed=self.config.seed)
+
+    # ---- one instance (attached: one round) -----------------------------------------------------------
     def start(self, arm: Arm, instance: int) -> Started | None:
-        what = "round" if arm.engine.attached else "starting instance"
-        self.progress(f"{arm.name}: {what} {instance + 1}")
+        label = f"{arm.unit} {instance + 1}"
+        self.progress(f"{arm.name}: {label}" if arm.engine.attached else f"{arm.name}: starting {label}")
         t0 = time.time()
         try:
             started = arm.engine.start()
         except (StartError, OSError) as exc:
-            self.errors.append(f"{arm.name} instance {instance + 1}: {exc}")
-            self.progress(f"{arm.name}: instance {instance + 1} failed to start: {exc}")
+            self.errors.append(f"{arm.name} {label}: {exc}")
+            self.progress(f"{arm.name}: {label} failed to start: {exc}")
             self.instances.append(
-                {"arm": arm.name, "instance": instance, "ok": False, "error": str(exc), "wall_start": t0}
+                {"arm": arm.name, "instance": instance, "ok": False, "error": str(exc), "wall_start": t0,
+                 "fresh": not arm.engine.attached}
             )
             return None
         if arm.name not in self.versions:
@@ -142,6 +158,7 @@ class _Run:
                 "arm": arm.name,
                 "instance": instance,
                 "ok": True,
+                "fresh": not arm.engine.attached,  # False: an attached engine, this is a round in time
                 "wall_start": t0,
                 "cold_start_s": started.cold_start_s,
                 "pid": started.pid,
@@ -150,8 +167,7 @@ class _Run:
                 "switch_steps": list(started.steps),
             }
         )
-        warm = self.warmup(started, instance)
-        self.instances[-1]["warmup_ok"] = warm
+        self.instances[-1]["warmup_sent"], self.instances[-1]["warmup_ok"] = self.warmup(started, instance)
         return started
 
     def stop(self, arm: Arm) -> None:
@@ -161,14 +177,15 @@ class _Run:
             self.errors.append(f"{arm.name}: {exc}")
 
     def params(self, seed: int) -> WorkloadParams:
-        return WorkloadParams(max_tokens=self.config.max_tokens, seed=seed)
+        return dataclasses.replace(self.base_params, seed=seed)
 
-    def warmup(self, started: Started, instance: int) -> int:
+    def warmup(self, started: Started, instance: int) -> tuple[int, int]:
+        """(sent, answered) unrecorded requests."""
         if self.config.warmup_requests < 1:
-            return 0
+            return 0, 0
         seed = 10_000_000 + self.config.seed * 100_000 + self.seq * 10 + instance
         results = asyncio.run(self._requests(started, self.config.warmup_requests, seed))
-        return sum(r.ok for r in results)
+        return len(results), sum(r.ok for r in results)
 
     async def _requests(self, started: Started, n: int, seed: int) -> list[ProbeResult]:
         limits = ProbeLimits(read_s=self.config.request_timeout_s, total_s=self.config.request_timeout_s)
@@ -181,13 +198,16 @@ class _Run:
             ]
 
     # ---- one block ------------------------------------------------------------------------------------
+    def block_seed(self, seq: int) -> int:
+        return self.config.seed * 100_000 + seq
+
     def block(self, arm: Arm, started: Started, instance: int, block: int) -> None:
-        seed = self.config.seed * 100_000 + self.seq
+        seed = self.block_seed(self.seq)
         wall_start = time.time()
-        psutil.cpu_percent(interval=None)  # starts the interval that the call after the block closes
+        cpu = CpuMeter()  # its own baseline: the dashboard's host panel reads the CPU at the same time
         with GpuWatch(self.gpu, self.config.gpu_interval_s) as watch:
             results = asyncio.run(self._requests(started, self.config.requests_per_block, seed))
-        host_cpu = psutil.cpu_percent(interval=None)
+        host_cpu = cpu.percent()
         gpu = watch.summary()
         good = [r for r in results if r.ok]
         record: dict[str, Any] = {
@@ -201,7 +221,7 @@ class _Run:
             "ok": len(good),
             "failed": len(results) - len(good),
             "errors": sorted({r.error for r in results if r.error}),
-            "token_source": _token_source(good),
+            "token_source": token_source_of(results),
             "gpu": gpu,
             "throttled": bool(gpu.get("throttled")),
             # Whole-host CPU busy % during the block: engines, probes and anything else running. On a CPU
@@ -215,7 +235,7 @@ class _Run:
         flag = "  THROTTLED" if record["throttled"] else ""
         decode = record["decode_tps"]
         self.progress(
-            f"{arm.name}: instance {instance + 1} block {block + 1}: "
+            f"{arm.name}: {arm.unit} {instance + 1} block {block + 1}: "
             f"decode {'n/a' if decode is None else f'{decode:.1f}'} tok/s, "
             f"{record['ok']}/{len(results)} ok{flag}"
         )
@@ -237,13 +257,6 @@ class _Run:
             return await run_sweep(client, started.target, sweep_config)
 
 
-def _token_source(results: list[ProbeResult]) -> str | None:
-    sources = {r.token_source for r in results}
-    if not sources:
-        return None
-    return sources.pop() if len(sources) == 1 else "mixed"
-
-
 def run_comparison(
     arms: Sequence[Arm],
     config: ABConfig,
@@ -252,8 +265,12 @@ def run_comparison(
     progress: Progress | None = None,
     kind: str = "ab",
     extra: dict[str, Any] | None = None,
+    gpu_origin: str = "NVML, sampled in a thread while each block ran",
 ) -> dict[str, Any]:
-    """Run the whole schedule and return the result (JSON-ready dict) with its analysis."""
+    """Run the whole schedule and return the result (JSON-ready dict) with its analysis.
+
+    `gpu_origin` says in words where `gpu`'s readings come from, for the report's Method.
+    """
     config.check()
     names = [a.name for a in arms]
     if len(arms) < 1 or len(set(names)) != len(names):
@@ -286,10 +303,12 @@ def run_comparison(
                 "profile_path": a.profile_path,
                 "param": a.param,
                 "notes": a.notes,
+                "origin": a.origin,
                 "engine_version": run.versions.get(a.name),
             }
             for a in arms
         ],
+        "method": method_facts(run, gpu_origin),
         "instances": run.instances,
         "blocks": run.blocks,
         "concurrency": run.concurrency,
@@ -298,6 +317,47 @@ def run_comparison(
     }
     result["analysis"] = analyze(result)
     return result
+
+
+def method_facts(run: _Run, gpu_origin: str) -> dict[str, Any]:
+    """What this run did, recorded as it happened; the report's Method is written from these facts only."""
+    cfg = run.config
+    arms = []
+    for arm in run.arms:
+        starts = [i for i in run.instances if i["arm"] == arm.name]
+        ok = [i for i in starts if i["ok"]]
+        arms.append({
+            "name": arm.name,
+            "restarted": not arm.engine.attached,
+            "unit": arm.unit,
+            "origin": arm.origin,
+            "starts": len(ok),  # fresh instances started, or (attached) rounds begun
+            "failed_starts": len(starts) - len(ok),
+            "safe_switch_starts": sum(1 for i in ok if i["fresh"] and i["switch_steps"]),
+            "cold_start_s": [i["cold_start_s"] for i in ok if i["fresh"] and i["cold_start_s"] is not None],
+            "warmup_sent": sum(i.get("warmup_sent", 0) for i in ok),
+            "warmup_ok": sum(i.get("warmup_ok", 0) for i in ok),
+        })
+    first = request_body(cfg.workload, run.params(run.block_seed(0)), 0)  # the first recorded request
+    return {
+        "mode": cfg.mode,
+        "arms": arms,
+        "warmup_requests": cfg.warmup_requests,
+        "requests": {
+            "workload": cfg.workload,
+            "params": asdict(run.base_params),
+            "block_seed": f"{cfg.seed} x 100000 + the block's place in the run",
+            "first_prompt_start": first["messages"][-1]["content"][:60],
+            "max_tokens": first.get("max_tokens"),
+            "temperature": first.get("temperature"),
+            "ignore_eos": bool(first.get("ignore_eos")),
+        },
+        "gpu": {
+            "origin": gpu_origin if run.gpu is not None else None,
+            "interval_s": cfg.gpu_interval_s if run.gpu is not None else None,
+            "why_not": None if run.gpu is not None else "no GPU source was given to this run",
+        },
+    }
 
 
 def _switch(run: _Run) -> None:
@@ -396,7 +456,7 @@ def analyze_arm(result: dict[str, Any], arm: dict[str, Any]) -> dict[str, Any]:
         "blocks_without_data": sum(1 for b in all_blocks if b.get(primary_metric(result)) is None),
         "verdict_metric": primary_metric(result),
         "instances": len(groups),
-        "instance_unit": "rounds (attached: no restarts)" if arm.get("attached") else "instances",
+        "instance_unit": "rounds" if arm.get("attached") else "instances",  # attached: never restarted
         "instance_decode_tps": instance_values,
         "instance_cv_pct": cv_pct(instance_values),
         "verdict": verdict(instance_values, threshold),
@@ -408,6 +468,13 @@ def analyze_arm(result: dict[str, Any], arm: dict[str, Any]) -> dict[str, Any]:
         "temp_c_max": max(temps) if temps else None,
         "host_cpu_pct": _mean_block(used, "host_cpu_pct"),
     }
+
+
+def verdict_words(arm: dict[str, Any]) -> str:
+    """An arm's verdict in words: "single round" for an attached arm that ran one round."""
+    if arm["verdict"] == "single instance" and arm.get("instance_unit") == "rounds":
+        return "single round"
+    return arm["verdict"]
 
 
 def _merge_sources(sources: Any) -> str | None:
@@ -453,8 +520,10 @@ def comparison_verdict(cmp: dict[str, Any], arms: dict[str, dict[str, Any]]) -> 
         what = "decode" if primary_metric_name(cmp) == "decode_tps" else "prefill"
         words = f"no {what} difference shown between {cmp['other']} and {cmp['base']} (interval includes 1)"
     if bad:
+        units = sorted({arms[n]["instance_unit"] for n in bad})
         words += (
-            f"; but {', '.join(bad)} {'is' if len(bad) == 1 else 'are'} not reproducible across instances"
+            f"; but {', '.join(bad)} {'is' if len(bad) == 1 else 'are'} not reproducible across "
+            f"{' / '.join(units)}"
         )
     return words
 

@@ -14,7 +14,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from tui.compare.ab import ABConfig, Arm, Mode, run_comparison
+from tui.compare.ab import ABConfig, Arm, Mode, run_comparison, verdict_words
 from tui.compare.engines import AttachedEngine, ProfileEngine, new_manager, uses_port_variable, with_port
 from tui.compare.report import load_result, write_report, write_result
 from tui.compare.roofline import model_weight_bytes, parse_bandwidth, parse_bytes
@@ -23,8 +23,9 @@ from tui.compare.sweep_param import parse_param_spec, sweep_profiles
 from tui.lifecycle.process import free_port
 from tui.lifecycle.profiles import Profile, ProfileError, load_profiles
 from tui.paths import runs_dir
+from tui.probe.sweep import parse_levels
 from tui.probe.workloads import WORKLOADS
-from tui.targets import TargetError, parse_engine_spec
+from tui.targets import EngineSpec, TargetError, parse_engine_spec
 
 
 class UsageError(ValueError):
@@ -33,23 +34,22 @@ class UsageError(ValueError):
 
 def _levels(text: str) -> tuple[int, ...]:
     try:
-        levels = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected levels like 1,2,4,8, got {text!r}") from None
-    if not levels or min(levels) < 1:
-        raise argparse.ArgumentTypeError(f"levels must be positive integers, got {text!r}")
-    return levels
+        return parse_levels(text, "--concurrency")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--instances", type=int, default=3, help="fresh engine instances per arm (default 3)")
+    p.add_argument("--instances", type=int, default=3,
+                   help="fresh engine instances per arm; rounds in time for attached servers (default 3)")
     p.add_argument("--blocks", type=int, default=4, help="probe blocks per instance (default 4)")
     p.add_argument("--requests", type=int, default=3, help="requests per block (default 3)")
     p.add_argument("--workload", default="short", choices=[w for w in WORKLOADS if w != "agent"])
     p.add_argument(
         "--max-tokens", type=int, default=None, help="tokens per request (default: the workload's)"
     )
-    p.add_argument("--warmup", type=int, default=1, help="unrecorded requests after each start (default 1)")
+    p.add_argument("--warmup", type=int, default=1,
+                   help="unrecorded requests after each start or round (default 1)")
     p.add_argument(
         "--mode",
         choices=["auto", "switch", "coresident"],
@@ -61,7 +61,7 @@ def _common(p: argparse.ArgumentParser) -> None:
         "--cv-threshold",
         type=float,
         default=DEFAULT_CV_THRESHOLD_PCT,
-        help=f"CV%% across instances above which an arm is not reproducible (default "
+        help=f"CV%% across instances (rounds) above which an arm is not reproducible (default "
         f"{DEFAULT_CV_THRESHOLD_PCT:g})",
     )
     p.add_argument("--exclude-throttled", action="store_true", help="drop blocks run while the GPU throttled")
@@ -91,7 +91,8 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def register(subparsers: Any) -> None:
-    ab = subparsers.add_parser("ab", help="interleaved A/B comparison over fresh engine instances")
+    ab = subparsers.add_parser("ab", help="interleaved A/B comparison over fresh engine instances (or rounds "
+                               "on running servers)")
     ab.add_argument(
         "arms",
         nargs="+",
@@ -157,14 +158,16 @@ def _choose_mode(requested: str, profiles: list[Profile | None], has_gpu: bool) 
 
 
 def _arms_from_profiles(
-    named: list[tuple[str, Profile | None, str | None]], mode: Mode, gpu: Any
+    named: list[tuple[str, Profile | None, EngineSpec | None]], mode: Mode, gpu: Any
 ) -> list[Arm]:
     shared = new_manager(gpu)
     arms = []
-    for name, profile, url in named:
+    for name, profile, spec in named:
         if profile is None:
-            assert url is not None
-            arms.append(Arm(name, AttachedEngine(name, url), url=url, notes="attached by URL"))
+            assert spec is not None
+            engine = AttachedEngine(name, spec.url, basic_auth=spec.basic_auth)
+            arms.append(Arm(name, engine, url=spec.url, origin=f"attached by URL {spec.url}, not started by "
+                            "enginetop"))
             continue
         if mode == "coresident" and not profile.attach:
             profile = with_port(profile, free_port())
@@ -178,6 +181,8 @@ def _arms_from_profiles(
                 url=None if not profile.attach else profile.url,
                 profile_path=str(profile.path),
                 notes=profile.notes,
+                origin=f"attached through profile {profile.name}, not started by enginetop"
+                if profile.attach else None,
             )
         )
     return arms
@@ -288,13 +293,14 @@ def _print_summary(result: dict[str, Any]) -> None:
     def f(v: float | None, d: int = 1) -> str:
         return "n/a" if v is None else f"{v:.{d}f}"
 
-    print(f"{'arm':<36} {'decode tok/s':>12} {'CV inst.':>9} {'min-max':>15} {'TTFT ms':>8}  verdict")
+    print(f"{'arm':<36} {'decode tok/s':>12} {'CV':>9} {'min-max':>15} {'TTFT ms':>8}  verdict")
     for name, a in result["analysis"]["arms"].items():
         d = a["decode_tps"]
         ttft = a["ttft_s"]["median"]
         print(
             f"{name:<36} {f(d['median']):>12} {f(a['instance_cv_pct']) + '%':>9} "
-            f"{f(d['min']) + '-' + f(d['max']):>15} {f(ttft * 1000 if ttft else None, 0):>8}  {a['verdict']}"
+            f"{f(d['min']) + '-' + f(d['max']):>15} {f(ttft * 1000 if ttft else None, 0):>8}  "
+            f"{verdict_words(a)}"
         )
     for cmp in result["analysis"]["comparisons"]:
         d = cmp["decode_tps"]
@@ -313,11 +319,11 @@ def cmd_ab(args: argparse.Namespace) -> int:
         if len(args.arms) < 2:
             raise UsageError("ab needs at least two arms (profile names or NAME=URL)")
         profiles = _load(args)
-        named: list[tuple[str, Profile | None, str | None]] = []
+        named: list[tuple[str, Profile | None, EngineSpec | None]] = []
         for spec in args.arms:
             if _is_url(spec):
-                name, url = parse_engine_spec(spec)
-                named.append((name, None, url))
+                parsed = parse_engine_spec(spec)
+                named.append((parsed.name, None, parsed))
             else:
                 named.append((spec, profiles.get(spec), None))
         names = [n for n, _, _ in named]
@@ -330,7 +336,8 @@ def cmd_ab(args: argparse.Namespace) -> int:
     except (UsageError, ProfileError, TargetError) as exc:
         print(f"enginetop ab: {exc}", file=sys.stderr)
         return 2
-    _progress(f"ab: {len(arms)} arms, {config.instances} instances x {config.blocks} blocks, schedule {mode}")
+    units = " / ".join(sorted({arm.unit + "s" for arm in arms}))
+    _progress(f"ab: {len(arms)} arms, {config.instances} {units} x {config.blocks} blocks, schedule {mode}")
     result = run_comparison(arms, config, gpu=gpu, progress=_progress, kind="ab")
     try:
         return _finish(args, result, "ab")

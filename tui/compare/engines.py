@@ -17,6 +17,7 @@ import httpx
 from tui.lifecycle.engine import StepError
 from tui.lifecycle.profiles import Profile
 from tui.lifecycle.switch import EngineManager
+from tui.net import InsecureSecret, client_kwargs, target_headers
 from tui.sources.samples import GpuReport
 
 
@@ -25,8 +26,9 @@ class Target:
     """Where one instance answers; satisfies tui.probe.client.ProbeTarget."""
 
     name: str
-    url: str
+    url: str  # public: no credentials in it
     api_key: str | None = dataclasses.field(default=None, repr=False)
+    basic_auth: tuple[str, str] | None = dataclasses.field(default=None, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,8 +58,9 @@ class AttachedEngine:
 
     attached = True
 
-    def __init__(self, name: str, url: str, api_key: str | None = None) -> None:
-        self.target = Target(name, url.rstrip("/"), api_key)
+    def __init__(self, name: str, url: str, api_key: str | None = None,
+                 basic_auth: tuple[str, str] | None = None) -> None:
+        self.target = Target(name, url.rstrip("/"), api_key, basic_auth)
 
     def start(self) -> Started:
         return Started(self.target, None, None, None)
@@ -118,8 +121,11 @@ def uses_port_variable(profile: Profile) -> bool:
 
 def engine_version(target: Target, timeout: float = 5.0) -> str | None:
     """What the server says it is: llama.cpp /props build_info, vLLM /version; None if it does not say."""
-    headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
-    with httpx.Client(timeout=timeout, trust_env=False) as client:
+    try:
+        headers = target_headers(target)
+    except InsecureSecret:
+        return None
+    with httpx.Client(timeout=timeout, **client_kwargs(target.url)) as client:
         for path, key in (("/props", "build_info"), ("/version", "version")):
             try:
                 reply = client.get(f"{target.url}{path}", headers=headers)

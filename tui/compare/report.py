@@ -13,9 +13,11 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from tui.compare.ab import verdict_words
 from tui.compare.roofline import cross_platform, roofline
 from tui.compare.svg import Bar, Series, bar_chart, line_chart
 from tui.compare.sweep_param import best_value, sweep_table
+from tui.probe.stats import median
 
 CSS = """
 body{margin:0;background:#f8fafc;color:#111827;font:15px/1.55 system-ui,-apple-system,'Segoe UI',sans-serif}
@@ -65,9 +67,20 @@ def _gib(n: Any) -> str:
     return _f(n / 1024**3 if n is not None else None, 1, " GiB")
 
 
-def _verdict_html(v: str | None) -> str:
+def _verdict_html(v: str | None, words: str | None = None) -> str:
     cls = {"reproducible": "ok", "not reproducible": "bad"}.get(v or "", "warn")
-    return f'<span class="{cls}">{escape(v or "n/a")}</span>'
+    return f'<span class="{cls}">{escape(words or v or "n/a")}</span>'
+
+
+def _unit(result: dict[str, Any], arm: str) -> str:
+    """An attached arm repeats in rounds of time (nothing restarted); any other in fresh instances."""
+    attached = next((a.get("attached") for a in result["arms"] if a["name"] == arm), False)
+    return "round" if attached else "instance"
+
+
+def _units(result: dict[str, Any], plural: str = "") -> str:
+    """The unit for headings over every arm: 'instance', 'round', or 'instance / round' when mixed."""
+    return " / ".join(u + plural for u in sorted({_unit(result, a["name"]) for a in result["arms"]}))
 
 
 def _table(head: Sequence[str], rows: Iterable[Sequence[str]], numeric: Sequence[int] = ()) -> str:
@@ -99,12 +112,12 @@ def _reproduction(a: dict[str, Any]) -> str:
     d = a["decode_tps"]
     cv = a["instance_cv_pct"]
     spread = f"{_f(d['min'])}–{_f(d['max'])}" if d["min"] is not None else ""
-    cv_words = (
-        f"CV {_f(cv, 1, '%')} across {a['instances']} {a['instance_unit']}"
-        if cv is not None
-        else f"{a['instances']} {a['instance_unit'].split(' ')[0]}"
-    )
-    return f'{_verdict_html(a["verdict"])}<br><span class="muted">{cv_words}; blocks {spread}</span>'
+    unit = a["instance_unit"]
+    cv_words = f"{a['instances']} {unit}"
+    if cv is not None:
+        cv_words = f"CV {_f(cv, 1, '%')} across {cv_words}"
+    verdict = _verdict_html(a["verdict"], verdict_words(a))
+    return f'{verdict}<br><span class="muted">{cv_words}; blocks {spread}</span>'
 
 
 def _header(result: dict[str, Any]) -> str:
@@ -123,8 +136,8 @@ def _header(result: dict[str, Any]) -> str:
         cards.append(
             f'<div class="card"><div class="k">{escape(arm["name"])} · single stream</div>'
             f'<div class="v">{_f(a["decode_tps"]["median"])}<small> tok/s</small></div>'
-            f'<div class="d">{a["instances"]} {escape(a["instance_unit"].split(" ")[0])}, '
-            f"CV {_f(cv, 1, '%')} · {_verdict_html(a['verdict'])}</div></div>"
+            f'<div class="d">{a["instances"]} {escape(a["instance_unit"])}, '
+            f"CV {_f(cv, 1, '%')} · {_verdict_html(a['verdict'], verdict_words(a))}</div></div>"
         )
     for cmp in analysis["comparisons"][:3]:
         d = cmp["decode_tps"]
@@ -137,7 +150,8 @@ def _header(result: dict[str, Any]) -> str:
         )
     meta = (
         f"Measured {escape(result['started'])} → {escape(result['finished'])} · workload "
-        f"<b>{escape(cfg['workload'])}</b> · {cfg['instances']} instances × {cfg['blocks']} blocks × "
+        f"<b>{escape(cfg['workload'])}</b> · {cfg['instances']} {_units(result, 's')} × {cfg['blocks']} "
+        "blocks × "
         f"{cfg['requests_per_block']} requests per arm · schedule <b>{escape(cfg['mode'])}</b>"
     )
     return (
@@ -199,11 +213,16 @@ def _platform(result: dict[str, Any]) -> str:
     configs = []
     for arm in result["arms"]:
         argv = arm.get("argv")
-        argv_text = _argv_lines(argv) if argv else f"attached to {arm.get('url')} (not started by enginetop)"
+        origin = arm.get("origin") or (
+            f"attached to {arm.get('url')}, not started by enginetop" if arm.get("attached")
+            else "a fresh start for every instance"
+        )
+        argv_text = _argv_lines(argv) if argv else f"no argv known: {origin}"
         configs.append(
             f'<h3>{escape(arm["name"])}</h3><dl class="grid"><dt>Engine</dt><dd>{_f(arm.get("engine"))}</dd>'
             f"<dt>Version</dt><dd>{_f(arm.get('engine_version'))}</dd>"
-            f"<dt>Profile</dt><dd>{_f(arm.get('profile_path'))}</dd></dl><pre>{escape(argv_text)}</pre>"
+            f"<dt>Profile</dt><dd>{_f(arm.get('profile_path'))}</dd>"
+            f"<dt>Started</dt><dd>{escape(origin)}</dd></dl><pre>{escape(argv_text)}</pre>"
         )
     return _section(
         "Platform",
@@ -228,54 +247,203 @@ def _argv_lines(argv: Sequence[str]) -> str:
 
 
 def _method(result: dict[str, Any]) -> str:
-    cfg = result["config"]
-    schedule = {
-        "coresident": "instance i of every arm runs at the same time; blocks alternate arms A B A B … within "
-        "a "
-        "round and the next round starts with the other arm (B A B A …)",
-        "switch": "one engine at a time through the safe switch; round i starts instance i of each arm in "
-        "turn "
-        "(A B, then B A in the next round) and runs its blocks back to back",
-    }[cfg["mode"]]
-    items = [
-        f"Every instance is a fresh engine start (stop → VRAM/PIDs/port drained → start → /health and a real "
-        f"1-token completion), then {cfg['warmup_requests']} unrecorded warm-up request(s). Attached servers "
-        "are "
-        "never restarted; their instances are rounds in time.",
-        f"Schedule: {schedule}.",
-        f"A block is {cfg['requests_per_block']} sequential single-stream requests of workload "
-        f"<b>{escape(cfg['workload'])}</b> (max_tokens {cfg['max_tokens'] or 'workload default'}, "
-        "ignore_eos, "
-        "temperature 0, a seeded nonce first so no prompt cache serves a repeat). A block's value is the "
-        "median of "
-        "its successful requests.",
-        "decode tok/s = (completion_tokens − 1) / (last token − first token) on the client clock, with "
-        "completion_tokens from the server's usage (never a count of stream chunks). The engine's own decode "
-        "figure (llama.cpp timings) is shown beside it, labelled server-side. TTFT is client wall time from "
-        "send "
-        "to the first content chunk; prefill tok/s is server-side when the engine reports it.",
-        f"Per arm: median, CV% and range over blocks, and the median of each instance. The verdict is "
-        f"<b>reproducible</b> when the CV of instance medians is ≤ {cfg['cv_threshold_pct']:g}%, <b>not "
-        "reproducible</b> above (the seeds' steady arms scattered 0.3–0.6%, the untrustworthy one "
-        "46.7–73.4), and "
-        "<b>single instance</b> when only one instance ran.",
-        "Ratios are of medians against the first arm, with a hierarchical percentile bootstrap 95% interval "
-        f"({cfg['bootstrap_samples']} resamples, seed {cfg['seed']}): instances drawn with replacement, then "
-        "blocks within them, so between-instance scatter widens the interval.",
-        "GPU state is sampled every "
-        f"{cfg['gpu_interval_s']:g} s during each block (temperature, power, utilisation, memory bandwidth, "
-        "clock-event reasons). Blocks that saw a real throttle reason are flagged"
-        + (
-            " and excluded from the statistics."
-            if cfg.get("exclude_throttled")
-            else "; they are kept in the statistics (run with --exclude-throttled to drop them)."
-        ),
-    ]
+    """Every sentence from what this run recorded (result["method"], its blocks and requests)."""
+    facts = result.get("method")
+    if facts is None:
+        items = [
+            "This result was written by an enginetop that did not record how the run was done (no "
+            "\"method\" in its JSON): which engines were restarted, the warm-up and the GPU sampling are "
+            "unknown. Its configuration is in the JSON's \"config\"."
+        ]
+    else:
+        items = [
+            _method_engines(facts),
+            _method_schedule(result, facts),
+            _method_requests(result, facts),
+            _method_cache(result),
+            _method_metrics(result),
+            _method_statistics(result),
+            _method_gpu(result, facts),
+            _method_host(result),
+        ]
     return _section(
         "Method",
         "How it was measured — the numbers only mean something with this",
-        "<ol>" + "".join(f"<li>{i}</li>" for i in items) + "</ol>",
+        "<ol>" + "".join(f"<li>{i}</li>" for i in items if i) + "</ol>",
     )
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _method_engines(facts: dict[str, Any]) -> str:
+    words = []
+    for arm in facts["arms"]:
+        name = f"<b>{escape(arm['name'])}</b>"
+        if arm["restarted"]:
+            text = f"{name}: {_plural(arm['starts'], 'fresh engine start')}"
+            if arm["starts"] and arm["safe_switch_starts"] == arm["starts"]:
+                text += (" through the safe switch (stop → VRAM, PIDs and port drained → start → /health "
+                         "and a real 1-token completion)")
+            elif arm["safe_switch_starts"]:
+                text += f", {arm['safe_switch_starts']} of them through the safe switch"
+            cold = arm["cold_start_s"]
+            if cold:
+                text += f", cold start {min(cold):.1f}–{max(cold):.1f} s"
+        else:
+            origin = escape(arm.get("origin") or "attached")
+            rounds = _plural(arm["starts"], "round")
+            text = f"{name}: never restarted ({origin}); {rounds} in time on the engine as it ran"
+        if arm["failed_starts"]:
+            text += f"; {arm['failed_starts']} failed to start (see Errors)"
+        words.append(text)
+    warm = facts["warmup_requests"]
+    if warm:
+        sent = sum(a["warmup_sent"] for a in facts["arms"])
+        ok = sum(a["warmup_ok"] for a in facts["arms"])
+        when = " and ".join(sorted({"after each start" if a["restarted"] else "at each round"
+                                    for a in facts["arms"]}))
+        warm_words = (f"Before measuring, {_plural(warm, 'unrecorded warm-up request')} {when} ({sent} sent, "
+                      f"{ok} answered).")
+    else:
+        warm_words = "No warm-up requests were sent: the first block of each start or round measured it cold."
+    return "Engines. " + "; ".join(words) + ". " + warm_words
+
+
+def _method_schedule(result: dict[str, Any], facts: dict[str, Any]) -> str:
+    cfg = result["config"]
+    arms = facts["arms"]
+    names = [escape(a["name"]) for a in arms]
+    fresh = [escape(a["name"]) for a in arms if a["restarted"]]
+    kept = [escape(a["name"]) for a in arms if not a["restarted"]]
+    if facts["mode"] == "switch":
+        text = ("Schedule <b>switch</b>: one engine at a time; round i starts instance i of each arm in turn "
+                "(in the order given, reversed in odd rounds) and runs its blocks back to back")
+    else:
+        if not fresh:
+            who = "all engines kept running side by side"
+        elif not kept:
+            who = "round i started instance i of every arm, side by side on distinct ports"
+        else:
+            who = (f"round i started instance i of {', '.join(fresh)} beside the running "
+                   f"{', '.join(kept)}")
+        text = f"Schedule <b>coresident</b>: {who}"
+        if len(arms) > 1:
+            text += (f"; within a round blocks go through the arms in turn ({' '.join(names)} …), the next "
+                     "round in reverse order, so drift hits every arm alike")
+    units = _units(result, "s")
+    blocks = len(result["blocks"])
+    return (f"{text}. Planned per arm: {cfg['instances']} {units} × {_plural(cfg['blocks'], 'block')} × "
+            f"{_plural(cfg['requests_per_block'], 'request')}; {_plural(blocks, 'block')} recorded in all.")
+
+
+def _method_requests(result: dict[str, Any], facts: dict[str, Any]) -> str:
+    req = facts["requests"]
+    nonce = (req.get("params") or {}).get("nonce")
+    seed = f"the request's seed (block seed {escape(req['block_seed'])}) and its number"
+    tag = f"a tag made from {seed}"
+    if nonce:
+        tag = (f"a tag hashed from this run's nonce <b>{escape(str(nonce))}</b>, {seed}, so it matches no "
+               "earlier request's prompt, in this run or another")
+    return (
+        f"A block is {result['config']['requests_per_block']} sequential single-stream requests of workload "
+        f"<b>{escape(req['workload'])}</b>: max_tokens {_f(req.get('max_tokens'), 0)}, temperature "
+        f"{_f(req.get('temperature'), 0)}, ignore_eos {'on' if req.get('ignore_eos') else 'off'}. A block's "
+        f"value is the median of its successful requests. Every prompt starts with {tag}; the first "
+        f"measured prompt began “{escape(req['first_prompt_start'])}…”."
+    )
+
+
+def _requests(result: dict[str, Any]) -> list[dict[str, Any]]:
+    return [r for b in result["blocks"] for r in b["requests"] if r.get("ok")]
+
+
+def _method_cache(result: dict[str, Any]) -> str:
+    requests = _requests(result)
+    told = [r for r in requests if r.get("cached_tokens") is not None and r.get("prompt_tokens")]
+    if not told:
+        return (f"No engine reported how many prompt tokens came from its cache ({len(requests)} successful "
+                "requests): whether a prompt cache served part of a prompt is not known.")
+    cached = sum(r["cached_tokens"] for r in told)
+    prompt = sum(r["prompt_tokens"] for r in told)
+    worst = max(r["cached_tokens"] / r["prompt_tokens"] for r in told)
+    text = (f"Prompt cache: {len(told)} of {len(requests)} successful requests said how many prompt tokens "
+            f"came from a cache: {cached} of {prompt} ({100 * cached / prompt:.0f}%), at most "
+            f"{100 * worst:.0f}% of one request's prompt.")
+    served = [r for r in requests if r.get("cache_served")]
+    if served:
+        text += f" {len(served)} were flagged as served from the cache: their TTFT and prefill measure a hit."
+    return text
+
+
+def _method_metrics(result: dict[str, Any]) -> str:
+    blocks = [b for b in result["blocks"] if b.get("token_source")]
+    server = sum(1 for b in blocks if b["token_source"] == "server")
+    requests = _requests(result)
+    own = sum(1 for r in requests if r.get("server_decode_tps") is not None)
+    prefill = {src: sum(1 for r in requests if r.get("prefill_source") == src)
+               for src in ("server", "client-lower-bound")}
+    text = ("decode tok/s = (completion_tokens − 1) / (last token − first token) on the client clock; "
+            f"completion tokens came from the server's usage in {server} of {len(blocks)} blocks")
+    if server < len(blocks):
+        text += ", from a count of stream chunks in the others (the server sent no token counts)"
+    text += (f". The engine's own decode figure was reported for {own} of {len(requests)} requests"
+             + (", shown beside it, labelled server-side" if own else "") + ". ")
+    connect = [r["connect_s"] for r in requests if r.get("connect_s") is not None]
+    if any("connect_s" in r for r in requests):  # recorded by clients that send after connecting
+        apart = f"measured apart (median {1000 * median(connect):.1f} ms)" if connect else "not measured"
+        text += ("TTFT is the client's time from sending a request to its first content chunk; opening the "
+                 f"connection was {apart} and is not in it. ")
+    else:
+        text += ("TTFT is the client's time from the start of a request, a new connection's set-up included, "
+                 "to its first content chunk. ")
+    text += (f"prefill tok/s: the engine's own figure for {prefill['server']} requests, a client-side lower "
+             f"bound (uncached prompt tokens / TTFT) for {prefill['client-lower-bound']}.")
+    return text
+
+
+def _method_statistics(result: dict[str, Any]) -> str:
+    cfg = result["config"]
+    unit = _units(result)
+    units = _units(result, "s")
+    return (
+        f"Per arm: median, CV% and range over blocks, and the median of each {unit}. The verdict is "
+        f"<b>reproducible</b> when the CV of the {unit} medians is ≤ {cfg['cv_threshold_pct']:g}%, <b>not "
+        "reproducible</b> above (the seeds' steady arms scattered 0.3–0.6%, the untrustworthy one "
+        f"46.7–73.4), and <b>single {unit}</b> when only one gave data. Ratios are of medians against the "
+        f"first arm, with a hierarchical percentile bootstrap 95% interval ({cfg['bootstrap_samples']} "
+        f"resamples, seed {cfg['seed']}): {units} drawn with replacement, then blocks within them, so "
+        f"scatter between {units} widens the interval."
+    )
+
+
+def _method_gpu(result: dict[str, Any], facts: dict[str, Any]) -> str:
+    gpu = facts["gpu"]
+    cfg = result["config"]
+    blocks = result["blocks"]
+    if gpu["origin"] is None:
+        return f"The GPU was not sampled: {escape(gpu['why_not'] or 'no reason recorded')}."
+    seen = [b for b in blocks if (b.get("gpu") or {}).get("gpus")]
+    if not seen:
+        reasons = sorted({(b.get("gpu") or {}).get("unavailable") or "no GPU" for b in blocks})
+        return (f"GPU state was asked of {escape(gpu['origin'])} every {gpu['interval_s']:g} s during each "
+                f"block, and no GPU answered ({escape('; '.join(reasons))}): the GPU state is unknown.")
+    throttled = sum(1 for b in blocks if b.get("throttled"))
+    text = (f"GPU state was read from {escape(gpu['origin'])} every {gpu['interval_s']:g} s during each "
+            f"block ({len(seen)} of {len(blocks)} blocks have readings): temperature, power, utilisation, "
+            f"memory bandwidth, clock-event reasons. {_plural(throttled, 'block')} saw a real throttle "
+            "reason")
+    if cfg.get("exclude_throttled"):
+        return text + " and were left out of the statistics."
+    return text + "; any such block is kept in the statistics (--exclude-throttled drops them)."
+
+
+def _method_host(result: dict[str, Any]) -> str:
+    blocks = result["blocks"]
+    measured = sum(1 for b in blocks if b.get("host_cpu_pct") is not None)
+    return (f"Host CPU busy % (every process on the machine) was measured over {measured} of {len(blocks)} "
+            "blocks, with a baseline of its own.")
 
 
 def _single_stream(result: dict[str, Any]) -> str:
@@ -309,7 +477,7 @@ def _single_stream(result: dict[str, Any]) -> str:
                 a["decode_tps"]["min"],
                 a["decode_tps"]["max"],
                 points,
-                note=f"CV {cv:.1f}% · {a['verdict']}" if cv is not None else a["verdict"],
+                note=f"CV {cv:.1f}% · {verdict_words(a)}" if cv is not None else verdict_words(a),
             )
         )
     table = _table(
@@ -361,7 +529,7 @@ def _sweep(result: dict[str, Any]) -> str:
             escape(str(r["value"])) + (" <b>(best)</b>" if best is r else ""),
             _f(r["decode_tps"]),
             f'{_verdict_html(r["verdict"])} <span class="muted">CV {_f(r["instance_cv_pct"], 1, "%")}, '
-            f"{r['instances']} inst., {_f(r['decode_min'])}–{_f(r['decode_max'])}</span>",
+            f"{r['instances']} inst., {_f(r['decode_min'])}–{_f(r['decode_max'])}</span>",  # sweeps restart
             _ms(r["ttft_s"]),
             _f(r["gpu_util_pct"], 0, "%"),
             _f(r["power_w"], 0, " W"),
@@ -430,7 +598,7 @@ def _concurrency(result: dict[str, Any]) -> str:
     )
     return _section(
         "Concurrency",
-        "End-to-end aggregate throughput (queueing and TTFT included), on each arm's first instance",
+        f"End-to-end aggregate throughput (queueing and TTFT included), on each arm's first {_units(result)}",
         table + chart,
     )
 
@@ -560,7 +728,8 @@ def _throttling(result: dict[str, Any]) -> str:
         if not flagged
         else '<p class="note">Throttled blocks: '
         + ", ".join(
-            f"{escape(b['arm'])} instance {b['instance'] + 1} block {b['block'] + 1}" for b in flagged
+            f"{escape(b['arm'])} {_unit(result, b['arm'])} {b['instance'] + 1} block {b['block'] + 1}"
+            for b in flagged
         )
         + "</p>"
     )
@@ -577,6 +746,7 @@ def _throttling(result: dict[str, Any]) -> str:
 
 
 def _raw(result: dict[str, Any]) -> str:
+    unit_head = _units(result).capitalize()
     rows = []
     for b in sorted(result["blocks"], key=lambda x: x["seq"]):
         g = b.get("gpu") or {}
@@ -602,7 +772,7 @@ def _raw(result: dict[str, Any]) -> str:
         [
             "#",
             "Arm",
-            "Inst.",
+            unit_head,
             "Block",
             "decode tok/s",
             "server decode",
@@ -641,7 +811,7 @@ def _raw(result: dict[str, Any]) -> str:
     requests = _table(
         [
             "Arm",
-            "Inst.",
+            unit_head,
             "Block",
             "Req.",
             "decode tok/s",
@@ -658,12 +828,12 @@ def _raw(result: dict[str, Any]) -> str:
         numeric=(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11),
     )
     instances = _table(
-        ["Arm", "Instance", "Started", "Cold start", "Error"],
+        ["Arm", unit_head, "Fresh start", "Cold start", "Error"],
         [
             [
                 escape(i["arm"]),
                 str(i["instance"] + 1),
-                '<span class="ok">yes</span>' if i["ok"] else '<span class="bad">no</span>',
+                _start_cell(i),
                 _f(i.get("cold_start_s"), 2, " s"),
                 escape(i.get("error") or ""),
             ]
@@ -681,6 +851,14 @@ def _raw(result: dict[str, Any]) -> str:
         + errors_html
         + f"<details><summary>All {len(req_rows)} requests</summary>{requests}</details>",
     )
+
+
+def _start_cell(instance: dict[str, Any]) -> str:
+    if not instance["ok"]:
+        return '<span class="bad">failed</span>'
+    if instance.get("fresh") is False:
+        return '<span class="muted">no: attached, a round</span>'
+    return '<span class="ok">yes</span>'
 
 
 def render_html(result: dict[str, Any]) -> str:

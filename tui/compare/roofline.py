@@ -71,11 +71,6 @@ def model_weight_bytes(path: str | Path) -> int:
     raise ValueError(f"model path does not exist: {p}")
 
 
-def peak_bandwidth_from_clock(max_mem_clock_mhz: float, bus_width_bits: float) -> float:
-    """Theoretical peak bytes/s from NVML's max memory clock and bus width (DDR: two transfers a clock)."""
-    return max_mem_clock_mhz * 1e6 * 2 * bus_width_bits / 8
-
-
 def decode_ceiling_tps(bandwidth_bps: float, bytes_per_token: float) -> float:
     if bandwidth_bps <= 0 or bytes_per_token <= 0:
         raise ValueError("roofline: bandwidth and bytes per token must both be positive")

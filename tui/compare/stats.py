@@ -15,16 +15,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from tui.probe.stats import median, quantile
+
 # Dispersion across instances above this is "not reproducible". The seeds' steady arms scattered
 # 0.3-0.6% across 4-5 instances; the arm they could not trust spanned 46.7-73.4 (CV ~15%). 5% sits
 # well clear of both, and above the ~1-3% that a shared 2-core CPU adds to a steady llama-server.
 DEFAULT_CV_THRESHOLD_PCT = 5.0
 
 Verdict = Literal["reproducible", "not reproducible", "single instance"]
-
-
-def median(values: Sequence[float]) -> float | None:
-    return statistics.median(values) if values else None
 
 
 def cv_pct(values: Sequence[float]) -> float | None:
@@ -104,17 +102,10 @@ def bootstrap_ratio_ci(
             ratios.append(num / den)
     if not ratios:
         raise ValueError("bootstrap: the denominator's median is always 0")
-    ratios.sort()
     alpha = (1 - confidence) / 2
-    return _quantile(ratios, alpha), _quantile(ratios, 1 - alpha)
-
-
-def _quantile(sorted_values: Sequence[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default), on already sorted data."""
-    pos = q * (len(sorted_values) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+    lo, hi = quantile(ratios, alpha), quantile(ratios, 1 - alpha)  # numpy's default interpolation
+    assert lo is not None and hi is not None  # ratios is not empty
+    return lo, hi
 
 
 def ratio_of_medians(numerator: Sequence[float], denominator: Sequence[float]) -> float | None:

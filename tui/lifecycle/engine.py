@@ -7,7 +7,6 @@ and a real 1-token completion succeed.
 
 from __future__ import annotations
 
-import contextlib
 import shlex
 import signal
 import threading
@@ -22,18 +21,20 @@ import psutil
 
 from tui.lifecycle.process import (
     Launched,
+    OwnedGroup,
     describe_process,
-    group_members,
     launch,
     pid_alive,
     port_listeners,
     port_open,
     reap,
-    stop_pgid,
+    same_process,
     tail_lines,
 )
 from tui.lifecycle.profiles import Profile, ResolvedProfile
-from tui.paths import runs_dir
+from tui.net import auth_headers, client_kwargs, error_text
+from tui.paths import runs_dir, safe_name
+from tui.secrets import redact_argv
 
 LOG_TAIL_LINES = 20
 
@@ -70,7 +71,8 @@ def exit_words(code: int | None) -> str:
 @dataclass
 class EngineInstance:
     """A running (or attached) engine. `launched` is set when this process started it (exit code known);
-    an instance adopted from a state file has only pid/pgid/create_time."""
+    an instance adopted from a state file has only pid/pgid/create_time, and `adopted` set: another
+    enginetop command (`up`) started it and meant it to outlive us."""
 
     resolved: ResolvedProfile
     pid: int | None = None
@@ -83,6 +85,7 @@ class EngineInstance:
     cold_start_s: float | None = None
     pids_seen: dict[int, float] = field(default_factory=dict)  # PID -> create time, every one of its tree
     stopping: bool = False  # set before we signal it, so its exit is not reported as a crash
+    adopted: bool = False
 
     @property
     def profile(self) -> Profile:
@@ -105,13 +108,23 @@ class EngineInstance:
             return False
         if self.launched is not None:
             return self.launched.alive()
-        reap(self.pid)
+        if same_process(self.pid, self.create_time):
+            reap(self.pid)  # ours only when `up` ran in this process; never reap a stranger's child
         return pid_alive(self.pid, self.create_time)
 
     def exit_code(self) -> int | None:
         if self.launched is not None:
-            return self.launched.proc.poll()
+            return self.launched.poll()
         return None
+
+    def group(self) -> OwnedGroup:
+        """Its process group, for signalling: only what is provably still ours gets a signal."""
+        return OwnedGroup(
+            self.pgid or self.pid or 0,
+            leader_create_time=self.create_time,
+            proc=self.launched.proc if self.launched is not None else None,
+            known=self.pids_seen,
+        )
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> list[str]:
         return tail_lines(self.log_path, lines) if self.log_path else []
@@ -119,26 +132,22 @@ class EngineInstance:
     def tree_pids(self) -> set[int]:
         """The live PIDs of its process tree and group now; remembered in pids_seen with their start
         times, so a PID reused later by an unrelated process is never taken for (or killed as) ours."""
-        procs: list[psutil.Process] = []
         if self.pid is None:
             return set()
-        try:
-            root = psutil.Process(self.pid)
-            if self.create_time is None or abs(root.create_time() - self.create_time) < 0.01:
-                procs.append(root)
-                procs += root.children(recursive=True)
-        except psutil.Error:
-            pass
-        if self.pgid is not None:
-            procs += group_members(self.pgid)
-        pids: set[int] = set()
-        for proc in procs:
+        pids = set(self.group().members())  # the group, only while its leader is provably ours
+        if same_process(self.pid, self.create_time):
             try:
-                self.pids_seen.setdefault(proc.pid, proc.create_time())
-                pids.add(proc.pid)
+                procs = [psutil.Process(self.pid)]
+                procs += procs[0].children(recursive=True)  # children that left the group (setsid)
             except psutil.Error:
-                continue
-        return pids
+                procs = []
+            for proc in procs:
+                try:
+                    self.pids_seen[proc.pid] = proc.create_time()
+                except psutil.Error:
+                    continue
+                pids.add(proc.pid)
+        return {pid for pid in pids if pid_alive(pid, self.pids_seen.get(pid))}
 
     def survivors(self) -> list[int]:
         """PIDs seen in its tree that still run (the same processes, not reused PIDs)."""
@@ -147,8 +156,7 @@ class EngineInstance:
 
 def new_log_path(profile: Profile, directory: Path | None = None) -> Path:
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in profile.name)
-    return (directory or runs_dir()) / f"{safe}-{stamp}-{profile.port}.log"
+    return (directory or runs_dir()) / f"{safe_name(profile.name)}-{stamp}-{profile.port}.log"
 
 
 def launch_instance(resolved: ResolvedProfile, log_dir: Path | None = None) -> EngineInstance:
@@ -158,10 +166,11 @@ def launch_instance(resolved: ResolvedProfile, log_dir: Path | None = None) -> E
         return EngineInstance(resolved=resolved)
     log_path = new_log_path(profile, log_dir)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    # The argv is safe to log: a key on it is rejected when the profile loads; the env is not logged.
+    # resolve() refuses a key on the argv; redacted all the same, as a second line of defence. The env
+    # (it may hold the key) is never logged.
     with log_path.open("a", encoding="utf-8") as log:
         log.write(f"# enginetop {datetime.now().isoformat(timespec='seconds')}: profile {profile.name}\n")
-        log.write(f"# argv: {shlex.join(resolved.argv)}\n")
+        log.write(f"# argv: {shlex.join(redact_argv(resolved.argv, resolved.api_key))}\n")
         if resolved.workdir:
             log.write(f"# cwd: {resolved.workdir}\n")
     try:
@@ -195,10 +204,6 @@ class Readiness:
     message: str
 
 
-def _headers(api_key: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
-
-
 def _served_model(client: httpx.Client, url: str, headers: dict[str, str]) -> str | None:
     """The first model id from /v1/models; vLLM and SGLang want it in the request, llama.cpp ignores it."""
     try:
@@ -218,7 +223,7 @@ def check_ready(instance: EngineInstance, client: httpx.Client) -> Readiness:
         raise StepError("ready", crash_message(instance, "while starting"))
     if not port_open(profile.connect_host, profile.port, timeout=1.0):
         return Readiness(False, "port", f"port {profile.port} on {profile.connect_host} not listening yet")
-    headers = _headers(instance.resolved.api_key)
+    headers = auth_headers(instance.resolved.api_key)
     url = profile.url
     try:
         health = client.get(f"{url}{profile.health_path}", headers=headers)
@@ -250,13 +255,8 @@ def check_ready(instance: EngineInstance, client: httpx.Client) -> Readiness:
 
 
 def _short_reason(reply: httpx.Response) -> str:
-    try:
-        data = reply.json()
-        error = data.get("error") if isinstance(data, dict) else None
-        message = error.get("message") if isinstance(error, dict) else None
-    except (ValueError, AttributeError):
-        message = None
-    return f" ({str(message)[:80]})" if message else ""
+    message = error_text(reply.content, limit=80)
+    return f" ({message})" if message else ""
 
 
 def wait_ready(
@@ -270,11 +270,16 @@ def wait_ready(
     timeout = instance.profile.start_timeout_s if timeout is None else timeout
     deadline = time.monotonic() + timeout
     last = ""
-    with httpx.Client(timeout=httpx.Timeout(30.0, connect=2.0)) as client:
+    with httpx.Client(timeout=httpx.Timeout(30.0, connect=2.0), **client_kwargs(instance.url)) as client:
         while True:
             if cancel is not None and cancel.is_set():
                 raise Cancelled("ready")
-            state = check_ready(instance, client)
+            try:
+                state = check_ready(instance, client)
+            except StepError:
+                if cancel is not None and cancel.is_set():
+                    raise Cancelled("ready") from None  # it died of the cancel's SIGTERM: not a crash
+                raise
             if state.ready:
                 instance.cold_start_s = time.monotonic() - instance.started_mono
                 instance.tree_pids()
@@ -309,18 +314,12 @@ def stop_instance(instance: EngineInstance, timeout: float | None = None) -> str
     timeout = instance.profile.stop_timeout_s if timeout is None else timeout
     instance.stopping = True
     instance.tree_pids()
-    how = stop_pgid(
-        instance.pgid or instance.pid, timeout, instance.launched.proc if instance.launched else None
-    )
-    # Children that left the group (setsid) are signalled by PID: they were part of the engine.
-    for pid in instance.survivors():
-        with contextlib.suppress(psutil.Error):
-            psutil.Process(pid).kill()
+    # The group while its leader is provably ours, then every PID seen in its tree whose start time still
+    # matches (children that left the group, or outlived a crashed leader); never a reused PGID or PID.
+    how = instance.group().stop(timeout)
     survivors: list[int] = []
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
-        for pid in instance.pids_seen:
-            reap(pid)
         survivors = instance.survivors()
         listening = port_open(instance.profile.connect_host, instance.profile.port)
         if not survivors and not listening:

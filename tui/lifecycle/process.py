@@ -11,8 +11,9 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
@@ -32,6 +33,13 @@ def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
         return False
 
 
+# Every waitpid and every signal in this process goes through this lock: no thread can reap a child (and so
+# free its PID, and its group's number, for reuse) between another thread's identity check and its signal.
+_SIGNAL_LOCK = threading.RLock()
+# Linux counts start times in clock ticks (10 ms): two processes one tick apart must not be taken for one.
+CREATE_TIME_TOLERANCE_S = 0.005
+
+
 @dataclass
 class Launched:
     proc: subprocess.Popen[bytes]
@@ -43,8 +51,13 @@ class Launched:
     def pid(self) -> int:
         return self.proc.pid
 
+    def poll(self) -> int | None:
+        """The exit code once it has exited (reaping it), else None."""
+        with _SIGNAL_LOCK:
+            return self.proc.poll()
+
     def alive(self) -> bool:
-        return self.proc.poll() is None
+        return self.poll() is None
 
     def log_tail(self, lines: int = 20) -> list[str]:
         return tail_lines(self.log_path, lines)
@@ -108,61 +121,139 @@ def pid_alive(pid: int, create_time: float | None = None) -> bool:
     """The PID runs and is not a zombie; with create_time, it is still the same process (no PID reuse)."""
     try:
         proc = psutil.Process(pid)
-        if create_time is not None and abs(proc.create_time() - create_time) > 0.01:
+        if create_time is not None and abs(proc.create_time() - create_time) > CREATE_TIME_TOLERANCE_S:
             return False
         return proc.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
 
 
+def same_process(pid: int, create_time: float | None) -> bool:
+    """`pid` is still the process that started at `create_time` (a zombie counts: it still holds its PID).
+    Without a create time nothing can be proven, so the answer is no."""
+    if create_time is None:
+        return False
+    try:
+        return abs(psutil.Process(pid).create_time() - create_time) <= CREATE_TIME_TOLERANCE_S
+    except psutil.Error:
+        return False
+
+
 def reap(pid: int) -> int | None:
     """Collect our own exited child so it does not linger as a zombie; its exit status, or None."""
-    try:
-        done, status = os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        return None
+    with _SIGNAL_LOCK:
+        try:
+            done, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return None
     return os.waitstatus_to_exitcode(status) if done else None
 
 
-def stop_pgid(pgid: int, term_timeout: float = 15.0, proc: subprocess.Popen[bytes] | None = None) -> str:
-    """SIGTERM the process group, SIGKILL what is left after term_timeout, wait for it to be gone.
+@dataclass
+class OwnedGroup:
+    """A process group enginetop started, and the only way enginetop signals it.
 
-    Returns "terminated", "killed" or "gone" (nothing was running). Whether it really is gone is for the
-    caller to check independently (group_alive, port_open)."""
+    A PGID is the leader's PID. While the leader is the process we started (our unreaped child, or its PID
+    with its recorded start time), nobody else can hold that group number, so the whole group is signalled
+    at once (killpg). Once the leader is gone the number may be reused by an unrelated process: then no
+    group signal at all, only the PIDs in `known` whose start time still matches (children we saw).
 
-    def poll() -> None:
-        if proc is not None:
-            proc.poll()
-        else:
-            reap(pgid)
+    The check and the signal are as close as the OS allows: for our own child exactly (it keeps its PID
+    until we reap it, and every reap here takes the same lock); for a process another enginetop command
+    started, a PID freed and reused in the microseconds between the two is the one race left.
+    """
 
-    poll()
-    if not group_alive(pgid):
-        return "gone"
-    how = "terminated"
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + term_timeout
-    while True:
-        poll()
-        if not group_alive(pgid):
-            break
-        if time.monotonic() >= deadline:
-            how = "killed"
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGKILL)
-            break
-        time.sleep(0.05)
-    if proc is not None:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=5)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        poll()
-        if not group_alive(pgid):
-            break
-        time.sleep(0.1)
-    return how
+    pgid: int
+    leader_create_time: float | None = None
+    proc: subprocess.Popen[bytes] | None = None  # when the leader is our child
+    known: dict[int, float] = field(default_factory=dict)  # PID -> create time; shared with the instance
+
+    def leader_ours(self) -> bool:
+        with _SIGNAL_LOCK:
+            if self.proc is not None:
+                return self.proc.poll() is None  # not reaped: its PID, hence the group number, is still ours
+            return same_process(self.pgid, self.leader_create_time)
+
+    def members(self) -> list[int]:
+        """Live PIDs that are provably ours: the group's members while its leader is ours, and every known
+        PID whose start time still matches. Group members are remembered in `known`, so a child that
+        outlives the leader is still found (and signalled) by PID."""
+        pids: set[int] = set()
+        with _SIGNAL_LOCK:
+            for pid, started in list(self.known.items()):
+                if (self.proc is None or pid != self.proc.pid) and same_process(pid, started):
+                    reap(pid)  # a zombie child of ours (an engine `up` started in this process)
+        # Listing every process is slow: not under the lock (a UI thread's poll waits on it). Ours before
+        # and after means the group number was never free in between, so what was listed is ours.
+        if self.leader_ours():
+            found = group_members(self.pgid)
+            if self.leader_ours():
+                for member in found:
+                    try:
+                        self.known[member.pid] = member.create_time()
+                    except psutil.Error:
+                        continue
+                    pids.add(member.pid)
+        pids.update(pid for pid, started in list(self.known.items()) if pid_alive(pid, started))
+        return sorted(pids)
+
+    def signal(self, sig: int) -> list[int]:
+        """Send `sig` to what is ours; returns the targets (the PGID first when the group got it)."""
+        sent: list[int] = []
+        with _SIGNAL_LOCK:
+            grouped = self.leader_ours()
+            if grouped:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.pgid, sig)
+                    sent.append(self.pgid)
+            for pid, started in list(self.known.items()):
+                try:
+                    proc = psutil.Process(pid)
+                    if abs(proc.create_time() - started) > CREATE_TIME_TOLERANCE_S:
+                        continue  # the PID now belongs to someone else
+                    if grouped and os.getpgid(pid) == self.pgid:
+                        continue  # the group signal reached it (a second SIGTERM means "force" to some)
+                    proc.send_signal(sig)  # psutil re-checks the start time right before it signals
+                    sent.append(pid)
+                except (psutil.Error, ProcessLookupError):
+                    continue
+        return sent
+
+    def stop(self, term_timeout: float = 15.0) -> str:
+        """SIGTERM, SIGKILL what is left after term_timeout, wait for it to be gone.
+
+        Returns "terminated", "killed" or "gone" (nothing of ours was running). Whether it really is gone
+        is for the caller to check independently (pid_alive, port_open)."""
+        if not self.members():
+            return "gone"
+        self.signal(signal.SIGTERM)
+        if self._wait_gone(term_timeout):
+            return "terminated"
+        self.signal(signal.SIGKILL)
+        self._wait_gone(5.0)
+        return "killed"
+
+    def _wait_gone(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while self.members():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+
+def stop_pgid(
+    pgid: int,
+    term_timeout: float = 15.0,
+    proc: subprocess.Popen[bytes] | None = None,
+    create_time: float | None = None,
+    known: dict[int, float] | None = None,
+) -> str:
+    """Stop the group `pgid` if it is provably ours (see OwnedGroup): its leader is `proc`, our unreaped
+    child, or the PID `pgid` started at `create_time`; else only the `known` PIDs that still match.
+    Without any of these nothing is signalled and the answer is "gone"."""
+    group = OwnedGroup(pgid, leader_create_time=create_time, proc=proc, known={} if known is None else known)
+    return group.stop(term_timeout)
 
 
 def stop_group(launched: Launched, term_timeout: float = 15.0) -> str:

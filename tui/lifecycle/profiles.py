@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tui.paths import config_dir
-from tui.secrets import SecretError, read_api_key
+from tui.secrets import SecretError, keys_on_argv, read_api_key, read_llama_key_file
 
 ENGINE_KINDS = ("llama.cpp", "vllm", "sglang", "other")
 DEFAULT_VRAM_THRESHOLD_GIB = 4.0
@@ -31,6 +31,11 @@ PROFILE_VARIABLES = ("PORT", "HOST")
 BUILTIN_VARIABLES = (
     "ENGINETOP_LLAMA_SERVER", "ENGINETOP_DEMO_MODEL",  # `make engine`
     "ENGINETOP_VLLM_PYTHON", "ENGINETOP_VLLM_GEMMA", "ENGINETOP_VLLM_TINY",  # `make vllm`
+)
+
+KEY_ON_ARGV = (
+    "an API key must not be on the command line (every user of the machine can read it in the process "
+    "list): put it in a file and set api_key_file"
 )
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -323,14 +328,9 @@ def parse_profile(
                         f"must be a string, got {_type_name(item)} {item!r}",
                         line=lines.key("argv"),
                     )
-            for i, item in enumerate(argv):
-                if isinstance(item, str) and (item == "--api-key" or item.startswith("--api-key=")):
-                    err(
-                        f"argv[{i}]",
-                        "an API key must not be on the command line (it shows in the process "
-                        "list): put it in a file and set api_key_file",
-                        line=lines.key("argv"),
-                    )
+            # Early, on the text as written; resolve() checks again after ${VAR} substitution.
+            for i, why in keys_on_argv([item if isinstance(item, str) else "" for item in argv]):
+                err(f"argv[{i}]", f"{why}: {KEY_ON_ARGV}", line=lines.key("argv"))
 
     env = data.get("env", {})
     if not isinstance(env, dict):
@@ -444,7 +444,10 @@ class ProfileSet:
 
 
 def repo_profiles_dir() -> Path:
-    return Path(__file__).resolve().parents[2] / "profiles"
+    """The bundled profiles: the repository's profiles/ in a checkout (or an editable install); in a
+    wheel, the same files installed as tui/bundled_profiles (pyproject.toml maps that package there)."""
+    installed = Path(__file__).resolve().parents[1] / "bundled_profiles"
+    return installed if installed.is_dir() else Path(__file__).resolve().parents[2] / "profiles"
 
 
 def user_profiles_dir() -> Path:
@@ -539,14 +542,72 @@ def resolve(profile: Profile, environ: Mapping[str, str] | None = None) -> Resol
                 api_key = read_api_key(key_path)
             except SecretError as exc:
                 issues.append(ProfileIssue(profile.path, lines.key("api_key_file"), "api_key_file", str(exc)))
-        if api_key is not None and argv is not None:
-            if profile.engine == "llama.cpp" and "--api-key-file" not in argv:
-                argv = (*argv, "--api-key-file", str(key_path))
-            elif profile.engine == "vllm":
-                env["VLLM_API_KEY"] = api_key  # vLLM reads it from its environment: never on argv
+        if api_key is not None and "," in api_key and profile.engine == "llama.cpp":
+            issues.append(ProfileIssue(
+                profile.path, lines.key("api_key_file"), "api_key_file",
+                f"the key in {key_path} contains a comma: llama-server reads a comma as a separator of keys",
+            ))
+    engine_keys: list[str] = []
+    if argv is not None and not issues:
+        try:
+            api_key, engine_keys = _hand_over_key(profile, argv, env, workdir, api_key, environ)
+        except SecretError as exc:
+            issues.append(ProfileIssue(profile.path, lines.key("argv"), "argv", str(exc)))
+    if argv is not None:
+        # Again after substitution: a ${VAR} may expand to a key flag or to the key, and a derived profile
+        # (a sweep arm) never went through parse_profile. Every start passes here.
+        for i, why in keys_on_argv(argv, [api_key, *engine_keys]):
+            line = lines.key("argv")
+            issues.append(ProfileIssue(profile.path, line, f"argv[{i}]", f"{why}: {KEY_ON_ARGV}"))
     if issues:
         raise ProfileError(issues)
     return ResolvedProfile(profile=profile, argv=argv, env=env, workdir=workdir, api_key=api_key)
+
+
+def _hand_over_key(
+    profile: Profile,
+    argv: tuple[str, ...],
+    env: dict[str, str],
+    workdir: str | None,
+    api_key: str | None,
+    environ: Mapping[str, str] | None,
+) -> tuple[str | None, list[str]]:
+    """Make the engine and enginetop agree on the key: give the engine the key enginetop sends, through its
+    environment (never argv), and check the key files the engine reads itself the way it reads them.
+    Returns enginetop's key and the keys the engine was given in files of its own."""
+    if profile.engine == "vllm":
+        if api_key is not None:
+            env["VLLM_API_KEY"] = api_key  # vLLM reads it from its environment
+        return api_key, []
+    if profile.engine != "llama.cpp":
+        return api_key, []
+    launch_env = {**(os.environ if environ is None else environ), **env}
+    engine_keys: list[str] = []
+    for key_file in _llama_key_files(argv, launch_env):
+        # As the engine opens it: no ~ expansion (no shell), relative to its working directory.
+        engine_keys += read_llama_key_file(Path(workdir or ".") / key_file)  # SecretError: unusable file
+    if api_key is not None:
+        # The same stripped key enginetop sends; a CRLF key file handed over as a file would give
+        # llama-server a key ending in \r, which no client can send.
+        env["LLAMA_API_KEY"] = api_key
+    elif engine_keys:
+        api_key = engine_keys[0]
+    elif launch_env.get("LLAMA_API_KEY", "").strip():  # inherited: llama-server will demand it
+        api_key = launch_env["LLAMA_API_KEY"].split(",")[0].strip() or None
+    return api_key, engine_keys
+
+
+def _llama_key_files(argv: tuple[str, ...], launch_env: Mapping[str, str]) -> list[str]:
+    """The files llama-server will read keys from: --api-key-file on the argv, else LLAMA_ARG_API_KEY_FILE."""
+    files = []
+    for i, arg in enumerate(argv):
+        if arg == "--api-key-file" and i + 1 < len(argv):
+            files.append(argv[i + 1])
+        elif arg.startswith("--api-key-file="):
+            files.append(arg.split("=", 1)[1])
+    if not files and launch_env.get("LLAMA_ARG_API_KEY_FILE"):
+        files.append(launch_env["LLAMA_ARG_API_KEY_FILE"])
+    return files
 
 
 def _read_or_empty(path: Path) -> str:

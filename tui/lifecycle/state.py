@@ -15,7 +15,7 @@ from typing import Any
 from tui.lifecycle.engine import EngineInstance
 from tui.lifecycle.process import pid_alive
 from tui.lifecycle.profiles import ResolvedProfile
-from tui.paths import runs_dir
+from tui.paths import runs_dir, safe_name
 
 
 def state_dir() -> Path:
@@ -25,8 +25,7 @@ def state_dir() -> Path:
 
 
 def state_path(profile_name: str) -> Path:
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in profile_name)
-    return state_dir() / f"{safe}.json"
+    return state_dir() / f"{safe_name(profile_name)}.json"
 
 
 def write_state(instance: EngineInstance) -> None:
@@ -86,6 +85,7 @@ def adopt(record: dict[str, Any], resolved: ResolvedProfile) -> EngineInstance |
         started_wall=record.get("started_wall") or 0.0,
         cold_start_s=record.get("cold_start_s"),
         pids_seen=_pids_seen(record),
+        adopted=True,
     )
     instance.tree_pids()
     return instance

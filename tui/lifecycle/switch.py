@@ -10,16 +10,22 @@ and port closed) -> port (the new port is free, or refuse naming its holder) -> 
 /health 200, a real 1-token completion). Nothing is started unless every earlier step succeeded.
 
 `switch()` blocks: run it in a Textual thread worker and forward `on_step` events with call_from_thread.
-Cancel by setting the `cancel` Event; the running step stops at its next check (a half-started engine is
-stopped again).
+Cancel by setting the `cancel` Event, or with `manager.cancel()` from any thread: the running step stops at
+its next check and a half-started engine is stopped again (it gets SIGTERM at once, so no wait on it lasts).
+`stop()` cancels a start in flight first; `shutdown()` is the dashboard's exit (see there).
+
+The drain waits only on the GPUs that matter (the old engine's, the new profile's CUDA_VISIBLE_DEVICES),
+and counts only memory that no other live process holds: another engine on the machine never blocks it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -37,9 +43,9 @@ from tui.lifecycle.engine import (
     timeout_message,
     wait_ready,
 )
-from tui.lifecycle.process import describe_process, port_listeners, port_open
+from tui.lifecycle.process import describe_process, pid_alive, port_listeners, port_open
 from tui.lifecycle.profiles import GIB, Profile, ProfileError, ResolvedProfile, resolve
-from tui.sources.samples import GpuReport
+from tui.sources.samples import GpuReport, GpuSample
 
 StepStatus = Literal["running", "ok", "failed", "skipped", "cancelled"]
 STEPS = ("resolve", "stop", "drain", "port", "start", "ready")
@@ -135,6 +141,11 @@ class _Run:
             raise Cancelled(step)
 
 
+def _unexpected(run: _Run, exc: Exception) -> StepError:
+    step = run.current or "resolve"
+    return StepError(step, f"step '{step}' failed unexpectedly: {type(exc).__name__}: {exc}")
+
+
 class EngineManager:
     """Owns the one engine enginetop drives. Thread-safe for poll_status() during a switch."""
 
@@ -152,6 +163,10 @@ class EngineManager:
         self._step: str | None = None
         self._crash: EngineStatus | None = None
         self._busy = threading.Lock()  # one start/stop/switch at a time
+        self._runs: set[threading.Event] = set()  # cancel events of the starts/switches in flight or queued
+        self._starting: EngineInstance | None = None  # launched by the switch in flight, not yet ready
+        self._closed = False  # shutdown() was called: nothing new starts
+        self._cancelled: EngineInstance | None = None  # the last start cancel() hit, for stop()'s words
 
     # ---- public --------------------------------------------------------------------------------------
 
@@ -164,6 +179,69 @@ class EngineManager:
         """Take over an engine started earlier (state file) or attached to, as the current one."""
         with self._lock:
             self._current, self._crash = instance, None
+
+    def adopt_recorded(
+        self,
+        profile: Profile,
+        on_step: Callable[[StepEvent], None] | None = None,
+        cancel: threading.Event | None = None,
+    ) -> SwitchResult | None:
+        """Take over the engine `enginetop up PROFILE` started (its state file) instead of starting a second
+        one on the same port: check it answers (health and a 1-token completion), restart nothing. None
+        when no live engine is recorded for the profile (start it with switch()) or another engine is
+        current here. The adopted engine is stopped by stop() and by a switch away from it, but shutdown()
+        leaves it running."""
+        record = state.read_state(profile.name)
+        if record is None:
+            return None
+        run = _Run(on_step, cancel or threading.Event())
+        with self._track(run), self._busy:
+            if self.current is not None:
+                return None
+            result = SwitchResult(ok=False, steps=run.steps, from_profile=None, to_profile=profile.name)
+            try:
+                try:
+                    run.check_cancel("resolve")
+                    resolved = self._resolve(run, profile)
+                    instance = state.adopt(record, resolved)  # None when its process is gone (file removed)
+                    if instance is None:
+                        return None
+                    where = (record.get("host"), record.get("port"))
+                    if where != (profile.host, profile.port):
+                        raise StepError(
+                            "resolve",
+                            f"the engine `up` started for {profile.name} (PID {instance.pid}) listens on "
+                            f"{where[0]}:{where[1]}, but the profile now says {profile.host}:{profile.port}: "
+                            f"stop it with `enginetop down {profile.name}` first",
+                        )
+                    for step in ("stop", "drain", "port"):
+                        self._set_step(step)
+                        run.emit(step, "skipped", f"adopting what `enginetop up` started: nothing to {step}")
+                    self._set_step("start")
+                    run.emit(
+                        "start", "skipped",
+                        f"PID {instance.pid} started by `enginetop up` (log {instance.log_path}): adopted, "
+                        "not restarted",
+                    )
+                    self._ready(run, instance)
+                except StepError:
+                    raise
+                except Exception as exc:  # a surprise still fails one named step
+                    raise _unexpected(run, exc) from exc
+            except StepError as exc:
+                run.emit(exc.step, "cancelled" if isinstance(exc, Cancelled) else "failed", str(exc))
+                result.failed_step, result.message = exc.step, str(exc)
+                return result  # left running either way: `up` owns it
+            finally:
+                self._set_step(None)
+            with self._lock:
+                self._current, self._crash = instance, None
+            result.ok, result.instance = True, instance
+            result.message = (
+                f"{profile.name} ready at {instance.url}: adopted the engine `enginetop up` started "
+                f"(PID {instance.pid}); quitting leaves it running (`enginetop down {profile.name}` stops it)"
+            )
+            return result
 
     def start(
         self,
@@ -181,7 +259,7 @@ class EngineManager:
         cancel: threading.Event | None = None,
     ) -> SwitchResult:
         run = _Run(on_step, cancel or threading.Event())
-        with self._busy:
+        with self._track(run), self._busy:
             old = self.current
             result = SwitchResult(
                 ok=False, steps=run.steps, from_profile=old.name if old else None, to_profile=to.name
@@ -189,12 +267,16 @@ class EngineManager:
             new: EngineInstance | None = None
             try:
                 try:
+                    if self._closed:
+                        raise StepError("resolve", f"enginetop is shutting down: {to.name} is not started")
+                    run.check_cancel("resolve")
                     resolved = self._resolve(run, to)
+                    old_gpus = self._gpus_holding(old)  # before the stop: then its PIDs leave NVML's list
                     self._stop(run, old)
                     if old is not None and not old.attached:
                         with self._lock:
                             self._current = None
-                    self._drain(run, old, to)
+                    self._drain(run, old, resolved, old_gpus)
                     if to.attach:
                         self._set_step("port")
                         run.emit("port", "skipped", f"{to.name} attaches to {to.url}: nothing to bind")
@@ -206,14 +288,17 @@ class EngineManager:
                     else:
                         self._check_port(run, to)
                         new = self._launch(run, resolved)
+                        self._check_started(run, new)
                     self._ready(run, new)
+                    with self._lock:  # cancel() sets events and reads _starting under this lock too
+                        if not run.cancel.is_set():
+                            self._starting = None
+                            self._current, self._crash, self._cancelled = new, None, None
+                    run.check_cancel("ready")
                 except StepError:
                     raise
                 except Exception as exc:  # a surprise still fails one named step and cleans up
-                    step = run.current or "resolve"
-                    raise StepError(
-                        step, f"step '{step}' failed unexpectedly: {type(exc).__name__}: {exc}"
-                    ) from exc
+                    raise _unexpected(run, exc) from exc
             except StepError as exc:
                 status: StepStatus = "cancelled" if isinstance(exc, Cancelled) else "failed"
                 run.emit(exc.step, status, str(exc))
@@ -236,8 +321,8 @@ class EngineManager:
                 return result
             finally:
                 self._set_step(None)
-            with self._lock:
-                self._current, self._crash = new, None
+                with self._lock:
+                    self._starting = None
             if self._record_state:
                 state.write_state(new)
             result.ok, result.instance = True, new
@@ -246,28 +331,99 @@ class EngineManager:
             )
             return result
 
+    def cancel(self) -> bool:
+        """Cancel every start/switch in flight or waiting, at its next check; an engine one of them already
+        launched gets SIGTERM now, so no wait on it (an HTTP readiness check included) lasts. The switch
+        itself then stops and verifies that engine and reports "cancelled". Returns at once, from any
+        thread; True when something was cancelled."""
+        return self._cancel()[0]
+
+    def _cancel(self) -> tuple[bool, EngineInstance | None]:
+        with self._lock:
+            runs, starting = list(self._runs), self._starting
+            for event in runs:
+                event.set()
+            if starting is not None:
+                self._cancelled = starting
+        if starting is not None and starting.launched is not None:
+            starting.stopping = True  # its exit is ours, not a crash
+            starting.group().signal(signal.SIGTERM)
+        return bool(runs), starting
+
     def stop(
         self, on_step: Callable[[StepEvent], None] | None = None, cancel: threading.Event | None = None
     ) -> SwitchResult:
-        """Stop the current engine and verify it is gone."""
+        """Stop the current engine and verify it is gone. A start in flight is cancelled first (its
+        half-started engine stopped), so this never waits for a cold start to finish."""
+        return self._stop_current(on_step, cancel, leave_adopted=False)
+
+    def shutdown(self) -> SwitchResult:
+        """The dashboard's exit (q, SIGTERM, SIGHUP): nothing new starts any more, a start in flight is
+        cancelled and its half-started engine stopped, the engine this manager launched is stopped and
+        verified gone; an engine adopted from `enginetop up` (adopt_recorded) is left running, since `up`
+        meant it to outlive other commands; the result's message says which."""
+        with self._lock:
+            self._closed = True
+        return self._stop_current(None, None, leave_adopted=True)
+
+    def _stop_current(
+        self,
+        on_step: Callable[[StepEvent], None] | None,
+        cancel: threading.Event | None,
+        leave_adopted: bool,
+    ) -> SwitchResult:
+        _, starting = self._cancel()
+        if starting is None:
+            self._busy.acquire()
+        elif not self._busy.acquire(timeout=starting.profile.stop_timeout_s):
+            # It ignored SIGTERM and the start is stuck waiting on it (an HTTP check): kill it, which ends
+            # that wait at once; the start then verifies it gone as for any cancel.
+            starting.group().signal(signal.SIGKILL)
+            self._busy.acquire()
         run = _Run(on_step, cancel or threading.Event())
-        with self._busy:
-            old = self.current
-            result = SwitchResult(
-                ok=False, steps=run.steps, from_profile=old.name if old else None, to_profile=None
+        with self._lock:  # also a start cancelled earlier (q, then shutdown) is reported here
+            cancelled, self._cancelled = self._cancelled, None
+        try:
+            return self._stop_locked(run, leave_adopted, starting or cancelled)
+        finally:
+            self._busy.release()
+
+    def _stop_locked(self, run: _Run, leave_adopted: bool, cancelled: EngineInstance | None) -> SwitchResult:
+        old = self.current
+        if old is None and cancelled is not None:  # a start was in flight: say what became of it
+            self._set_step("stop")
+            gone = not cancelled.survivors()
+            run.emit(
+                "stop", "ok" if gone else "failed",
+                f"the start of {cancelled.name} was cancelled: PID {cancelled.pid} "
+                + ("stopped and verified gone" if gone else f"still running: {cancelled.survivors()}"),
             )
-            try:
-                self._stop(run, old)
-            except StepError as exc:
-                run.emit(exc.step, "failed", str(exc))
-                result.failed_step, result.message = exc.step, str(exc)
-                return result
-            finally:
-                self._set_step(None)
-            with self._lock:
-                self._current = None
+            self._set_step(None)
+            return SwitchResult(ok=gone, steps=run.steps, from_profile=cancelled.name, to_profile=None,
+                                failed_step=None if gone else "stop", message=run.steps[-1].message)
+        result = SwitchResult(
+            ok=False, steps=run.steps, from_profile=old.name if old else None, to_profile=None
+        )
+        if leave_adopted and old is not None and old.adopted:
+            run.emit(
+                "stop", "skipped",
+                f"{old.name} (PID {old.pid}) was started by `enginetop up`: left running "
+                f"(stop it with `enginetop down {old.name}`)",
+            )
             result.ok, result.message = True, run.steps[-1].message
             return result
+        try:
+            self._stop(run, old)
+        except StepError as exc:
+            run.emit(exc.step, "failed", str(exc))
+            result.failed_step, result.message = exc.step, str(exc)
+            return result
+        finally:
+            self._set_step(None)
+        with self._lock:
+            self._current = None
+        result.ok, result.message = True, run.steps[-1].message
+        return result
 
     def poll_status(self) -> EngineStatus:
         """Cheap (no HTTP): is the current engine still running? An engine that exited on its own is
@@ -317,6 +473,20 @@ class EngineManager:
 
     # ---- steps ---------------------------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def _track(self, run: _Run) -> Iterator[None]:
+        """Register a run's cancel event while it waits for and holds `_busy`, so cancel() reaches it; after
+        shutdown() it is cancelled before it begins."""
+        with self._lock:
+            self._runs.add(run.cancel)
+            if self._closed:
+                run.cancel.set()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._runs.discard(run.cancel)
+
     def _set_step(self, name: str | None) -> None:
         with self._lock:
             self._step = name
@@ -354,18 +524,30 @@ class EngineManager:
             state.remove_state(old.name, old.pid)
         run.emit("stop", "ok", f"{old.name} {message}")
 
-    def _drain(self, run: _Run, old: EngineInstance | None, to: Profile) -> None:
+    def _gpus_holding(self, old: EngineInstance | None) -> set[int]:
+        """Indices of the GPUs where NVML lists a process of the old engine now."""
+        if self._gpu is None or old is None or old.attached:
+            return set()
+        pids = old.tree_pids() | set(old.pids_seen)
+        report = self._gpu()
+        return {gpu.index for gpu in report.gpus if any(p.pid in pids for p in gpu.processes)}
+
+    def _drain(
+        self, run: _Run, old: EngineInstance | None, resolved: ResolvedProfile, old_gpus: set[int]
+    ) -> None:
         """Wait until the old engine's resources are really free, as an independent check would see."""
         self._set_step("drain")
+        to = resolved.profile
         threshold = to.vram_threshold_bytes
         deadline = time.monotonic() + to.drain_timeout_s
-        old_pids = set(old.pids_seen) if old is not None and not old.attached else set()
+        ours = old is not None and not old.attached
+        old_pids = set(old.pids_seen) if ours else set()
         # On the GPU a PID is only a number: a dead engine's PID listed there is still its context.
         last = ""
         while True:
             run.check_cancel("drain")
             blockers: list[str] = []
-            if old is not None and not old.attached:
+            if ours:
                 alive = old.survivors()
                 if alive:
                     blockers.append(f"old PIDs still running: {', '.join(map(str, alive))}")
@@ -374,35 +556,19 @@ class EngineManager:
             report = self._gpu() if self._gpu is not None else None
             gpu_words = "no GPU"
             if report is not None and report.gpus:
-                gpu_words = ""
+                watched = drain_gpus(report.gpus, old_gpus, visible_devices(resolved.env))
+                words = []
                 for gpu in report.gpus:
-                    label = f"GPU {gpu.index}"
-                    if gpu.error:
-                        blockers.append(f"{label}: {gpu.error}")
-                        continue
-                    holders = sorted(p.pid for p in gpu.processes if p.pid in old_pids)
-                    if holders:
-                        blockers.append(
-                            f"{label}: old engine PIDs {', '.join(map(str, holders))} still hold GPU memory"
-                        )
-                    if gpu.vram_used_bytes is None:
-                        gpu_words += f"{label} VRAM used unknown; "
-                    elif gpu.vram_used_bytes >= threshold:
-                        blockers.append(
-                            f"{label}: VRAM used {gpu.vram_used_bytes / GIB:.1f} GiB "
-                            f"(threshold {to.vram_threshold_gib:g} GiB)"
-                        )
-                    else:
-                        gpu_words += f"{label} VRAM used {gpu.vram_used_bytes / GIB:.1f} GiB; "
+                    blocked, word = _gpu_drained(gpu, gpu.index in watched, old_pids, threshold, to)
+                    blockers += blocked
+                    if word:
+                        words.append(word)
+                gpu_words = "; ".join(words)
             elif report is not None and report.unavailable:
                 gpu_words = f"no GPU ({report.unavailable})"
             if not blockers:
-                what = (
-                    "old processes gone, old port closed"
-                    if old is not None and not old.attached
-                    else "no engine was running"
-                )
-                run.emit("drain", "ok", f"{what}; {gpu_words.rstrip('; ') or 'GPU memory below threshold'}")
+                what = "old processes gone, old port closed" if ours else "no engine was running"
+                run.emit("drain", "ok", f"{what}; {gpu_words or 'GPU memory below threshold'}")
                 return
             message = "; ".join(blockers)
             if message != last:
@@ -440,23 +606,30 @@ class EngineManager:
         run.check_cancel("start")
         run.emit("start", "running", f"launching {resolved.argv[0] if resolved.argv else ''}")
         new = launch_instance(resolved, self._log_dir)
+        with self._lock:
+            self._starting = new  # from here cancel() signals it
         if self._record_state:
             with contextlib.suppress(OSError):  # `down` must find an engine that is still starting too
                 state.write_state(new)
+        return new
+
+    def _check_started(self, run: _Run, new: EngineInstance) -> None:
         if not new.alive():
             raise StepError("start", crash_message(new, "immediately"))
         run.emit("start", "ok", f"PID {new.pid} running, log {new.log_path}")
-        return new
 
     def _ready(self, run: _Run, new: EngineInstance) -> None:
         self._set_step("ready")
         run.emit("ready", "running", f"waiting for {new.url}")
+        recorded = new.cold_start_s
         cold = wait_ready(new, run.cancel, lambda msg: run.emit("ready", "running", msg))
-        detail = (
-            "attached server answers health and a 1-token completion"
-            if new.attached
-            else f"cold start {cold:.2f} s (launch to first 1-token completion)"
-        )
+        if new.adopted:
+            new.cold_start_s = recorded  # its own cold start, as `up` measured it
+            detail = "the adopted engine answers health and a 1-token completion"
+        elif new.attached:
+            detail = "attached server answers health and a 1-token completion"
+        else:
+            detail = f"cold start {cold:.2f} s (launch to first 1-token completion)"
         run.emit("ready", "ok", detail)
 
     def _discard(self, new: EngineInstance) -> None:
@@ -465,3 +638,78 @@ class EngineManager:
             stop_instance(new)
         if self._record_state:
             state.remove_state(new.name, new.pid)
+
+
+# ---------------------------------------------------------------- which GPUs the drain waits on
+
+
+def visible_devices(env: dict[str, str]) -> str | None:
+    """CUDA_VISIBLE_DEVICES as the new engine will see it (its profile's env over ours), None when unset."""
+    return env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+def cuda_visible_indices(value: str, gpus: tuple[GpuSample, ...]) -> set[int] | None:
+    """NVML indices of the GPUs a CUDA_VISIBLE_DEVICES value names; None when that cannot be told for sure.
+
+    Entries are indices or (prefixes of) GPU UUIDs; CUDA stops at the first invalid one. CUDA numbers GPUs
+    fastest first unless CUDA_DEVICE_ORDER=PCI_BUS_ID, NVML in PCI order: the two agree when the GPUs are
+    all the same model, so an index is trusted only then. A MIG UUID names no whole GPU here: unknown."""
+    pci_order = os.environ.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID"
+    same_model = len({gpu.name for gpu in gpus}) <= 1
+    picked: set[int] = set()
+    for item in (part.strip() for part in value.split(",")):
+        if item.lstrip("-").isdigit():
+            index = int(item)
+            if index < 0 or index >= len(gpus):
+                break
+            if not (pci_order or same_model):
+                return None
+            picked.add(index)
+            continue
+        if not item or item.startswith("MIG-"):
+            return None if item else picked
+        uuid = item if item.startswith("GPU-") else f"GPU-{item}"
+        matches = [gpu.index for gpu in gpus if gpu.uuid and gpu.uuid.startswith(uuid)]
+        if len(matches) != 1:
+            break  # unknown or ambiguous: CUDA stops here too
+        picked.add(matches[0])
+    return picked
+
+
+def drain_gpus(gpus: tuple[GpuSample, ...], old_gpus: set[int], visible: str | None) -> set[int]:
+    """The GPUs whose memory must drain before the new engine starts: where the old engine's processes
+    were seen, plus those the new one will use; every GPU when neither is known."""
+    targets = cuda_visible_indices(visible, gpus) if visible is not None else None
+    if not old_gpus and targets is None:
+        return {gpu.index for gpu in gpus}
+    return old_gpus | (targets or set())
+
+
+def _gpu_drained(
+    gpu: GpuSample, watched: bool, old_pids: set[int], threshold: int, to: Profile
+) -> tuple[list[str], str | None]:
+    """(what still blocks on this GPU, words for the final message)."""
+    label = f"GPU {gpu.index}"
+    if gpu.error:
+        return ([f"{label}: {gpu.error}"] if watched else []), None
+    blockers = []
+    holders = sorted(p.pid for p in gpu.processes if p.pid in old_pids)
+    if holders:  # on any GPU: a dead engine's PID listed there is still its context
+        blockers.append(f"{label}: old engine PIDs {', '.join(map(str, holders))} still hold GPU memory")
+    if not watched:
+        return blockers, f"{label} not waited on (neither the old engine's nor the new one's)"
+    if gpu.vram_used_bytes is None:
+        return blockers, f"{label} VRAM used unknown"
+    # Memory of other live processes (another engine on this machine) is theirs, not the old engine's.
+    others = [p for p in gpu.processes if p.pid not in old_pids and p.used_bytes and pid_alive(p.pid)]
+    other_bytes = sum(p.used_bytes or 0 for p in others)
+    besides = (
+        f", {other_bytes / GIB:.1f} GiB of it held by other processes "
+        f"(PIDs {', '.join(str(p.pid) for p in others)}), not counted"
+        if others
+        else ""
+    )
+    used = f"VRAM used {gpu.vram_used_bytes / GIB:.1f} GiB{besides}"
+    if gpu.vram_used_bytes - other_bytes >= threshold:
+        blockers.append(f"{label}: {used} (threshold {to.vram_threshold_gib:g} GiB)")
+    return blockers, f"{label} {used}"

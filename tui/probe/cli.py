@@ -12,8 +12,15 @@ import sys
 from typing import Any, TextIO
 
 from tui.probe.client import ProbeClient, ProbeLimits
-from tui.probe.results import ProbeResult, ProbeSummary
-from tui.probe.sweep import DEFAULT_LEVELS, SWEEP_WORKLOADS, LevelResult, SweepConfig, run_sweep
+from tui.probe.results import DEFAULT_TTFT_GAP_FACTOR, ProbeResult, ProbeSummary
+from tui.probe.sweep import (
+    DEFAULT_LEVELS,
+    SWEEP_WORKLOADS,
+    LevelResult,
+    SweepConfig,
+    parse_levels,
+    run_sweep,
+)
 from tui.probe.workloads import WORKLOADS, WorkloadParams, run_workload
 from tui.secrets import SecretError, read_api_key
 from tui.sources.engine import EngineTarget
@@ -31,6 +38,10 @@ def _common(parser: argparse.ArgumentParser) -> None:
     keys.add_argument("--api-key-env", metavar="VAR", help="read the API key from environment variable VAR")
     parser.add_argument("--max-tokens", type=int, default=None, help="output tokens per request")
     parser.add_argument("--seed", type=int, default=0, help="seed of the generated prompt text")
+    parser.add_argument("--nonce", default=None, metavar="TEXT",
+                        help="fix the nonce every prompt starts from (default: a new random one per run, so "
+                             "no prompt cache serves an earlier run's prompts); the same TEXT and seed "
+                             "send the same prompts")
     parser.add_argument("--model", default=None, help="model name to send (default: none; the server's own)")
     parser.add_argument("--no-ignore-eos", action="store_true",
                         help="do not send ignore_eos (for servers that reject unknown fields)")
@@ -47,6 +58,9 @@ def register(subparsers: Any) -> None:
     probe.add_argument("--repeat", type=int, default=3, help="requests to send (agent: turns)")
     probe.add_argument("--prompt-tokens", type=int, default=8192,
                        help="long-prefill: approximate prompt length in tokens")
+    probe.add_argument("--ttft-gap-factor", type=float, default=DEFAULT_TTFT_GAP_FACTOR, metavar="X",
+                       help="flag a request whose TTFT is over X times the engine's own "
+                            "(default %(default)g)")
     probe.set_defaults(func=cmd_probe)
 
     sweep = subparsers.add_parser("sweep", help="concurrency sweep: aggregate and per-stream tok/s by level")
@@ -63,9 +77,9 @@ def register(subparsers: Any) -> None:
 
 
 def _target(args: argparse.Namespace) -> EngineTarget:
-    name, url = parse_engine_spec(args.engine)
+    spec = parse_engine_spec(args.engine)
     key = read_api_key(args.api_key_file, args.api_key_env)
-    return EngineTarget(name=name, url=url, api_key=key)
+    return EngineTarget(name=spec.name, url=spec.url, api_key=key, basic_auth=spec.basic_auth)
 
 
 def _params(args: argparse.Namespace, default_max_tokens: int | None) -> WorkloadParams:
@@ -73,12 +87,14 @@ def _params(args: argparse.Namespace, default_max_tokens: int | None) -> Workloa
         raise ValueError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     if args.prompt_tokens < 1:
         raise ValueError(f"--prompt-tokens must be at least 1, got {args.prompt_tokens}")
+    fixed = {} if args.nonce is None else {"nonce": args.nonce}
     return WorkloadParams(
         max_tokens=args.max_tokens if args.max_tokens is not None else default_max_tokens,
         prompt_tokens=args.prompt_tokens,
         seed=args.seed,
         ignore_eos=not args.no_ignore_eos,
         model=args.model,
+        **fixed,
     )
 
 
@@ -105,27 +121,35 @@ def _tokens(value: int | None, estimated: bool) -> str:
 
 
 PROBE_HEADER = (
-    f"{'#':>3} {'turn':>4} {'TTFT ms':>9} {'decode t/s':>10} {'prefill t/s':>14} {'prompt':>7} {'cached':>7} "
-    f"{'output':>7} {'chunks':>6} {'srv dec t/s':>11}  status"
+    f"{'#':>3} {'turn':>4} {'TTFT ms':>9} {'srv TTFT':>8} {'conn ms':>7} {'decode t/s':>10} "
+    f"{'prefill t/s':>12} {'prompt':>7} {'cached':>7} {'output':>7} {'chunks':>6} {'srv dec t/s':>11}  status"
 )
 
 
-def _probe_row(r: ProbeResult) -> str:
+def _ms(seconds: float | None, spec: str = ".1f") -> str:
+    return _fmt(None if seconds is None else seconds * 1000, spec)
+
+
+def _probe_row(r: ProbeResult, gap_factor: float) -> str:
     prefill = _fmt(r.prefill_tps, ".0f")
     if r.prefill_source == "client-lower-bound":
         prefill = "≥" + prefill
     status = "ok" if r.ok else f"FAILED: {r.error}"
-    return (
-        f"{r.index:>3} {r.turn if r.turn is not None else '':>4} {_fmt(r.ttft_s and r.ttft_s * 1000):>9} "
-        f"{_fmt(r.decode_tps):>10} {prefill:>14} {_tokens(r.prompt_tokens, False):>7} "
+    row = (
+        f"{r.index:>3} {'' if r.turn is None else r.turn:>4} {_ms(r.ttft_s):>9} {_ms(r.server_ttft_s):>8} "
+        f"{_ms(r.connect_s):>7} {_fmt(r.decode_tps):>10} {prefill:>12} {_tokens(r.prompt_tokens, False):>7} "
         f"{_tokens(r.cached_tokens, False):>7} {_tokens(r.completion_tokens, r.estimated):>7} {r.chunks:>6} "
         f"{_fmt(r.server_decode_tps):>11}  {status}"
     )
+    warnings = [r.cache_note] if r.cache_note is not None else []
+    if (gap := r.ttft_gap(gap_factor)) is not None:
+        warnings.append(gap.text())
+    return "".join([row, *(f"\n        ! {w}" for w in warnings)])
 
 
 def _probe_footer(summary: ProbeSummary, results: list[ProbeResult], out: TextIO) -> None:
-    ttft_ms = summary.ttft_s_p50 and summary.ttft_s_p50 * 1000
-    print(f"\n{summary.ok}/{summary.requests} ok.  median TTFT {_fmt(ttft_ms)} ms, "
+    print(f"\n{summary.ok}/{summary.requests} ok.  median TTFT {_ms(summary.ttft_s_p50)} ms "
+          f"(engine's own {_ms(summary.server_ttft_s_p50)} ms), "
           f"decode {_fmt(summary.decode_tps_p50)} tok/s (server {_fmt(summary.server_decode_tps_p50)}), "
           f"prefill {_fmt(summary.prefill_tps_p50, '.0f')} tok/s ({summary.prefill_source or 'n/a'})",
           file=out)
@@ -137,6 +161,11 @@ def _probe_footer(summary: ProbeSummary, results: list[ProbeResult], out: TextIO
     if any(r.prefill_source == "client-lower-bound" for r in results):
         print("≥ = lower bound: uncached prompt tokens / client TTFT (the server gave no prefill timing)",
               file=out)
+    print("TTFT from the send (connection set-up apart: conn ms); srv TTFT = the engine's own "
+          "(llama.cpp prompt_ms, vLLM time_to_first_token_ms)", file=out)
+    if summary.cache_served:
+        print(f"! {summary.cache_served} request(s) served from the prompt cache: their TTFT and prefill "
+              "measure a cache hit", file=out)
 
 
 async def _probe(args: argparse.Namespace, target: EngineTarget, params: WorkloadParams,
@@ -149,9 +178,9 @@ async def _probe(args: argparse.Namespace, target: EngineTarget, params: Workloa
         async for result in run_workload(client, target, args.workload, params, args.repeat):
             results.append(result)
             if args.json:
-                print(json.dumps(result.to_json()), flush=True)
+                print(json.dumps(result.to_json(args.ttft_gap_factor)), flush=True)
             else:
-                print(_probe_row(result), flush=True)
+                print(_probe_row(result, args.ttft_gap_factor), flush=True)
     return results
 
 
@@ -162,6 +191,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
         limits = _limits(args)
         if args.repeat < 1:
             raise ValueError(f"--repeat must be at least 1, got {args.repeat}")
+        if not args.ttft_gap_factor > 0:
+            raise ValueError(f"--ttft-gap-factor must be positive, got {args.ttft_gap_factor}")
     except (TargetError, SecretError, ValueError) as exc:
         return _bad_input("probe", exc)
     results = asyncio.run(_probe(args, target, params, limits))
@@ -178,16 +209,6 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
 
 # --- sweep ---------------------------------------------------------------------------------------------
-def _levels(text: str) -> tuple[int, ...]:
-    try:
-        levels = tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise ValueError(f"--levels {text!r}: expected comma-separated whole numbers, e.g. 1,2,4") from None
-    if not levels or any(n < 1 for n in levels):
-        raise ValueError(f"--levels {text!r}: stream counts must be 1 or more")
-    return levels
-
-
 SWEEP_HEADER = (
     f"{'streams':>7} {'reqs':>5} {'errors':>6} {'agg tok/s':>10} {'stream t/s p50':>14} "
     f"{'TTFT p50 ms':>11} {'TTFT p90 ms':>11} {'client cpu':>10} {'loop lag p99':>12}"
@@ -213,7 +234,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     try:
         target = _target(args)
         config = SweepConfig(
-            levels=_levels(args.levels),
+            levels=parse_levels(args.levels),
             duration_s=args.duration if args.duration is not None else 10.0,
             requests_per_stream=args.requests,
             workload=args.workload,
@@ -246,18 +267,3 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"enginetop sweep: all {result.requests} request(s) failed: {first}", file=sys.stderr)
         return EXIT_ALL_FAILED
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m tui.probe.cli probe|sweep ...`, the same as `enginetop probe|sweep ...`."""
-    parser = argparse.ArgumentParser(prog="enginetop")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    try:
-        return int(args.func(args))
-    except KeyboardInterrupt:
-        return 130
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -3,6 +3,12 @@
 Every request gets a fresh TCP connection (no keep-alive pool, `Connection: close`): llama-server closes
 the connection after a streamed response while advertising keep-alive, and a pooled client then loses
 requests. Failures of any kind become a `ProbeResult` with `error` set; only cancellation propagates.
+
+Clock: `time.monotonic()`, the dashboard store's clock. TTFT and end-to-end time start when the request
+is sent; setting up the connection (TCP connect, TLS) is timed apart (`connect_s`, `tls_s`).
+
+Proxies follow tui.net's one policy (environment proxies, loopback always direct, no secret in clear text
+through a proxy). The HTTP itself is tui.probe.http1: a streaming client far cheaper per read than httpx.
 """
 
 from __future__ import annotations
@@ -13,9 +19,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import httpx
-
-from tui.probe.results import CHUNK_ESTIMATE_NOTE, ProbeResult, ServerTimings, TokenSource
+from tui.net import InsecureSecret, error_text, public_url, target_headers
+from tui.probe.http1 import Exchange, HttpFailure, Phases
+from tui.probe.results import CHUNK_ESTIMATE_NOTE, ProbeResult, ServerTimings, TokenSource, cache_note
 from tui.secrets import redact
 
 CHAT_PATH = "/v1/chat/completions"
@@ -51,12 +57,8 @@ def chat_url(base: str) -> str:
     return base + CHAT_PATH
 
 
-def public_url(url: str) -> str:
-    """The URL without any user:password part, fit for results and screens."""
-    try:
-        return str(httpx.URL(url).copy_with(userinfo=b""))
-    except (httpx.InvalidURL, TypeError, ValueError):
-        return url
+# Delta fields that carry generated text: reasoning (vLLM, SGLang, llama.cpp's reasoning format) and content.
+TEXT_KEYS = ("reasoning_content", "reasoning", "content")
 
 
 class _StreamError(Exception):
@@ -78,20 +80,38 @@ class _Recorder:
     vllm_metrics: dict[str, Any] | None = None
     done: bool = False
     text: list[str] = field(default_factory=list)
-    _data: list[str] = field(default_factory=list)
+    _data: list[bytes] = field(default_factory=list)
     _data_bytes: int = 0
+    _tail: bytes = b""  # an incomplete line carried to the next read
 
-    def feed_line(self, line: str, now: float) -> None:
-        """One SSE line (without its newline). A blank line ends an event."""
-        if not line:
+    def feed(self, data: bytes, now: float) -> None:
+        """Bytes as they arrived (`now`: their arrival time, shared by every line in them).
+
+        Lines are handled inline, not one method call each: this runs for every read of every probe."""
+        if self._tail:
+            data = self._tail + data
+        if b"\r" in data:
+            data = data.replace(b"\r\n", b"\n")
+        lines = data.split(b"\n")
+        self._tail = lines.pop()
+        if len(self._tail) > self.max_event_bytes:
+            raise _StreamError(f"stream line over {self.max_event_bytes} bytes; stopped")
+        for line in lines:
+            if not line:  # a blank line ends an event
+                if self._data:
+                    self._dispatch(now)
+            elif line[:5] == b"data:":  # event:, id:, retry: and ": comments" carry nothing we need
+                self._add_data(line[6:] if line[5:6] == b" " else line[5:])
+
+    def finish(self, now: float) -> None:
+        if self._tail.rstrip(b"\r")[:5] == b"data:":
+            line = self._tail.rstrip(b"\r")
+            self._add_data(line[6:] if line[5:6] == b" " else line[5:])
+        self._tail = b""
+        if self._data:
             self._dispatch(now)
-            return
-        if line.startswith(":"):
-            return  # comment / keep-alive ping
-        name, _, value = line.partition(":")
-        if name != "data":
-            return  # event:, id:, retry: carry nothing a chat stream needs
-        value = value.removeprefix(" ")
+
+    def _add_data(self, value: bytes) -> None:
         self._data_bytes += len(value)
         if self._data_bytes > self.max_event_bytes:
             raise _StreamError(
@@ -99,27 +119,22 @@ class _Recorder:
             )
         self._data.append(value)
 
-    def finish(self, now: float) -> None:
-        self._dispatch(now)
-
     def _dispatch(self, now: float) -> None:
-        if not self._data:
-            return
-        payload = "\n".join(self._data)
+        payload = self._data[0] if len(self._data) == 1 else b"\n".join(self._data)
         self._data.clear()
         self._data_bytes = 0
         self.events += 1
-        if payload.strip() == "[DONE]":
+        if payload[:1] != b"{" and payload.strip() == b"[DONE]":
             self.done = True
             return
         try:
             obj = json.loads(payload)
         except ValueError:
-            raise _StreamError(f"invalid JSON in stream event {self.events}: {payload[:80]!r}") from None
+            raise _StreamError(f"invalid JSON in stream event {self.events}: {_start(payload)}") from None
         if not isinstance(obj, dict):
-            raise _StreamError(f"stream event {self.events} is not a JSON object: {payload[:80]!r}")
+            raise _StreamError(f"stream event {self.events} is not a JSON object: {_start(payload)}")
         if obj.get("error") is not None:
-            raise _StreamError(f"server error in the stream after {self.chunks} chunks: {_error_text(obj)}")
+            raise _StreamError(f"server error in the stream after {self.chunks} chunks: {error_text(obj)}")
         self._take_chunk(obj, now)
 
     def _take_chunk(self, obj: dict[str, Any], now: float) -> None:
@@ -130,11 +145,10 @@ class _Recorder:
                     continue
                 delta = choice.get("delta")
                 if isinstance(delta, dict):
-                    piece = "".join(
-                        v
-                        for k in ("reasoning_content", "reasoning", "content")
-                        if isinstance(v := delta.get(k), str)
-                    )
+                    piece = ""
+                    for key in TEXT_KEYS:
+                        if isinstance(value := delta.get(key), str):
+                            piece += value
                     if piece:
                         self.chunks += 1
                         if self.first_token_at is None:
@@ -151,44 +165,18 @@ class _Recorder:
             self.vllm_metrics = metrics
 
 
-def _error_text(obj: Any) -> str:
-    """The human part of an OpenAI-style error body: {"error": {"message"}}, {"message"} or {"detail"}."""
-    if isinstance(obj, dict):
-        err = obj.get("error", obj)
-        if isinstance(err, dict):
-            for key in ("message", "detail", "msg"):
-                if isinstance(err.get(key), str):
-                    return err[key]
-        if isinstance(err, str):
-            return err
-        if isinstance(obj.get("detail"), str):
-            return obj["detail"]
-    return json.dumps(obj)[:200]
-
-
-def _body_error_text(raw: bytes) -> str:
-    text = raw.decode("utf-8", "replace").strip()
-    try:
-        return _error_text(json.loads(text))
-    except ValueError:
-        return text[:200] or "(empty body)"
+def _start(payload: bytes) -> str:
+    return repr(payload[:80].decode("utf-8", "replace"))
 
 
 class ProbeClient:
-    """One httpx.AsyncClient for many probes; each request still opens its own connection."""
+    """Probes one request at a time or many at once; each request opens its own connection."""
 
     def __init__(self, limits: ProbeLimits | None = None) -> None:
         self.limits = limits or ProbeLimits()
-        self._http = httpx.AsyncClient(
-            # No keep-alive pool: a connection is closed once its response ends (see module docstring).
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=0),
-            timeout=httpx.Timeout(self.limits.read_s, connect=self.limits.connect_s),
-            # Probes go straight to the engine: no proxy from the environment, no .netrc credentials.
-            trust_env=False,
-        )
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        """Nothing is pooled: every connection is closed when its request ends. Kept for `async with`."""
 
     async def __aenter__(self) -> ProbeClient:
         return self
@@ -210,77 +198,78 @@ class ProbeClient:
         body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
         # Encoded before the clock starts, so the client's own JSON work is not counted as server time.
         content = json.dumps(body).encode()
-        headers = {"Content-Type": "application/json", "Accept": "text/event-stream", "Connection": "close"}
+        headers = {"Content-Type": "application/json", "Accept": "text/event-stream", "Connection": "close",
+                   "Accept-Encoding": "identity"}
         key = target.api_key
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
         rec = _Recorder(max_event_bytes=self.limits.max_event_bytes)
+        exchange = Exchange(self.limits.read_s)
         status: int | None = None
         error: str | None = None
         wall_start = time.time()
-        sent_at = time.perf_counter()
+        started_at = time.monotonic()
         try:
+            headers.update(target_headers(target))  # refuses a secret in clear text through a proxy
             async with asyncio.timeout(self.limits.total_s):
-                async with self._http.stream(
-                    "POST", chat_url(target.url), content=content, headers=headers
-                ) as resp:
-                    status = resp.status_code
-                    error = await self._read(resp, rec)
+                await exchange.open(chat_url(target.url), headers, content, self.limits.connect_s)
+                status, response_headers = await exchange.head()
+                error = await self._read(exchange, status, response_headers, rec)
         except TimeoutError:
             error = f"request took longer than {self.limits.total_s:g}s in all; cancelled"
         except _StreamError as exc:
             error = str(exc)
-        except httpx.HTTPError as exc:
+        except HttpFailure as exc:
             error = self._transport_error(exc, status, rec)
-        ended_at = time.perf_counter()
-        return self._result(
-            target, workload, index, turn, wall_start, sent_at, ended_at, status, error, rec, key
-        )
+        except InsecureSecret as exc:
+            error = str(exc)
+        finally:
+            exchange.close()
+        ended_at = time.monotonic()
+        phases = exchange.phases
+        if phases.sent_at is not None:
+            wall_start += phases.sent_at - started_at  # the wall clock at the send, like sent_at
+        return self._result(target, workload, index, turn, wall_start, phases, ended_at, status, error, rec,
+                            key)
 
-    async def _read(self, resp: httpx.Response, rec: _Recorder) -> str | None:
-        if resp.status_code != 200:
-            raw = b""
-            async for part in resp.aiter_bytes():
-                raw += part
-                if len(raw) >= self.limits.max_error_body_bytes:
-                    break
-            return f"HTTP {resp.status_code}: {_body_error_text(raw[: self.limits.max_error_body_bytes])}"
-        ctype = resp.headers.get("content-type", "")
+    async def _read(
+        self, exchange: Exchange, status: int, headers: dict[str, str], rec: _Recorder
+    ) -> str | None:
+        if status != 200:
+            limit = self.limits.max_error_body_bytes
+            raw = bytearray()
+
+            def keep(data: bytes, _now: float) -> bool:
+                raw.extend(data)
+                return len(raw) >= limit
+
+            await exchange.body(keep)
+            return f"HTTP {status}: {error_text(bytes(raw[:limit]))}"
+        ctype = headers.get("content-type", "")
         if "text/event-stream" not in ctype:
             return f"expected an event stream but the server answered {ctype or 'no content type'}"
-        buf = b""
-        async for data in resp.aiter_bytes():
-            now = time.perf_counter()  # arrival time of these bytes, shared by every line in them
-            buf += data
-            start = 0
-            while (nl := buf.find(b"\n", start)) >= 0:
-                line = buf[start:nl]
-                start = nl + 1
-                rec.feed_line(line.rstrip(b"\r").decode("utf-8", "replace"), now)
-            buf = buf[start:]
-            if len(buf) > self.limits.max_event_bytes:
-                raise _StreamError(f"stream line over {self.limits.max_event_bytes} bytes; stopped")
-            if rec.done:
-                break
-        if buf:
-            rec.feed_line(buf.rstrip(b"\r").decode("utf-8", "replace"), time.perf_counter())
-        rec.finish(time.perf_counter())
+
+        def take(data: bytes, now: float) -> bool:
+            rec.feed(data, now)
+            return rec.done  # [DONE]: nothing after it is read
+
+        await exchange.body(take)
+        rec.finish(time.monotonic())
         if not rec.done and rec.finish_reason is None:
             return f"stream ended early after {rec.chunks} chunks (no finish_reason, no [DONE])"
         return None
 
-    def _transport_error(self, exc: httpx.HTTPError, status: int | None, rec: _Recorder) -> str:
+    def _transport_error(self, exc: HttpFailure, status: int | None, rec: _Recorder) -> str:
         where = "before the response" if status is None else f"after {rec.chunks} chunks"
-        detail = str(exc) or type(exc).__name__
-        if isinstance(exc, httpx.ConnectTimeout):
+        if exc.kind == "connect":
+            return f"cannot connect: {exc.detail}"
+        if exc.kind == "connect-timeout":
             return f"connect timed out after {self.limits.connect_s:g}s"
-        if isinstance(exc, httpx.ConnectError):
-            return f"cannot connect: {detail}"
-        if isinstance(exc, httpx.ReadTimeout):
+        if exc.kind == "silent":
             return f"server silent for {self.limits.read_s:g}s {where}"
-        if isinstance(exc, httpx.RemoteProtocolError):
-            return f"connection dropped {where}: {detail}"
-        return f"{type(exc).__name__} {where}: {detail}"
+        if exc.kind == "dropped":
+            return f"connection dropped {where}: {exc.detail}"
+        if exc.kind == "protocol":
+            return f"bad HTTP response {where}: {exc.detail}"
+        return exc.detail  # url, tls, proxy: the detail says it all
 
     def _result(
         self,
@@ -289,7 +278,7 @@ class ProbeClient:
         index: int,
         turn: int | None,
         wall_start: float,
-        sent_at: float,
+        phases: Phases,
         ended_at: float,
         status: int | None,
         error: str | None,
@@ -329,6 +318,8 @@ class ProbeClient:
             notes.append("stream ended without [DONE]")
         if error is not None:
             error = redact(error, key)
+        if (note := cache_note(workload, turn, cached, prompt)) is not None:
+            notes.append(note)
         return ProbeResult(
             engine=target.name,
             url=public_url(target.url),
@@ -336,7 +327,9 @@ class ProbeClient:
             index=index,
             turn=turn,
             wall_start=wall_start,
-            sent_at=sent_at,
+            connect_s=phases.connect_s,
+            tls_s=phases.tls_s,
+            sent_at=phases.sent_at,
             first_token_at=rec.first_token_at,
             last_token_at=rec.last_token_at,
             ended_at=ended_at,

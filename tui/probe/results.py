@@ -3,6 +3,11 @@
 Token counts come from the server (`usage`, or llama.cpp `timings`); when a server sends neither, the
 count of non-empty stream chunks stands in and the result says so (`token_source == "chunks"`).
 Client-clock times and server-side times are kept apart and labelled; "not available" is None.
+
+Client times are `time.monotonic()` seconds (the dashboard store's clock). TTFT and end-to-end time start
+when the request was sent, after the connection was set up; the set-up itself is `connect_s` / `tls_s`.
+A figure describes a span, so a plot marker for it belongs at the span's middle: `ttft_at` (send -> first
+token: TTFT and client prefill), `decode_at` (first -> last token: decode tok/s).
 """
 
 from __future__ import annotations
@@ -17,6 +22,27 @@ TokenSource = Literal["server", "chunks"]
 PrefillSource = Literal["server", "client-lower-bound"]
 
 CHUNK_ESTIMATE_NOTE = "completion tokens estimated from chunks: the server sent no token counts"
+
+# A request not meant to measure the prompt cache with at least this share of its prompt served from it
+# measured a cache hit: its TTFT and prefill say nothing about prefill.
+CACHE_SERVED_SHARE = 0.5
+# Client TTFT over the engine's own TTFT above this is flagged (enginetop probe --ttft-gap-factor).
+DEFAULT_TTFT_GAP_FACTOR = 2.0
+# Below a few milliseconds a gap is HTTP framing and scheduling noise on any host, whatever the ratio.
+MIN_TTFT_GAP_S = 0.005
+# A measured cause explains a gap when it is at least this share of it.
+CAUSE_SHARE = 0.5
+
+
+def cache_note(workload: str, turn: int | None, cached: int | None, prompt: int | None) -> str | None:
+    """The warning for a probe served from the prompt cache though it meant to measure prefill, or None.
+
+    Agent turns after the first are meant to hit the cache (the conversation grows): no warning there."""
+    if cached is None or not prompt or (workload == "agent" and (turn or 1) > 1):
+        return None
+    if cached / prompt < CACHE_SERVED_SHARE:
+        return None
+    return f"prompt cache served {cached} of {prompt} prompt tokens: TTFT/prefill measure a cache hit"
 
 
 def _num(obj: dict[str, Any], key: str) -> float | None:
@@ -83,6 +109,18 @@ class ServerTimings:
         )
 
     @property
+    def ttft_s(self) -> float | None:
+        """The engine's own time to first token: llama.cpp's prompt_ms (slot start -> prompt done; the first
+        token is sampled from that last batch), vLLM's time_to_first_token_ms (scheduled -> first token)."""
+        ms = self.prompt_ms if self.source == "llamacpp" else self.ttft_ms
+        return None if ms is None else ms / 1000.0
+
+    @property
+    def queue_s(self) -> float | None:
+        """Time the request waited before the engine scheduled it (vLLM only; llama.cpp does not say)."""
+        return None if self.queue_ms is None else self.queue_ms / 1000.0
+
+    @property
     def decode_tps(self) -> float | None:
         """Server-side decode rate: llama.cpp's own figure; for vLLM 1 / mean inter-token latency."""
         if self.source == "llamacpp":
@@ -97,14 +135,16 @@ class ServerTimings:
 
 @dataclass(frozen=True, slots=True)
 class ProbeResult:
-    """One streamed chat completion. Times are `time.perf_counter()` seconds; None = did not happen."""
+    """One streamed chat completion. Times are `time.monotonic()` seconds; None = did not happen."""
 
     engine: str
     url: str
     workload: str
     index: int  # request number within its run
-    wall_start: float  # time.time() at send, for reports
-    sent_at: float
+    wall_start: float  # time.time() at send (at the start when nothing was sent), for reports
+    sent_at: float | None  # request headers went out, after connecting; None: never sent
+    connect_s: float | None = None  # TCP connect (to the proxy, if any)
+    tls_s: float | None = None  # TLS handshake(s); None for http://
     first_token_at: float | None = None  # first chunk carrying content or reasoning text
     last_token_at: float | None = None
     ended_at: float | None = None
@@ -131,15 +171,58 @@ class ProbeResult:
 
     @property
     def ttft_s(self) -> float | None:
-        if self.first_token_at is None:
+        """Send -> first token: excludes connecting, includes the network, queueing and prefill."""
+        if self.first_token_at is None or self.sent_at is None:
             return None
         return self.first_token_at - self.sent_at
 
     @property
     def e2e_s(self) -> float | None:
-        if self.ended_at is None:
+        if self.ended_at is None or self.sent_at is None:
             return None
         return self.ended_at - self.sent_at
+
+    @property
+    def ttft_at(self) -> float | None:
+        """The monotonic instant TTFT (and client prefill) describe: the middle of send -> first token."""
+        if self.first_token_at is None or self.sent_at is None:
+            return None
+        return (self.sent_at + self.first_token_at) / 2
+
+    @property
+    def decode_at(self) -> float | None:
+        """The monotonic instant decode tok/s describes: the middle of first -> last token."""
+        if self.first_token_at is None or self.last_token_at is None:
+            return None
+        return (self.first_token_at + self.last_token_at) / 2
+
+    @property
+    def server_ttft_s(self) -> float | None:
+        """The engine's own TTFT for this request (ServerTimings.ttft_s), when it reported one."""
+        return self.server.ttft_s if self.server is not None and self.ok else None
+
+    @property
+    def server_queue_s(self) -> float | None:
+        return self.server.queue_s if self.server is not None and self.ok else None
+
+    def ttft_gap(self, factor: float = DEFAULT_TTFT_GAP_FACTOR) -> TtftGap | None:
+        """The client's TTFT against the engine's, when the client's is over `factor` times larger."""
+        client, server = self.ttft_s, self.server_ttft_s
+        if client is None or server is None or client - server < MIN_TTFT_GAP_S:
+            return None
+        if client <= factor * server:
+            return None
+        return TtftGap(client_s=client, server_s=server, factor=factor,
+                       cause=_gap_cause(client - server, server, self.server_queue_s, self.connect_s))
+
+    @property
+    def cache_note(self) -> str | None:
+        """Set when a request not meant to measure caching was served from the prompt cache anyway."""
+        return cache_note(self.workload, self.turn, self.cached_tokens, self.prompt_tokens)
+
+    @property
+    def cache_served(self) -> bool:
+        return self.cache_note is not None
 
     @property
     def decode_s(self) -> float | None:
@@ -211,7 +294,7 @@ class ProbeResult:
             return None
         return self.completion_tokens - self.chunks
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, ttft_gap_factor: float = DEFAULT_TTFT_GAP_FACTOR) -> dict[str, Any]:
         return {
             "type": "request",
             "engine": self.engine,
@@ -224,6 +307,11 @@ class ProbeResult:
             "error": self.error,
             "finish_reason": self.finish_reason,
             "ttft_s": self.ttft_s,
+            "server_ttft_s": self.server_ttft_s,
+            "server_queue_s": self.server_queue_s,
+            "ttft_gap": gap.to_json() if (gap := self.ttft_gap(ttft_gap_factor)) is not None else None,
+            "connect_s": self.connect_s,
+            **({"tls_s": self.tls_s} if self.tls_s is not None else {}),
             "decode_tps": self.decode_tps,
             "prefill_tps": self.prefill_tps,
             "prefill_source": self.prefill_source,
@@ -232,6 +320,7 @@ class ProbeResult:
             "completion_tokens": self.completion_tokens,
             "cached_tokens": self.cached_tokens,
             "cached_share": self.cached_share,
+            "cache_served": self.cache_served,
             "chunks": self.chunks,
             "chunk_gap": self.chunk_gap,
             "token_source": self.token_source,
@@ -242,6 +331,49 @@ class ProbeResult:
             "wall_start": self.wall_start,
             "notes": list(self.notes),
         }
+
+
+@dataclass(frozen=True, slots=True)
+class TtftGap:
+    """The client saw the first token much later than the engine says it made it, and the likely cause."""
+
+    client_s: float
+    server_s: float
+    factor: float  # the threshold it exceeded
+    cause: str
+
+    @property
+    def ratio(self) -> float:
+        return self.client_s / self.server_s if self.server_s > 0 else math.inf
+
+    def text(self) -> str:
+        ratio = f"{self.ratio:.1f}x" if math.isfinite(self.ratio) else "engine reported 0"
+        return (f"client TTFT {self.client_s * 1000:.0f} ms vs the engine's {self.server_s * 1000:.0f} ms "
+                f"({ratio}, flagged above {self.factor:g}x): likely {self.cause}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"client_s": self.client_s, "server_s": self.server_s, "factor": self.factor,
+                "ratio": self.ratio if math.isfinite(self.ratio) else None, "cause": self.cause,
+                "text": self.text()}
+
+
+def _gap_cause(gap: float, server: float, queue: float | None, connect: float | None) -> str:
+    """Words for the most likely cause of a TTFT gap, chosen from what was measured."""
+    if queue is not None and queue >= CAUSE_SHARE * gap:
+        return f"queueing: the request waited {queue * 1000:.0f} ms before the engine scheduled it"
+    if connect is not None and connect >= CAUSE_SHARE * gap:
+        # TTFT starts after the connect, but whatever made connecting slow (a network round trip, or a host
+        # too busy to answer promptly) delays the answer too.
+        return (f"a slow connection path: connecting alone took {connect * 1000:.0f} ms (a network round "
+                "trip, or a host too busy to answer), a delay the request pays again after it is sent")
+    measured = f"connect {connect * 1000:.1f} ms" if connect is not None else "connect not measured"
+    if queue is not None:
+        measured += f", queue {queue * 1000:.1f} ms"
+    else:
+        # llama.cpp's prompt_ms starts when a slot takes the request: a wait for a free slot is not in it.
+        measured += "; the engine reports no queue time: a wait for a free slot would look the same"
+    return (f"frontend or detokenizer bound: the engine had the first token after {server * 1000:.0f} ms, "
+            f"the stream delivered it {gap * 1000:.0f} ms later ({measured})")
 
 
 def token_source_of(results: list[ProbeResult]) -> str | None:
@@ -263,11 +395,13 @@ class ProbeSummary:
     prefill_tps_p50: float | None
     prefill_source: str | None
     server_decode_tps_p50: float | None
+    server_ttft_s_p50: float | None
     e2e_s_p50: float | None
     completion_tokens: int
     chunks: int
     token_source: str | None  # "server", "chunks", "mixed", or None when nothing succeeded
     errors: tuple[str, ...]  # distinct error texts, first few
+    cache_served: int = 0  # requests a prompt cache served though they meant to measure prefill
 
     @property
     def failed(self) -> int:
@@ -292,11 +426,13 @@ class ProbeSummary:
             if prefill_sources
             else None,
             server_decode_tps_p50=median(r.server_decode_tps for r in good),
+            server_ttft_s_p50=median(r.server_ttft_s for r in good),
             e2e_s_p50=median(r.e2e_s for r in good),
             completion_tokens=sum(r.completion_tokens or 0 for r in good),
             chunks=sum(r.chunks for r in good),
             token_source=token_source_of(good),
             errors=tuple(errors),
+            cache_served=sum(r.cache_served for r in good),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -311,10 +447,12 @@ class ProbeSummary:
             "prefill_tps_p50": self.prefill_tps_p50,
             "prefill_source": self.prefill_source,
             "server_decode_tps_p50": self.server_decode_tps_p50,
+            "server_ttft_s_p50": self.server_ttft_s_p50,
             "e2e_s_p50": self.e2e_s_p50,
             "completion_tokens": self.completion_tokens,
             "chunks": self.chunks,
             "token_source": self.token_source,
             "estimated_from_chunks": self.token_source in ("chunks", "mixed"),
             "errors": list(self.errors),
+            "cache_served": self.cache_served,
         }

@@ -6,14 +6,20 @@ Use from a Textual worker (an asyncio task):
     results = await runner.probe(target, "short", repeat=5, on_result=post)  # post sees each one
     sweep = await runner.sweep(target, SweepConfig(levels=(1, 2, 4)), on_level=...)
 
-Cancelling the worker's task (or `runner.cancel(target)`) stops the request in flight; its connection is
-closed. A second probe on a busy engine raises `ProbeBusy` at once instead of queueing behind the first.
+Cancelling the worker's task stops the request in flight; its connection is closed. A second probe on a
+busy engine raises `ProbeBusy` at once instead of queueing behind the first.
+
+Every call sends prompts no earlier call sent, even when given the same WorkloadParams again (the
+dashboard probes with the same params and request index 0 each time): the call's number is appended to
+the params' nonce, which every prompt's first word is hashed from.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import itertools
 from collections.abc import Callable
 
 from tui.probe.client import ProbeClient, ProbeLimits, ProbeTarget
@@ -31,20 +37,13 @@ class ProbeRunner:
         self._limits = limits
         self._client: ProbeClient | None = None
         self._active: dict[str, asyncio.Task[object]] = {}
+        self._calls = itertools.count()
 
     def _key(self, target: ProbeTarget) -> str:
         return target.url.rstrip("/")
 
     def busy(self, target: ProbeTarget) -> bool:
         return self._key(target) in self._active
-
-    def cancel(self, target: ProbeTarget) -> bool:
-        """Cancel the task running a probe on `target`; False if none runs."""
-        task = self._active.get(self._key(target))
-        if task is None:
-            return False
-        task.cancel()
-        return True
 
     def _claim(self, target: ProbeTarget) -> str:
         key = self._key(target)
@@ -72,7 +71,8 @@ class ProbeRunner:
         results: list[ProbeResult] = []
         try:
             assert self._client is not None
-            workload_iter = run_workload(self._client, target, workload, params or WorkloadParams(), repeat)
+            params = self._fresh(params or WorkloadParams())
+            workload_iter = run_workload(self._client, target, workload, params, repeat)
             async with contextlib.aclosing(workload_iter):
                 async for result in workload_iter:
                     results.append(result)
@@ -91,9 +91,15 @@ class ProbeRunner:
         key = self._claim(target)
         try:
             assert self._client is not None
-            return await run_sweep(self._client, target, config or SweepConfig(), on_level)
+            config = config or SweepConfig()
+            config = dataclasses.replace(config, params=self._fresh(config.params))
+            return await run_sweep(self._client, target, config, on_level)
         finally:
             self._active.pop(key, None)
+
+    def _fresh(self, params: WorkloadParams) -> WorkloadParams:
+        """The params with this call's own nonce: no two calls of this runner share a prompt."""
+        return dataclasses.replace(params, nonce=f"{params.nonce}.{next(self._calls)}")
 
     async def aclose(self) -> None:
         for task in list(self._active.values()):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Iterable
 
 
@@ -26,24 +25,3 @@ def quantile(values: Iterable[float | None], q: float) -> float | None:
 
 def median(values: Iterable[float | None]) -> float | None:
     return quantile(values, 0.5)
-
-
-class RollingMedian:
-    """Median of the last `window` values; None values ("not available") are skipped, not counted as 0."""
-
-    def __init__(self, window: int = 5) -> None:
-        if window < 1:
-            raise ValueError(f"rolling window must be at least 1, got {window}")
-        self._values: deque[float] = deque(maxlen=window)
-
-    def add(self, value: float | None) -> float | None:
-        if value is not None and math.isfinite(value):
-            self._values.append(value)
-        return self.value
-
-    @property
-    def value(self) -> float | None:
-        return median(self._values)
-
-    def __len__(self) -> int:
-        return len(self._values)

@@ -13,12 +13,12 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import psutil
-
-from tui.probe.client import ProbeClient, ProbeTarget, public_url
+from tui.net import public_url
+from tui.probe.client import ProbeClient, ProbeTarget
 from tui.probe.results import ProbeResult, token_source_of
 from tui.probe.stats import median, quantile
 from tui.probe.workloads import WorkloadParams, request_body
+from tui.sources.host import CpuMeter
 
 DEFAULT_LEVELS: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
 SWEEP_WORKLOADS: tuple[str, ...] = ("short", "thinking-off", "long-prefill")
@@ -27,6 +27,17 @@ SWEEP_WORKLOADS: tuple[str, ...] = ("short", "thinking-off", "long-prefill")
 CPU_SHARE_LIMIT = 0.8  # of one core: the event loop runs on one
 LAG_P99_LIMIT_MS = 10.0
 HOST_BUSY_PERCENT = 90.0
+
+
+def parse_levels(text: str, flag: str = "--levels") -> tuple[int, ...]:
+    """'1,2,4,8' -> (1, 2, 4, 8); a ValueError naming `flag` for anything else."""
+    try:
+        levels = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise ValueError(f"{flag} {text!r}: expected comma-separated whole numbers, e.g. 1,2,4") from None
+    if not levels or any(n < 1 for n in levels):
+        raise ValueError(f"{flag} {text!r}: stream counts must be 1 or more")
+    return levels
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,16 +112,6 @@ class ClientLoad:
         }
 
 
-def _host_busy_seconds() -> tuple[float, float] | None:
-    try:
-        t = psutil.cpu_times()
-    except (OSError, psutil.Error):
-        return None
-    total = sum(t)
-    idle = t.idle + getattr(t, "iowait", 0.0)
-    return total - idle, total
-
-
 class SelfMonitor:
     """`async with SelfMonitor() as mon: ...` then `mon.load`: the client's own CPU and loop lag."""
 
@@ -128,9 +129,9 @@ class SelfMonitor:
             self._lags.append(max(0.0, loop.time() - due))
 
     async def __aenter__(self) -> SelfMonitor:
-        self._wall0 = time.perf_counter()
+        self._wall0 = time.monotonic()
         self._cpu0 = time.process_time()
-        self._host0 = _host_busy_seconds()
+        self._host = CpuMeter()
         self._task = asyncio.create_task(self._tick())
         return self
 
@@ -139,13 +140,10 @@ class SelfMonitor:
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
-        host1 = _host_busy_seconds()
-        host_pct = None
-        if self._host0 is not None and host1 is not None and host1[1] > self._host0[1]:
-            host_pct = 100.0 * (host1[0] - self._host0[0]) / (host1[1] - self._host0[1])
+        host_pct = self._host.percent()
         lags_ms = [lag * 1000 for lag in self._lags]
         self.load = ClientLoad(
-            wall_s=time.perf_counter() - self._wall0,
+            wall_s=time.monotonic() - self._wall0,
             cpu_s=time.process_time() - self._cpu0,
             loop_lag_p50_ms=median(lags_ms),
             loop_lag_p99_ms=quantile(lags_ms, 0.99),
@@ -267,7 +265,7 @@ async def _run_level(
             if config.requests_per_stream is not None:
                 if done >= config.requests_per_stream:
                     return
-            elif time.perf_counter() >= deadline:
+            elif time.monotonic() >= deadline:
                 return
             index = next_index  # distinct seeds across streams and levels: no prompt-cache repeats
             next_index += 1
@@ -276,7 +274,7 @@ async def _run_level(
             done += 1
 
     async with SelfMonitor(config.lag_interval_s) as monitor:
-        started = time.perf_counter()
+        started = time.monotonic()
         deadline = started + (config.duration_s or 0.0)
         async with asyncio.TaskGroup() as group:
             for _ in range(level):

@@ -1,16 +1,23 @@
-"""Named, parameterised, deterministic probe workloads (seeded text; nothing is downloaded).
+"""Named, parameterised probe workloads: seeded, deterministic text behind a per-run nonce.
 
-Every request that measures prefill starts with a seeded nonce, so a prompt cache (llama.cpp keeps the
-last prompt of each slot) cannot serve a repeat and make TTFT lie. The `agent` workload is the opposite
-on purpose: it grows one conversation, so the cache *should* hit, and the per-turn cached share shows
-whether it does.
+Every request starts its user message with a tag hashed from (nonce, seed, request index): the nonce is
+random per WorkloadParams (so per run, per process), the index differs per request, and a hash differs
+from its first character on, so no prompt cache (llama.cpp keeps the last prompt of each slot, vLLM and
+SGLang share prefixes) can serve an earlier request's prompt and make TTFT lie; only the chat template's
+own tokens before the user text can match. The text after the tag is seeded and deterministic. A fixed
+nonce (`--nonce`) makes two runs send identical prompts when that is wanted.
+
+The `agent` workload is the opposite on purpose: it grows one conversation within a run, so the cache
+*should* hit from its second turn on; its first turn starts with the nonce like any other request.
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
+import secrets
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tui.probe.client import ProbeClient, ProbeTarget
@@ -56,6 +63,8 @@ class WorkloadParams:
     model: str | None = None  # sent only when given (llama.cpp ignores it; vLLM defaults to its model)
     agent_context_tokens: int = 600  # agent: size of the first message (like a system prompt with tools)
     agent_turn_tokens: int = 60  # agent: size of each new user message
+    # Hashed into every prompt's first word; drawn anew for every WorkloadParams (see the module docstring).
+    nonce: str = field(default_factory=lambda: secrets.token_hex(4))
 
 
 def seeded_words(seed: int, n: int) -> str:
@@ -63,10 +72,10 @@ def seeded_words(seed: int, n: int) -> str:
     return " ".join(rng.choice(_VOCAB) for _ in range(max(0, n)))
 
 
-def nonce(seed: int) -> str:
-    """A short seeded prefix that makes otherwise equal prompts differ from their first tokens."""
-    rng = random.Random(f"nonce-{seed}")
-    return f"[{rng.randrange(16**8):08x}]"
+def prompt_tag(params: WorkloadParams, index: int) -> str:
+    """The first word of request `index`'s user message: unique per run, seed and request (module doc)."""
+    key = f"{params.nonce}/{params.seed}/{index}".encode()
+    return f"[{hashlib.blake2s(key, digest_size=6).hexdigest()}]"
 
 
 def _base(params: WorkloadParams, messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
@@ -81,7 +90,7 @@ def _base(params: WorkloadParams, messages: list[dict[str, str]], max_tokens: in
 def short_body(params: WorkloadParams, index: int) -> dict[str, Any]:
     seed = params.seed * 1_000_003 + index
     topic = _TOPICS[random.Random(seed).randrange(len(_TOPICS))]
-    prompt = f"{nonce(seed)} Write a long story about {topic}. Do not stop early."
+    prompt = f"{prompt_tag(params, index)} Write a long story about {topic}. Do not stop early."
     return _base(params, [{"role": "user", "content": prompt}], params.max_tokens or SHORT_MAX_TOKENS)
 
 
@@ -95,7 +104,7 @@ def long_prefill_body(params: WorkloadParams, index: int) -> dict[str, Any]:
     seed = params.seed * 1_000_003 + index
     # Leave room for the template and the question; the server's usage reports the real count.
     filler = seeded_words(seed, params.prompt_tokens - 24)
-    prompt = f"{nonce(seed)} {filler}\n\nAnswer with one word: what is the first word above?"
+    prompt = f"{prompt_tag(params, index)} {filler}\n\nAnswer with one word: what is the first word above?"
     return _base(params, [{"role": "user", "content": prompt}], params.max_tokens or 1)
 
 
@@ -105,8 +114,9 @@ class AgentConversation:
     def __init__(self, params: WorkloadParams) -> None:
         self.params = params
         context = seeded_words(params.seed * 7919 + 1, params.agent_context_tokens)
+        tag = prompt_tag(params, 0)
         self.messages: list[dict[str, str]] = [
-            {"role": "user", "content": f"{nonce(params.seed)} You are a careful agent. Notes: {context}"},
+            {"role": "user", "content": f"{tag} You are a careful agent. Notes: {context}"},
             {"role": "assistant", "content": "Understood. Send the first task."},
         ]
         self.turn = 0

@@ -1,12 +1,11 @@
-"""Interleaved A/B over the engines on screen (key `a`): probe blocks A B A B…, no restarts.
-
-Watched engines are attached servers, so their "instances" are rounds in time. The result and its
-offline HTML report are written beside the engine logs; fresh-instance A/B is `enginetop ab`.
+"""The A/B run's progress and verdicts (key `a`). The run itself belongs to the app (tui.compare.abrun):
+escape closes this screen, the run goes on and still saves; `a` again reopens this view of it.
 """
 
 from __future__ import annotations
 
-import asyncio
+import dataclasses
+import time
 from datetime import datetime
 from typing import Any
 
@@ -19,20 +18,59 @@ from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from tui.compare.ab import ABConfig, Arm, run_comparison
+from tui.compare.ab import ABConfig, Arm, verdict_words
+from tui.compare.abrun import ABRun
 from tui.compare.engines import AttachedEngine
-from tui.compare.report import write_report, write_result
+from tui.lifecycle.engine import EngineInstance
+from tui.lifecycle.profiles import Profile
 from tui.paths import runs_dir
 from tui.sources.engine import EngineTarget
+from tui.sources.samples import GpuReport
+from tui.store import Store
 from widgets.fmt import ms, num
 
 VERDICT_STYLE = {"reproducible": "green", "not reproducible": "bold red"}
 
 
+def dashboard_arm(target: EngineTarget, profile: Profile | None = None,
+                  instance: EngineInstance | None = None) -> Arm:
+    """An arm for an engine column. Nothing is restarted: a managed engine is measured as it runs, and its
+    profile and exact argv go into the report (what the dashboard launched, not a guess)."""
+    engine = AttachedEngine(target.name, target.url, target.api_key, target.basic_auth)
+    if profile is None:
+        return Arm(target.name, engine, url=target.url,
+                   origin=f"watched by the dashboard at {target.url}, not started by enginetop")
+    if instance is None or instance.name != profile.name:
+        origin = f"profile {profile.name}: the dashboard had no running engine of it when the A/B began"
+    elif instance.pid is None:
+        origin = f"attached through profile {profile.name} at {target.url}, not started by enginetop"
+    else:
+        name, pid = profile.name, instance.pid
+        origin = f"started by the dashboard from profile {name} (PID {pid}), not restarted for the A/B"
+    launched = instance is not None and instance.name == profile.name and instance.resolved.argv
+    return Arm(target.name, engine, argv=list(instance.resolved.argv) if launched else None,
+               engine_kind=profile.engine, url=target.url, profile_path=str(profile.path),
+               notes=profile.notes, origin=origin)
+
+
+def start_dashboard_ab(arms: list[Arm], config: ABConfig, store: Store, gpu_interval_s: float) -> ABRun:
+    """Start the run in its own thread. The GPU is read from the dashboard's own NVML sampler (the store's
+    latest report), never sampled a second time from another thread."""
+
+    def gpu() -> GpuReport:
+        return store.gpu or GpuReport(t=time.time(), unavailable="no GPU reading yet")
+
+    stem = runs_dir() / f"ab-{datetime.now():%Y%m%d-%H%M%S}"
+    config = dataclasses.replace(config, gpu_interval_s=gpu_interval_s)
+    origin = f"the dashboard's GPU panel (its latest NVML reading, taken every {gpu_interval_s:g} s)"
+    return ABRun(arms, config, stem, gpu=gpu, gpu_origin=origin).start()
+
+
 def verdict_view(result: dict[str, Any]) -> Group:
     analysis = result["analysis"]
+    units = " / ".join(sorted({arm["instance_unit"] for arm in analysis["arms"].values()}))
     table = Table(box=None, padding=(0, 1), header_style="dim")
-    for col in ("arm", "decode tok/s", "CV% inst.", "range", "TTFT", "prefill tok/s", "blocks", "verdict"):
+    for col in ("arm", "decode tok/s", f"CV% {units}", "range", "TTFT", "prefill tok/s", "blocks", "verdict"):
         table.add_column(col, justify="left" if col in ("arm", "verdict") else "right", no_wrap=True)
     for name, arm in analysis["arms"].items():
         d = arm["decode_tps"]
@@ -40,7 +78,7 @@ def verdict_view(result: dict[str, Any]) -> Group:
             name, num(d.get("median")), num(arm["instance_cv_pct"]),
             f"{num(d.get('min'))}–{num(d.get('max'))}", ms(arm["ttft_s"].get("median")),
             num(arm["prefill_tps"].get("median"), "{:.0f}"), f"{arm['blocks_used']}/{arm['blocks_total']}",
-            Text(arm["verdict"], style=VERDICT_STYLE.get(arm["verdict"], "")))
+            Text(verdict_words(arm), style=VERDICT_STYLE.get(arm["verdict"], "")))
     lines: list[Any] = [table]
     for cmp in analysis["comparisons"]:
         d = cmp["decode_tps"]
@@ -60,47 +98,39 @@ class ABScreen(ModalScreen[None]):
     ABScreen #ab-log { height: 1fr; }
     """
 
-    def __init__(self, targets: list[EngineTarget], config: ABConfig) -> None:
+    def __init__(self, run: ABRun) -> None:
         super().__init__()
-        self.targets = targets
-        self.config = config
-        self.messages: list[str] = []
-        self.result: dict[str, Any] | None = None
+        self.run = run
+        self._shown = -1  # messages drawn so far; -1: nothing drawn yet
 
     def compose(self) -> ComposeResult:
+        cfg = self.run.config
+        units = " / ".join(sorted({arm.unit + "s" for arm in self.run.arms}))
         with Vertical() as box:
-            box.border_title = (f"A/B interleaved: {' vs '.join(t.name for t in self.targets)} — "
-                                f"{self.config.instances} rounds × {self.config.blocks} blocks × "
-                                f"{self.config.requests_per_block} requests, workload {self.config.workload}")
+            box.border_title = (f"A/B interleaved: {' vs '.join(a.name for a in self.run.arms)} — "
+                                f"{cfg.instances} {units} × {cfg.blocks} blocks × "
+                                f"{cfg.requests_per_block} requests, workload {cfg.workload}")
             yield Static(Text("running…", style="yellow"), id="ab-result")
             with VerticalScroll(id="ab-log"):
                 yield Static(id="ab-progress")
-            yield Static(Text("escape: close (the run goes on in the background and still saves)",
-                              style="dim"))
+            yield Static(Text("escape: close (the run goes on in the background, still saves, and the "
+                              "dashboard says when it is done; a: show it again)", style="dim"))
 
     def on_mount(self) -> None:
-        if len(self.targets) < 2:
-            self.query_one("#ab-result", Static).update(
-                Text("A/B needs at least two engines on screen (or use `enginetop ab PROFILE_A PROFILE_B`)",
-                     style="bold red"))
+        self.refresh_view()
+        self.set_interval(0.5, self.refresh_view)
+
+    def refresh_view(self) -> None:
+        run = self.run
+        messages = list(run.messages)  # appended by the run's thread
+        if len(messages) != self._shown:
+            self._shown = len(messages)
+            self.query_one("#ab-progress", Static).update("\n".join(messages[-200:]))
+        if not run.done:
             return
-        self.run_worker(self._run(), name="A/B", group="ab", exclusive=True)
-
-    def _progress(self, message: str) -> None:
-        self.messages.append(message)
-        self.query_one("#ab-progress", Static).update("\n".join(self.messages[-200:]))
-
-    async def _run(self) -> None:
-        arms = [Arm(name=t.name, engine=AttachedEngine(t.name, t.url, t.api_key), url=t.url)
-                for t in self.targets]
-
-        def progress(message: str) -> None:
-            self.app.call_from_thread(self._progress, message)
-
-        result = await asyncio.to_thread(run_comparison, arms, self.config, progress=progress)
-        stem = runs_dir() / f"ab-{datetime.now():%Y%m%d-%H%M%S}"
-        await asyncio.to_thread(write_result, result, stem.with_suffix(".json"))
-        await asyncio.to_thread(write_report, result, stem.with_suffix(".html"))
-        self.result = result
-        self.query_one("#ab-result", Static).update(Group(
-            verdict_view(result), Text(f"saved {stem}.json (+ CSV) and {stem}.html", style="dim")))
+        result = self.query_one("#ab-result", Static)
+        if run.error is not None:
+            result.update(Text(f"A/B failed: {run.error}", style="bold red"))
+        elif run.result is not None:
+            saved = ", ".join(str(p) for p in run.saved)
+            result.update(Group(verdict_view(run.result), Text(f"saved {saved}", style="dim")))

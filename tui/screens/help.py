@@ -9,10 +9,18 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from tui.sources.rates import MIN_BUSY_TOKENS
+
 ABOUT = (
     "Rates come from counters (Δ/Δt over the rate window), never from llama.cpp's reset-on-scrape gauges. "
+    "prompt tok/s counts every prompt token, those served from the prefix cache included; prefill tok/s "
+    "counts only the prompt tokens the engine computed (cache hits excluded). Both mean the same on every "
+    "engine. decode busy (llama.cpp) = generated tokens per second of decode time, shown from "
+    f"{MIN_BUSY_TOKENS} tokens on; llama.cpp adds up each slot's decode time, so with several requests at "
+    "once it is the rate of one stream, not of the engine (gen tok/s is the engine's). "
     "Latency quantiles come from histogram bucket deltas (vLLM, SGLang). "
-    "'n/a' = the engine does not expose it; '–' = exposed but idle in the window."
+    "'n/a' = the engine does not expose it; '–' = exposed but idle in the window, or too little in it "
+    "for a figure that can be trusted."
 )
 
 

@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from dataclasses import dataclass, field
 
 import httpx
 
+from tui.net import InsecureSecret, error_text, public_url, target_headers
 from tui.sources.metrics import MetricsFormatError, parse_reading
 from tui.sources.samples import EngineReading, EngineSample, Health
+
+# One line per request, off unless --log-http (tui.cli.log_to_file): four engines a second say nothing.
+http_log = logging.getLogger("tui.http")
 
 _ERROR_BODY_BYTES = 4096  # enough of an error response to quote its message
 
@@ -23,8 +28,11 @@ _ERROR_BODY_BYTES = 4096  # enough of an error response to quote its message
 @dataclass(frozen=True)
 class EngineTarget:
     name: str
-    url: str  # base URL, e.g. http://127.0.0.1:8080
+    url: str  # base URL without credentials, e.g. http://127.0.0.1:8080 (see tui.net.split_credentials)
     api_key: str | None = field(default=None, repr=False)
+    basic_auth: tuple[str, str] | None = field(default=None, repr=False)  # user:password from the URL
+    health_path: str = "/health"
+    metrics_path: str = "/metrics"
 
     @property
     def base(self) -> str:
@@ -66,63 +74,54 @@ def _transport_failure(exc: Exception, where: str, timeout: float, path: str) ->
     return _Failed(f"{where}{path} failed: {type(exc).__name__}: {text}")
 
 
-def _error_text(body: bytes) -> str:
-    """The `message` of an OpenAI-style error JSON, else the start of the body on one line."""
-    text = body.decode("utf-8", "replace").strip()
-    try:
-        data = json.loads(text)
-    except ValueError:
-        data = None
-    if isinstance(data, dict):
-        err = data.get("error", data)
-        msg = err.get("message") if isinstance(err, dict) else err
-        if isinstance(msg, str) and msg:
-            text = msg
-        elif isinstance(data.get("detail"), str):
-            text = data["detail"]
-    text = " ".join(text.split())
-    return text[:200] + ("…" if len(text) > 200 else "")
-
-
-async def _get(client: httpx.AsyncClient, url: str, headers: dict[str, str], timeout: float,
+async def _get(transport: httpx.AsyncBaseTransport, url: str, headers: dict[str, str], timeout: float,
                limit: int) -> tuple[int, bytes, bool]:
     """GET with a total deadline and a body cap: (status, body, over_cap). The body of a non-200 answer is
     read only far enough to quote it."""
-    async with asyncio.timeout(timeout), client.stream("GET", url, headers=headers, timeout=timeout) as resp:
-        cap = limit if resp.status_code == 200 else _ERROR_BODY_BYTES
-        length = resp.headers.get("content-length", "")
-        if resp.status_code == 200 and length.isdigit() and int(length) > cap:
-            return resp.status_code, b"", True
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in resp.aiter_bytes():
-            size += len(chunk)
-            if size > cap:
-                if resp.status_code == 200:
-                    return resp.status_code, b"", True
-                chunks.append(chunk[: cap - (size - len(chunk))])
-                break
-            chunks.append(chunk)
-        return resp.status_code, b"".join(chunks), False
+    request = httpx.Request("GET", url, headers=headers, extensions={"timeout": {
+        "connect": timeout, "read": timeout, "write": timeout, "pool": timeout}})
+    async with asyncio.timeout(timeout):
+        resp = await transport.handle_async_request(request)
+        try:
+            status = resp.status_code
+            if http_log.isEnabledFor(logging.INFO):  # off by default, and this runs every poll
+                http_log.info("GET %s: HTTP %d", public_url(url), status)
+            cap = limit if status == 200 else _ERROR_BODY_BYTES
+            length = resp.headers.get("content-length", "")
+            if status == 200 and length.isdigit() and int(length) > cap:
+                return status, b"", True
+            chunks: list[bytes] = []
+            size = 0
+            async for chunk in resp.aiter_bytes():
+                size += len(chunk)
+                if size > cap:
+                    if status == 200:
+                        return status, b"", True
+                    chunks.append(chunk[: cap - (size - len(chunk))])
+                    break
+                chunks.append(chunk)
+            return status, b"".join(chunks), False
+        finally:
+            await resp.aclose()
 
 
-async def _fetch(client: httpx.AsyncClient, target: EngineTarget, path: str, headers: dict[str, str],
-                 timeout: float, limit: int) -> tuple[int, bytes, bool]:
+async def _fetch(transport: httpx.AsyncBaseTransport, target: EngineTarget, path: str,
+                 headers: dict[str, str], timeout: float, limit: int) -> tuple[int, bytes, bool]:
     try:
-        return await _get(client, target.base + path, headers, timeout, limit)
+        return await _get(transport, target.base + path, headers, timeout, limit)
     except (httpx.HTTPError, httpx.InvalidURL, TimeoutError, OSError, ValueError) as exc:
         raise _transport_failure(exc, _where(target.url), timeout, path) from None
 
 
-def _metrics_status_message(status: int, body: bytes, has_key: bool) -> str:
+def _metrics_status_message(status: int, body: bytes, has_key: bool, path: str) -> str:
     if status in (401, 403):
         return _auth_message(has_key)
     if status == 404:
-        return "no /metrics endpoint: SGLang needs --enable-metrics"
+        return f"no {path} endpoint: SGLang needs --enable-metrics"
     if status == 501:
         return "metrics disabled: start llama-server with --metrics"
-    detail = _error_text(body)
-    return f"/metrics answered HTTP {status}" + (f": {detail}" if detail else "")
+    detail = error_text(body)
+    return f"{path} answered HTTP {status}" + (f": {detail}" if detail else "")
 
 
 def _auth_message(has_key: bool) -> str:
@@ -140,24 +139,24 @@ def _model_id(body: bytes) -> str | None:
     return model if isinstance(model, str) else None
 
 
-async def _metrics(client: httpx.AsyncClient, target: EngineTarget, headers: dict[str, str], timeout: float,
-                   max_body: int) -> tuple[EngineReading | None, str | None]:
+async def _metrics(transport: httpx.AsyncBaseTransport, target: EngineTarget, headers: dict[str, str],
+                   timeout: float, max_body: int) -> tuple[EngineReading | None, str | None]:
     """The reading, or why there is none."""
     try:
-        status, body, over = await _fetch(client, target, "/metrics", headers, timeout, max_body)
+        status, body, over = await _fetch(transport, target, target.metrics_path, headers, timeout, max_body)
     except _Failed as exc:
         return None, str(exc)
     if over:
-        return None, f"/metrics body is larger than the {max_body / 2**20:g} MiB limit; not read"
+        return None, f"{target.metrics_path} body is larger than the {max_body / 2**20:g} MiB limit; not read"
     if status != 200:
-        return None, _metrics_status_message(status, body, bool(target.api_key))
+        return None, _metrics_status_message(status, body, bool(target.api_key), target.metrics_path)
     try:
         return parse_reading(body.decode("utf-8", "replace")), None
     except MetricsFormatError as exc:
         return None, str(exc)
 
 
-async def poll_engine(client: httpx.AsyncClient, target: EngineTarget, *, timeout: float = 2.0,
+async def poll_engine(transport: httpx.AsyncBaseTransport, target: EngineTarget, *, timeout: float = 2.0,
                       max_body: int = 8 * 2**20, launched_by_us: bool = False,
                       known_model: str | None = None, check_health: bool = True) -> EngineSample:
     """One poll. `launched_by_us`: a refused connection means "still starting" (vLLM binds its port only
@@ -166,7 +165,6 @@ async def poll_engine(client: httpx.AsyncClient, target: EngineTarget, *, timeou
     False: go straight to /metrics, and ask /health only if that fails (a healthy engine then costs one
     request a poll; a caller asks /health itself every few seconds, since a dead vLLM engine core still
     serves /metrics)."""
-    headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
     where = _where(target.url)
 
     def sample(health: Health, reason: str | None = None, model: str | None = None,
@@ -181,52 +179,65 @@ async def poll_engine(client: httpx.AsyncClient, target: EngineTarget, *, timeou
         # httpx would fail on it, and its error could quote the header: say so without the key.
         return sample("down", "the API key for this engine has characters an HTTP header cannot carry "
                       "(a line break, control or non-ASCII character)")
+    try:
+        headers = target_headers(target)
+    except InsecureSecret as exc:
+        return sample("down", str(exc))
 
     if not check_health and known_model is not None:
-        reading, metrics_error = await _metrics(client, target, headers, timeout, max_body)
+        reading, metrics_error = await _metrics(transport, target, headers, timeout, max_body)
         if reading is not None:
             return sample("up", None, known_model, reading, metrics_error)
 
     # /health first: when the engine is down or loading, /models and /metrics would only repeat that.
     health: Health = "up"
     try:
-        status, body, _ = await _fetch(client, target, "/health", headers, timeout, _ERROR_BODY_BYTES)
+        status, body, _ = await _fetch(transport, target, target.health_path, headers, timeout,
+                                      _ERROR_BODY_BYTES)
     except _Failed as exc:
         if exc.refused and launched_by_us:
             return sample("starting", f"not accepting connections yet at {where} (starting up)")
         return sample("down", str(exc))
     no_health_route = status == 404
     if status == 503:
-        detail = _error_text(body)
+        detail = error_text(body)
         if "loading model" in detail.lower():  # llama-server answers every path so while it loads
             return sample("loading", "loading model")
-        reason = f"{where}/health answered HTTP 503" + (f": {detail}" if detail else "")
+        reason = f"{where}{target.health_path} answered HTTP 503" + (f": {detail}" if detail else "")
         return sample("starting" if launched_by_us else "down", reason)
     if status in (401, 403):
         return sample("down", _auth_message(bool(target.api_key)))
     if status != 200 and not no_health_route:
-        detail = _error_text(body)
-        return sample("down", f"{where}/health answered HTTP {status}" + (f": {detail}" if detail else ""))
+        detail = error_text(body)
+        reason = f"{where}{target.health_path} answered HTTP {status}" + (f": {detail}" if detail else "")
+        return sample("down", reason)
 
     model = known_model
     models_ok = known_model is not None
     if known_model is None:
         try:
-            status, body, _ = await _fetch(client, target, "/v1/models", headers, timeout, 1 << 20)
+            status, body, _ = await _fetch(transport, target, "/v1/models", headers, timeout, 1 << 20)
             if status == 200:
                 models_ok = True
                 model = _model_id(body)
         except _Failed:
             pass  # the model name is a nicety; /metrics below reports reachability problems in full
 
-    reading, metrics_error = await _metrics(client, target, headers, timeout, max_body)
+    reading, metrics_error = await _metrics(transport, target, headers, timeout, max_body)
     if no_health_route and not models_ok and reading is None:
-        reason = f"no /health endpoint at {where}, and neither /v1/models nor /metrics answered"
+        reason = (f"no {target.health_path} endpoint at {where}, and neither /v1/models nor "
+                  f"{target.metrics_path} answered")
         return sample("down", reason, model, reading, metrics_error)
     return sample(health, None, model, reading, metrics_error)
 
 
 def _scrub(message: str | None, target: EngineTarget) -> str | None:
-    if message is None or not target.api_key:
+    """Error text may quote what the server or the HTTP library saw: never a secret."""
+    if message is None:
         return message
-    return message.replace(target.api_key, "***")
+    secrets = [target.api_key] if target.api_key else []
+    if target.basic_auth is not None and target.basic_auth[1]:
+        secrets.append(target.basic_auth[1])
+    for secret in secrets:
+        message = message.replace(secret, "***")
+    return message

@@ -8,6 +8,7 @@ function is not called again; GpuIsLost turns that GPU's sample into an error wh
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -71,7 +72,9 @@ def peak_bandwidth_gbps(max_mem_clock_mhz: float | None, bus_width_bits: float |
 
 
 class GpuSampler:
-    """Samples every NVIDIA GPU. Not thread-safe: call `sample()` from one thread at a time.
+    """Samples every NVIDIA GPU. Thread-safe: the dashboard's polling loop and a switch's drain step sample
+    the same sampler at once, and each sample frees the previous GPM buffer, so `sample()` and `close()`
+    run one at a time (a lock) or a buffer would be freed twice.
 
     `nvml` is the `pynvml` module (default) or a stand-in exposing the same names (tests).
     `clock` is injectable so the init-retry interval can be checked without sleeping.
@@ -89,11 +92,23 @@ class GpuSampler:
         self._devices: list[_Device] = []
         self._missing: set[str] = set()  # functions the driver lacks (FunctionNotFound)
         self._logged: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
 
     # ---- public -------------------------------------------------------------------------------------
 
     def sample(self, engine_pids: dict[str, set[int]] | None = None) -> GpuReport:
         """All GPUs now. `engine_pids`: engine name -> its process-tree PIDs (host.engine_tree_pids)."""
+        with self._lock:
+            return self._sample(engine_pids)
+
+    def close(self) -> None:
+        """Free the GPM samples held between calls and shut NVML down. Safe to call more than once."""
+        with self._lock:
+            self._close()
+
+    # ---- under the lock -----------------------------------------------------------------------------
+
+    def _sample(self, engine_pids: dict[str, set[int]] | None) -> GpuReport:
         now = self._clock()
         try:
             if not self._ensure_init(now):
@@ -106,8 +121,7 @@ class GpuSampler:
             reason = f"GPU sampling failed ({type(exc).__name__}: {exc}): GPU panel off"
             return GpuReport(t=now, unavailable=reason)
 
-    def close(self) -> None:
-        """Free the GPM samples held between calls and shut NVML down. Safe to call more than once."""
+    def _close(self) -> None:
         if not self._initialized:
             return
         for dev in self._devices:

@@ -45,11 +45,6 @@ def _tree(pid: int, children: dict[int, list[int]] | None = None) -> list[psutil
     return tree
 
 
-def engine_tree_pids(pid: int) -> set[int]:
-    """`pid` and every descendant (the GPU sampler maps GPU processes to engines with this); empty if gone."""
-    return {p.pid for p in _tree(pid)}
-
-
 def tree_memory(engine: str, pid: int,
                 children: dict[int, list[int]] | None = None) -> ProcessTreeMemory | None:
     """RSS summed over a process tree (shared pages count once per process) or None when the root has gone.
@@ -74,20 +69,42 @@ def tree_memory(engine: str, pid: int,
     return ProcessTreeMemory(engine=engine, pid=pid, rss_bytes=rss, processes=count, pids=tuple(pids))
 
 
-class HostSampler:
-    """CPU % since the previous sample (psutil's non-blocking mode), memory, swap and engine trees.
+def _busy_and_total() -> tuple[float, float] | None:
+    """CPU seconds of all cores since boot: (busy, total). Idle and I/O wait are not busy."""
+    try:
+        t = psutil.cpu_times()
+    except (OSError, psutil.Error):
+        return None
+    total = sum(t)
+    return total - t.idle - getattr(t, "iowait", 0.0), total
 
-    psutil keeps the CPU-time baseline for `cpu_percent(interval=None)` module-wide, so one HostSampler
-    per process is what gives meaningful CPU figures.
+
+class CpuMeter:
+    """Whole-host CPU busy % since this meter's previous reading.
+
+    Every reader owns its meter: psutil.cpu_percent(interval=None) keeps one baseline per process, so two
+    readers of it (the host panel and an A/B block, say) would each measure the other's interval.
     """
+
+    def __init__(self) -> None:
+        self._last = _busy_and_total()
+
+    def percent(self) -> float | None:
+        """Busy % of all cores since the last call (or since the meter was made); None if unknown."""
+        now = _busy_and_total()
+        last, self._last = self._last, now
+        if now is None or last is None or now[1] <= last[1]:
+            return None
+        return max(0.0, min(100.0, 100.0 * (now[0] - last[0]) / (now[1] - last[1])))
+
+
+class HostSampler:
+    """CPU % since the previous sample (its own CpuMeter), memory, swap and engine trees."""
 
     def __init__(self) -> None:
         self._children_map: dict[int, list[int]] | None = None
         self._children_at = 0.0
-        try:
-            psutil.cpu_percent(interval=None)  # primes the baseline; this first value is meaningless
-        except Exception as exc:
-            log.debug("cpu_percent priming failed: %s", exc)
+        self._cpu = CpuMeter()
 
     def _children(self, now: float) -> dict[int, list[int]]:
         """The process table walk is the costly part of a sample: redo it every TREE_REFRESH_S only (an
@@ -101,7 +118,7 @@ class HostSampler:
         t = time.monotonic()
         cpu_pct = cpu_count = ram_used = ram_total = swap_used = swap_total = None
         try:
-            cpu_pct = psutil.cpu_percent(interval=None)
+            cpu_pct = self._cpu.percent()
             cpu_count = psutil.cpu_count(logical=True)
         except Exception as exc:
             log.debug("CPU figures unavailable: %s", exc)
@@ -178,17 +195,13 @@ def _host_matches(listen_ip: str, host: str | None) -> bool:
     return wanted == bound
 
 
-def pid_listening_on(port: int, host: str | None = None) -> int | None:
-    """PID of the local process with a TCP socket LISTENing on `port` (at `host` if given), else None.
-
-    `host` is an IP literal or "localhost"; wildcard listeners (0.0.0.0, ::) match any host. None when
-    nothing listens, the socket belongs to a process we may not inspect, or the OS refuses the listing.
-    """
-    return pids_listening([(host, port)]).get((host, port))
-
-
 def pids_listening(addresses: list[tuple[str | None, int]]) -> dict[tuple[str | None, int], int]:
-    """pid_listening_on for several (host, port) at once: one walk of every socket instead of one each."""
+    """PID of the local process LISTENing on each (host, port), from one walk of every socket.
+
+    `host` is an IP literal, "localhost" or None (any); wildcard listeners (0.0.0.0, ::) match any host of
+    this machine. An address is left out when nothing listens there, the socket belongs to a process this
+    user may not inspect, or the OS refuses the listing.
+    """
     try:
         conns = psutil.net_connections(kind="tcp")
     except (psutil.AccessDenied, OSError) as exc:

@@ -14,6 +14,7 @@ Aggregation across label sets (vLLM `engine`/`model_name`/`finished_reason`, SGL
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -32,10 +33,11 @@ class _Source:
     field: str
     kind: str  # "sum" | "mean" | "hist"
     families: tuple[str, ...]  # parser family names (counters without `_total`), first present wins
+    label: tuple[str, str] | None = None  # only the series with this (label, value)
 
 
-def _s(field: str, kind: str, *families: str) -> _Source:
-    return _Source(field, kind, families)
+def _s(field: str, kind: str, *families: str, label: tuple[str, str] | None = None) -> _Source:
+    return _Source(field, kind, families, label)
 
 
 # Family names as prometheus_client's parser reports them: a counter exposed as `x_total` is family `x`.
@@ -43,10 +45,10 @@ _DIALECTS: dict[Dialect, tuple[_Source, ...]] = {
     "llamacpp": (
         _s("running", "sum", "llamacpp:requests_processing"),
         _s("waiting", "sum", "llamacpp:requests_deferred"),
-        _s("prompt_tokens_total", "sum", "llamacpp:prompt_tokens"),  # excludes cached tokens
-        _s("_cached_prompt_tokens", "sum", "llamacpp:prompt_tokens_cached"),
+        # llama.cpp's prompt counter excludes cached tokens: it is the computed count (processed = + cached)
+        _s("prompt_tokens_computed_total", "sum", "llamacpp:prompt_tokens"),
+        _s("prompt_tokens_cached_total", "sum", "llamacpp:prompt_tokens_cached"),
         _s("generation_tokens_total", "sum", "llamacpp:tokens_predicted"),
-        _s("prompt_seconds_total", "sum", "llamacpp:prompt_seconds"),
         _s("generation_seconds_total", "sum", "llamacpp:tokens_predicted_seconds"),
         _s("spec_drafts_total", "sum", "llamacpp:spec_decode_num_drafts"),
         _s("spec_draft_tokens_total", "sum", "llamacpp:spec_decode_num_draft_tokens"),
@@ -57,7 +59,12 @@ _DIALECTS: dict[Dialect, tuple[_Source, ...]] = {
         _s("waiting", "sum", "vllm:num_requests_waiting"),
         # gpu_* are the pre-0.9 names (removed by 0.11); 0.9/0.10 expose both, the new one wins.
         _s("kv_cache_usage", "mean", "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
-        _s("prompt_tokens_total", "sum", "vllm:prompt_tokens"),
+        # prompt_tokens counts every prompt token, cache hits included (the real 0.32 capture: 1155 =
+        # local_compute 643 + local_cache_hit 512); by_source{local_compute} is what was really prefilled.
+        _s("prompt_tokens_processed_total", "sum", "vllm:prompt_tokens"),
+        _s("prompt_tokens_computed_total", "sum", "vllm:prompt_tokens_by_source",
+           label=("source", "local_compute")),
+        _s("prompt_tokens_cached_total", "sum", "vllm:prompt_tokens_cached"),
         _s("generation_tokens_total", "sum", "vllm:generation_tokens"),
         _s("prefix_cache_queries_total", "sum", "vllm:prefix_cache_queries", "vllm:gpu_prefix_cache_queries"),
         _s("prefix_cache_hits_total", "sum", "vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits"),
@@ -75,9 +82,9 @@ _DIALECTS: dict[Dialect, tuple[_Source, ...]] = {
         _s("kv_cache_usage", "mean", "sglang:token_usage"),
         # prompt_tokens counts the whole prompt, cached part included (both are added per finished
         # request; metrics_collector computes prompt - cached), so it is also the prefix-cache queries.
-        _s("prompt_tokens_total", "sum", "sglang:prompt_tokens"),
+        _s("prompt_tokens_processed_total", "sum", "sglang:prompt_tokens"),
+        _s("prompt_tokens_cached_total", "sum", "sglang:cached_tokens"),
         _s("generation_tokens_total", "sum", "sglang:generation_tokens"),
-        _s("prefix_cache_hits_total", "sum", "sglang:cached_tokens"),
         _s("spec_drafts_total", "sum", "sglang:spec_verify_calls"),  # verification steps = drafts
         _s("requests_finished_total", "sum", "sglang:num_requests"),  # counted when a request finishes
         _s("cache_hit_rate_gauge", "mean", "sglang:cache_hit_rate"),
@@ -132,8 +139,10 @@ def _finite(value: float) -> bool:
     return not (math.isnan(value) or math.isinf(value))
 
 
-def _scalar(samples: Iterable, names: tuple[str, str], kind: str) -> float | None:
-    values = [float(s.value) for s in samples if s.name in names]
+def _scalar(samples: Iterable, names: tuple[str, str], kind: str,
+            label: tuple[str, str] | None = None) -> float | None:
+    values = [float(s.value) for s in samples
+              if s.name in names and (label is None or s.labels.get(label[0]) == label[1])]
     if not values or not all(_finite(v) for v in values):
         return None  # absent, or a NaN/Inf somewhere: a partial sum would fake a counter reset later
     total = math.fsum(values)
@@ -164,13 +173,20 @@ def _buckets(family: str, samples: Iterable) -> Buckets | None:
 
 def parse_reading(text: str) -> EngineReading:
     """Parse a /metrics body (classic Prometheus text). Raises MetricsFormatError for malformed input."""
-    dialect = detect_dialect(text)
+    return _parse_selected(detect_dialect(text), "\n".join(select_lines(text)) + "\n")
+
+
+# The same lines always parse to the same (immutable) reading, and an engine that is idle, or whose
+# histograms did not move, sends the same lines poll after poll: the parser is the costly part of a poll
+# (about 14 µs a line in pure Python), so a few recent texts are remembered.
+@functools.lru_cache(maxsize=32)
+def _parse_selected(dialect: Dialect, selected: str) -> EngineReading:
     sources = {src.field: src for src in _DIALECTS.get(dialect, ())}
     samples: dict[str, list] = {}  # wanted family -> samples (untyped lines can split one family in several)
     histograms: set[str] = set()
     n = 0
     last = "the start"
-    families = text_string_to_metric_families("\n".join(select_lines(text)) + "\n")
+    families = text_string_to_metric_families(selected)
     while True:
         try:
             fam = next(families)
@@ -200,27 +216,35 @@ def parse_reading(text: str) -> EngineReading:
             if src.kind == "hist":
                 values[field] = _buckets(fam_name, samples[fam_name]) if fam_name in histograms else None
             else:
-                values[field] = _scalar(samples[fam_name], (fam_name, fam_name + "_total"), src.kind)
+                names = (fam_name, fam_name + "_total")
+                values[field] = _scalar(samples[fam_name], names, src.kind, src.label)
             break
     return _finish(dialect, values, set(samples))
 
 
 def _finish(dialect: Dialect, values: dict[str, object], present: set[str]) -> EngineReading:
     if dialect == "llamacpp":
-        # llama.cpp's prompt counter excludes cached tokens, so the lookups are prompt + cached.
-        cached = values.pop("_cached_prompt_tokens", None)
-        prompt = values.get("prompt_tokens_total")
-        if cached is not None and prompt is not None:
-            values["prefix_cache_queries_total"] = prompt + cached  # type: ignore[operator]
+        # Every prompt token is either computed or reused from the cache: both are the cache lookups.
+        computed = values.get("prompt_tokens_computed_total")
+        cached = values.get("prompt_tokens_cached_total")
+        if computed is not None and cached is not None:
+            values["prompt_tokens_processed_total"] = computed + cached  # type: ignore[operator]
+            values["prefix_cache_queries_total"] = values["prompt_tokens_processed_total"]
             values["prefix_cache_hits_total"] = cached
+    elif dialect == "vllm":
+        if values.get("prompt_tokens_cached_total") is None and "vllm:prefix_cache_hits" in present:
+            # Before prompt_tokens_cached (0.1x) the prefix-cache hits, in tokens under this name, are the
+            # cached prompt tokens. The 0.8-era gpu_prefix_cache_hits may count blocks: not used.
+            values["prompt_tokens_cached_total"] = values.get("prefix_cache_hits_total")
     elif dialect == "sglang":
-        prompt = values.get("prompt_tokens_total")
+        prompt = values.get("prompt_tokens_processed_total")
         values["prefix_cache_queries_total"] = prompt
-        if values.get("prefix_cache_hits_total") is None:
+        if values.get("prompt_tokens_cached_total") is None:
             # cached_tokens_total gets a series only at the first cache hit; a declared family with no
             # series yet means zero hits. No family at all (older SGLang) stays None: fall back to the gauge.
             declared = "sglang:cached_tokens" in present
-            values["prefix_cache_hits_total"] = 0.0 if declared and prompt is not None else None
+            values["prompt_tokens_cached_total"] = 0.0 if declared and prompt is not None else None
+        values["prefix_cache_hits_total"] = values["prompt_tokens_cached_total"]
         if values.get("spec_accept_length_gauge") == 0:
             # SGLang reports 0 for both gauges when speculative decoding is off (length is >= 1 when on).
             values["spec_accept_length_gauge"] = None

@@ -4,6 +4,9 @@ Counter semantics follow Prometheus: a value that went down means the engine res
 happens anywhere in the reading, every delta of the window is void (None, `counter_reset=True`):
 counters that did not go down are just as meaningless after a restart (the new run may already have
 passed the old value), and showing a huge or negative rate would be worse than a gap.
+
+A rate from too few tokens or too short a time is None too (shown "–"), never a figure that cannot be:
+right after a readiness check llama.cpp counted 1 token over ~1 µs of decode time, "1000000.0 tok/s".
 """
 
 from __future__ import annotations
@@ -13,10 +16,22 @@ from collections.abc import Sequence
 
 from tui.sources.samples import Buckets, EngineReading, EngineStats
 
+# Tokens per busy second (llama.cpp's decode time): each request's first token comes from the prompt's last
+# batch and costs no decode time, so n tokens are timed over n-1 steps and one request reads n/(n-1) high.
+# 32 tokens keep that under 3.3 %, and a 1-token request (readiness check, time ~0) can never make a figure.
+MIN_BUSY_TOKENS = 32
+# Below 10 ms of busy time the counter holds a request or two of timer and scheduling noise, not decoding.
+MIN_BUSY_S = 0.01
+# Tokens per second of wall time: the window is the gap between two polls, each timed when its answer came
+# back, with tens of ms of jitter; llama.cpp also adds a request's tokens at its end. A shorter window than
+# this turns one request into a spike several times the real rate.
+MIN_WINDOW_S = 0.25
+
 _COUNTERS = (
-    "prompt_tokens_total",
+    "prompt_tokens_processed_total",
+    "prompt_tokens_computed_total",
+    "prompt_tokens_cached_total",
     "generation_tokens_total",
-    "prompt_seconds_total",
     "generation_seconds_total",
     "prefix_cache_queries_total",
     "prefix_cache_hits_total",
@@ -92,6 +107,43 @@ def _ratio(num: float | None, den: float | None) -> float | None:
     return num / den
 
 
+def _busy_rate(tokens: float | None, seconds: float | None) -> float | None:
+    if tokens is None or seconds is None or tokens < MIN_BUSY_TOKENS or seconds < MIN_BUSY_S:
+        return None
+    return tokens / seconds
+
+
+def _computed(d: dict[str, float | None]) -> float | None:
+    """Prompt tokens prefilled in the window: the engine's own count, else processed minus cached."""
+    if d["prompt_tokens_computed_total"] is not None:
+        return d["prompt_tokens_computed_total"]
+    processed, cached = d["prompt_tokens_processed_total"], d["prompt_tokens_cached_total"]
+    if processed is None or cached is None or cached > processed:
+        return None  # two counters scraped between their two updates: no figure rather than a wrong one
+    return processed - cached
+
+
+_Deltas = tuple[dict[str, float | None], dict[str, Buckets | None]]
+
+
+def _deltas(prev: EngineReading, cur: EngineReading) -> _Deltas:
+    """Counter and bucket deltas; raises _Reset when the engine restarted between the two readings."""
+    if prev.dialect != cur.dialect:
+        raise _Reset  # another engine answers on this URL now
+    d = {f: _delta(prev, cur, f) for f in _COUNTERS}
+    hist = {f: _bucket_delta(getattr(prev, f), getattr(cur, f)) for f in _HISTOGRAMS}
+    return d, hist
+
+
+def went_back(prev: EngineReading, cur: EngineReading) -> bool:
+    """The engine restarted between two readings: another dialect, or a counter or bucket went down."""
+    try:
+        _deltas(prev, cur)
+    except _Reset:
+        return True
+    return False
+
+
 def derive(prev: EngineReading, prev_t: float, cur: EngineReading, cur_t: float) -> EngineStats:
     """Stats for the window prev_t..cur_t (monotonic seconds). Gauge fallbacks come from `cur`."""
     dt = cur_t - prev_t
@@ -103,15 +155,12 @@ def derive(prev: EngineReading, prev_t: float, cur: EngineReading, cur_t: float)
         "length": cur.spec_accept_length_gauge,
     }
     try:
-        if prev.dialect != cur.dialect:
-            raise _Reset  # another engine answers on this URL now
-        d = {f: _delta(prev, cur, f) for f in _COUNTERS}
-        hist = {f: _bucket_delta(getattr(prev, f), getattr(cur, f)) for f in _HISTOGRAMS}
+        d, hist = _deltas(prev, cur)
     except _Reset:
         return EngineStats(counter_reset=True)
 
-    def rate(field: str) -> float | None:
-        return None if d[field] is None else d[field] / dt
+    def rate(tokens: float | None) -> float | None:
+        return None if tokens is None or dt < MIN_WINDOW_S else tokens / dt
 
     def quantile(field: str, q: float) -> float | None:
         return None if hist[field] is None else histogram_quantile(q, hist[field])
@@ -130,9 +179,10 @@ def derive(prev: EngineReading, prev_t: float, cur: EngineReading, cur_t: float)
     else:
         accept_length = gauges["length"]
     return EngineStats(
-        prompt_tps=rate("prompt_tokens_total"),
-        gen_tps=rate("generation_tokens_total"),
-        decode_tps_busy=_ratio(d["generation_tokens_total"], d["generation_seconds_total"]),
+        prompt_processed_tps=rate(d["prompt_tokens_processed_total"]),
+        prompt_computed_tps=rate(_computed(d)),
+        gen_tps=rate(d["generation_tokens_total"]),
+        decode_tps_busy=_busy_rate(d["generation_tokens_total"], d["generation_seconds_total"]),
         prefix_cache_hit_rate=hit_rate,
         spec_accept_rate=accept_rate,
         spec_accept_length=accept_length,

