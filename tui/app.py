@@ -20,7 +20,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlparse
 
 from textual.app import App, ComposeResult
@@ -31,6 +30,7 @@ from textual.worker import Worker, WorkerState
 
 from tui.compare.ab import ABConfig
 from tui.compare.roofline import Roofline, model_weight_bytes, roofline
+from tui.feed import Feed, Source
 from tui.lifecycle.process import pid_alive
 from tui.lifecycle.profiles import Profile, ProfileError, resolve
 from tui.lifecycle.switch import EngineManager, EngineStatus, StepEvent, SwitchResult
@@ -48,7 +48,8 @@ from tui.screens.switch import ConfirmSwitch, SwitchProgress
 from tui.sources.engine import EngineTarget, poll_engine
 from tui.sources.gpu import GpuSampler
 from tui.sources.host import HostSampler, pids_listening
-from tui.sources.samples import GpuReport, HostSample
+from tui.sources.machine import MachineSource
+from tui.sources.samples import EngineSample
 from tui.store import EngineState, Store
 from widgets.engine_panel import EnginePanel
 from widgets.gpu_panel import GpuPanel
@@ -139,7 +140,7 @@ class EnginetopApp(App[None]):
         self._gpu = config.gpu_sampler()
         self._host = config.host_sampler()
         self._local_pids: dict[str, int] = {}  # watched engines on this machine, found by port
-        self._polls: dict[int, asyncio.Task[None]] = {}  # the engine poll in flight, per slot
+        self._next_pid_scan = 0.0
         self._model_bytes: dict[str, float | None] = {}
         self.slots: list[Slot] = []
         for target in config.targets:
@@ -191,9 +192,7 @@ class EnginetopApp(App[None]):
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.remove_signal_handler(sig)
         self._cancel_lifecycle()
-        self.workers.cancel_all()  # before the HTTP client they use is closed
-        for task in self._polls.values():
-            task.cancel()
+        self.workers.cancel_all()  # before the HTTP client they use is closed (the feed's reads with them)
         await self.probes.aclose()
         await self._transports.aclose()
         await asyncio.to_thread(self._gpu.close)
@@ -208,49 +207,20 @@ class EnginetopApp(App[None]):
                             health_path=profile.health_path, metrics_path=profile.metrics_path)
 
     # ---- polling --------------------------------------------------------------------------
-    async def _sample_loop(self) -> None:
-        """The one polling loop. Every tick, each source that is due is read and what it returns goes to
-        the store: engines concurrently, each in its own task so a slow one delays nobody but itself;
-        NVML and psutil together in one thread hop (they block)."""
+    def _feed(self) -> Feed:
+        """The one polling loop (tui.feed): a source per engine column, each read in its own task so a slow
+        engine delays nobody but itself, and one for NVML and psutil (they block: one thread hop)."""
         config = self.config
-        next_engines = next_gpu = next_host = next_scan = 0.0
-        while True:
-            now = time.monotonic()
-            if now >= next_engines:
-                next_engines = now + config.poll_interval_s
-                for slot in self.slots:
-                    task = self._polls.get(slot.index)
-                    if task is None or task.done():
-                        poll = self._poll_engine(slot, now)
-                        self._polls[slot.index] = self._spawn(poll, f"engine {slot.index}")
-            gpu, host, scan = now >= next_gpu, now >= next_host, now >= next_scan
-            if gpu:
-                next_gpu = now + config.gpu_interval_s
-            if host:
-                next_host = now + config.host_interval_s
-            if scan:
-                next_scan = now + PID_RESCAN_S
-            if gpu or host:
-                host_sample, report = await asyncio.to_thread(self._sample_machine, gpu, host, scan)
-                if host_sample is not None:
-                    self.store.add_host_sample(host_sample)
-                if report is not None:
-                    self.store.add_gpu_report(report)
-            await asyncio.sleep(max(0.0, min(next_engines, next_gpu, next_host) - time.monotonic()))
+        sources: list[Source] = [_SlotSource(self, slot) for slot in self.slots]
+        sources.append(MachineSource(self._gpu, self._host, self._engine_pids, config.gpu_interval_s,
+                                     config.host_interval_s))
+        return Feed(self.store, sources, on_error=self._report_failure)
 
-    def _spawn(self, coro: Any, name: str) -> asyncio.Task[None]:
-        """A task whose failure reaches the one place errors are reported (a worker per poll would post
-        messages every second for nothing)."""
-        task = asyncio.create_task(coro, name=name)
+    async def _sample_loop(self) -> None:
+        await self._feed().run()
 
-        def done(t: asyncio.Task[None]) -> None:
-            if not t.cancelled() and t.exception() is not None:
-                self._report_failure(name, t.exception())
-
-        task.add_done_callback(done)
-        return task
-
-    async def _poll_engine(self, slot: Slot, started: float) -> None:
+    async def _poll_engine(self, slot: Slot) -> EngineSample | None:
+        started = time.monotonic()
         target = slot.target  # a switch replaces it
         last = self.store.engines[target.name].sample
         known = None  # ask /v1/models again after any trouble, and every MODEL_REFRESH_S anyway
@@ -268,25 +238,15 @@ class EnginetopApp(App[None]):
                                    timeout=min(2.0, self.config.poll_interval_s * 2),
                                    launched_by_us=slot.manager is not None, known_model=known,
                                    check_health=check_health)
-        if target is slot.target:
-            self.store.add_engine_sample(sample)
-
-    def _sample_machine(self, gpu: bool, host: bool, scan: bool) -> tuple[HostSample | None,
-                                                                        GpuReport | None]:
-        """In a thread: NVML and psutil block. The GPU panel maps GPU processes to engines with the process
-        trees of the host sampler's walk; finding who listens on a watched port walks every socket, so it
-        is done rarely (engines seldom move). The store is fed on the event loop, by the caller."""
-        if scan:
-            self._find_local_engine_pids()
-        host_sample = self._host.sample(self._engine_pids()) if host else None
-        report = None
-        if gpu:
-            trees = host_sample or self.store.host
-            pids = {m.engine: set(m.pids) for m in trees.engines} if trees else {}
-            report = self._gpu.sample(pids)
-        return host_sample, report
+        return sample if target is slot.target else None  # switched meanwhile: the old engine's answer
 
     def _engine_pids(self) -> dict[str, int]:
+        """In the machine source's thread. Finding who listens on a watched port walks every socket, so it
+        is done rarely (engines seldom move)."""
+        now = time.monotonic()
+        if now >= self._next_pid_scan:
+            self._next_pid_scan = now + PID_RESCAN_S
+            self._find_local_engine_pids()
         pids = dict(self._local_pids)
         for slot in self.slots:
             current = slot.manager.current if slot.manager else None
@@ -603,3 +563,17 @@ class EnginetopApp(App[None]):
         """Stop the engines this dashboard launched (an engine adopted from `enginetop up` is left running,
         and its result says so); called after the app exits (it blocks)."""
         return [slot.manager.shutdown() for slot in self.slots if slot.manager is not None]
+
+
+class _SlotSource:
+    """One engine column as a feed source: the column's target changes on a switch, so it is read anew
+    each time."""
+
+    def __init__(self, app: EnginetopApp, slot: Slot) -> None:
+        self.app, self.slot = app, slot
+        self.name = f"engine {slot.index}"
+        self.interval_s = app.config.poll_interval_s
+
+    async def read(self) -> list[EngineSample]:
+        sample = await self.app._poll_engine(self.slot)
+        return [sample] if sample is not None else []

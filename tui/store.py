@@ -11,11 +11,14 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from tui.sources.rates import derive, went_back
 from tui.sources.samples import EngineReading, EngineSample, EngineStats, GpuReport, HostSample
+
+Sample = EngineSample | GpuReport | HostSample  # what a source makes (tui.feed)
 
 Point = tuple[float, float]  # (time.monotonic(), value)
 
@@ -75,6 +78,15 @@ class EngineState:
     rss_bytes: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class ProbeEvent:
+    """A probe result as the store's listeners see it: which engine, and when it was kept."""
+
+    engine: str
+    t: float
+    result: Any  # tui.probe.results.ProbeResult
+
+
 class Store:
     def __init__(self, horizon_s: float = 600.0, rate_window_s: float = 10.0,
                  latency_window_s: float = 60.0, max_points: int = 3600, max_probes: int = 1000) -> None:
@@ -90,6 +102,24 @@ class Store:
         self.host: HostSample | None = None
         # 1.0 while any GPU reports a real throttle reason
         self.throttle = Series(horizon_s, max_points, peak=True)
+        # Called with every sample and probe result the store takes, as it takes it (a recorder listens
+        # here, so whatever fed the store is kept, whichever source it came from).
+        self.listeners: list[Callable[[Any], None]] = []
+
+    def add(self, sample: Sample) -> None:
+        """Take one sample from any source."""
+        if isinstance(sample, EngineSample):
+            self.add_engine_sample(sample)
+        elif isinstance(sample, GpuReport):
+            self.add_gpu_report(sample)
+        elif isinstance(sample, HostSample):
+            self.add_host_sample(sample)
+        else:
+            raise TypeError(f"the store takes engine, GPU and host samples, not {type(sample).__name__}")
+
+    def _tell(self, item: Any) -> None:
+        for listener in self.listeners:
+            listener(item)
 
     def engine(self, name: str, url: str = "") -> EngineState:
         state = self.engines.get(name)
@@ -100,9 +130,16 @@ class Store:
         return state
 
     def add_engine_sample(self, sample: EngineSample) -> EngineState:
+        self._tell(sample)
         state = self.engine(sample.name, sample.url)
         state.sample = sample
         t = sample.t
+        if sample.stats is not None:
+            # figures the source computed itself (Prometheus rates and quantiles): shown as they are
+            state.stats = sample.stats
+            for key in ENGINE_SERIES:
+                state.series[key].add(t, getattr(sample.stats, key))
+            return state
         if sample.reading is None:
             if sample.health != "up":
                 state.stats = EngineStats()
@@ -148,10 +185,12 @@ class Store:
         )
 
     def add_gpu_report(self, report: GpuReport) -> None:
+        self._tell(report)
         self.gpu = report
         self.throttle.add(report.t, 1.0 if any(g.throttled for g in report.gpus) else 0.0)
 
     def add_host_sample(self, sample: HostSample) -> None:
+        self._tell(sample)
         self.host = sample
         by_engine = {m.engine: m.rss_bytes for m in sample.engines}
         for name, state in self.engines.items():
@@ -159,6 +198,7 @@ class Store:
 
     def add_probe(self, name: str, result: Any, t: float | None = None) -> None:
         t = time.monotonic() if t is None else t
+        self._tell(ProbeEvent(name, t, result))
         probes = self.engine(name).probes
         probes.append((t, result))
         while len(probes) > MIN_PROBES_KEPT and probes[0][0] < t - self.horizon_s:

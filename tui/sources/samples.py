@@ -77,6 +77,9 @@ class EngineSample:
     model: str | None = None
     reading: EngineReading | None = None
     metrics_error: str | None = None  # /metrics failed while health may still be fine
+    # Figures a source computed itself (Prometheus' rates and quantiles): the store shows them as they are
+    # instead of deriving them from successive readings. None for engines polled directly.
+    stats: EngineStats | None = None
 
 
 THROTTLE_REASON_WORDS: dict[int, str] = {
@@ -125,6 +128,7 @@ class GpuSample:
     throttled: bool = False  # a real throttle reason (not idle / settings) is active
     processes: tuple[GpuProcess, ...] = ()
     error: str | None = None  # e.g. "GPU is lost"
+    host: str | None = None  # the node it is in, for GPUs read remotely (dcgm-exporter); None = this machine
 
 
 @dataclass(frozen=True, slots=True)
