@@ -12,7 +12,7 @@ LLAMA_CMAKE_ARGS := -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_B
 LLAMA_JOBS := $(shell echo $$(( $$(nproc) + 1 )))
 export ENGINETOP_CACHE
 
-.PHONY: all setup engine demo demo-llama test lint bench clean chromium vllm
+.PHONY: all setup engine demo demo-llama test lint bench clean chromium vllm prometheus
 
 all: setup
 
@@ -44,7 +44,7 @@ demo: engine vllm
 demo-llama: engine
 	$(BIN)/enginetop --demo llama
 
-test: engine vllm chromium
+test: engine vllm chromium prometheus
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
@@ -72,6 +72,13 @@ chromium:
 	@command -v chromium >/dev/null 2>&1 || { \
 	  apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium; }
 	@chromium --version
+
+# Prometheus and promtool (Debian's package, 2.42 here): tests start their own on a free loopback port with a
+# temporary TSDB; the package's service is never used (nothing starts by itself in a container).
+prometheus:
+	@command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || { \
+	  apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus; }
+	@prometheus --version 2>&1 | head -1
 
 # scripts/gpu_check.py on a machine whose Python lacks pynvml (the lent GPU machine has no network): the
 # venv's pynvml.py, one file, into an ignored folder the device tool can carry (see the script's docstring).
