@@ -46,6 +46,14 @@ class Recording:
         self.db = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True,
                                   check_same_thread=False)
         self.damage: str | None = None  # set when reading stopped early at a damaged part of the file
+        self._decoders: dict[int | None, zstandard.ZstdDecompressor] = {}
+        try:
+            self.db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        except sqlite3.DatabaseError as exc:
+            # A file cut short says in its header that it has more pages than it has: SQLite refuses it
+            # unless told to read what is there (pages past the end then read as damage, where they lie).
+            self.db.execute("PRAGMA writable_schema = ON")
+            self._damaged(exc, None)
         self.version = check_version(self.db, path)
         try:
             self.meta = dict(self.db.execute("SELECT key, value FROM meta"))
@@ -60,7 +68,6 @@ class Recording:
             self.start, self.end, self.count = self._scan_bounds()
         self.mono_to_wall = float(self.meta.get("mono_to_wall", "0"))
         self.engines: dict[str, str] = json.loads(self.meta.get("engines", "{}"))
-        self._decoders: dict[int | None, zstandard.ZstdDecompressor] = {}
 
     def close(self) -> None:
         self.db.close()
@@ -148,11 +155,22 @@ class Recording:
                            f"damage{where}")
 
     def _scan_bounds(self) -> tuple[float | None, float | None, int]:
+        """min/max t and the count, in rowid order up to the first unreadable page (the index may be lost)."""
         start = end = None
-        count = 0
-        for row in self._rows_by_id(-float("inf"), float("inf"), ()):
-            start = row.t if start is None else start
-            end, count = row.t, count + 1
+        count, last_id = 0, 0
+        while True:
+            try:
+                batch = self.db.execute("SELECT id, t FROM rows WHERE id > ? ORDER BY id LIMIT 4096",
+                                        (last_id,)).fetchall()
+            except sqlite3.DatabaseError:
+                break
+            for _, t in batch:
+                start = t if start is None else min(start, t)
+                end = t if end is None else max(end, t)
+            count += len(batch)
+            if len(batch) < 4096:
+                break
+            last_id = batch[-1][0]
         return start, end, count
 
     def clock(self, t: float) -> str:
