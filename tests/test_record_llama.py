@@ -88,11 +88,10 @@ def recorded(llama_server, tmp_path_factory) -> tuple[Path, CapturingStore]:
     def load() -> None:  # real requests, so the counters move and the rates are not all zero
         with httpx.Client(timeout=60) as client:
             while not stop.is_set():
-                try:
+                # a keep-alive connection the server closed raises: the next request opens a new one
+                with contextlib.suppress(httpx.HTTPError):
                     client.post(f"{llama_server.url}/v1/chat/completions", json={
                         "messages": [{"role": "user", "content": "Count to twenty."}], "max_tokens": 24})
-                except httpx.HTTPError:  # a keep-alive connection the server closed: the next one is new
-                    pass
                 stop.wait(0.3)  # room for the probes on two shared cores
 
     def throttle() -> None:

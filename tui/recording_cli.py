@@ -21,6 +21,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     rec.add_argument("-o", "--out", type=Path, help="the recording (default: a new file in the data dir)")
     rec.add_argument("--interval", type=float, default=1.0, help="engine poll interval, seconds")
     rec.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
+    rec.add_argument("--status-every", type=float, default=60.0, metavar="SECONDS",
+                     help="a line on stderr this often saying what was written (default 60)")
     add_retention_args(rec)
     rec.set_defaults(func=cmd_record)
 
@@ -79,7 +81,7 @@ def cmd_record(args: argparse.Namespace) -> int:
         return 2
     try:
         why = asyncio.run(record(targets, recorder, interval_s=args.interval, say=say,  # type: ignore[arg-type]
-                                 duration_s=args.duration))
+                                 duration_s=args.duration, line_every_s=args.status_every))
     finally:
         recorder.close()  # type: ignore[attr-defined]
     error = recorder.error  # type: ignore[attr-defined]
