@@ -16,9 +16,10 @@ from tui.screens.goto import GotoScreen
 from tui.sources.engine import EngineTarget
 
 REPLAY_KEYS = [
-    Binding("space", "play_pause", "Play/pause"),
-    Binding("left", "step(False)", "← sample"),
-    Binding("right", "step(True)", "sample →"),
+    # priority: a focused engine column must not take space or the arrows
+    Binding("space", "play_pause", "Play/pause", priority=True),
+    Binding("left", "step(False)", "← sample", priority=True),
+    Binding("right", "step(True)", "sample →", priority=True),
     Binding("left_square_bracket", "jump(-60)", "−1 min", key_display="["),
     Binding("right_square_bracket", "jump(60)", "+1 min", key_display="]"),
     Binding("plus,equals_sign", "speed(True)", "faster", key_display="+"),
@@ -56,6 +57,12 @@ class ReplayApp(EnginetopApp):
         self.replay = ReplaySource(recording, self.store, start=start)
         self.clock = lambda: self.replay.now
         self._damage_shown = False
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        # the priority keys belong to a text field while one is open (the go-to prompt)
+        if action in ("play_pause", "step") and isinstance(self.screen, GotoScreen):
+            return False
+        return super().check_action(action, parameters)
 
     def _feed(self) -> Feed:
         return Feed(self.store, [self.replay], on_error=self._report_failure)

@@ -40,6 +40,7 @@ class ReplaySource:
         self._fed_to: float | None = None  # rows up to this time are in the store
         self._real: float | None = None  # time.monotonic() of the last advance
         self._probe_sources = recording.sources("probe")
+        self._engines = list(dict.fromkeys([*recording.engines, *recording.sources("engine")]))
 
     @property
     def at_end(self) -> bool:
@@ -90,6 +91,8 @@ class ReplaySource:
 
     def _prime(self) -> list[object]:
         self.store.reset()
+        for name in self._engines:  # every column keeps its engine, whether or not it polled yet
+            self.store.engine(name, self.rec.engines.get(name, ""))
         self.events.clear()
         t0 = self.now - self.store.horizon_s - self.store.latency_window_s - EXTRA_S
         # The probe panel lists the last few probes however old they are.
