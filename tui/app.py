@@ -342,7 +342,11 @@ class EnginetopApp(App[None]):
         async def tell_when_done() -> None:
             while not run.done:
                 await asyncio.sleep(0.5)
-            self.record_event("ab", None, {"summary": run.summary(), "error": bool(run.error)})
+            comparisons = (run.result or {}).get("analysis", {}).get("comparisons", [])
+            self.record_event("ab", None, {"summary": run.summary(), "error": run.error, "verdicts": [
+                {"pair": f"{c['other']} / {c['base']}", "verdict": c["verdict"],
+                 "decode_ratio": c["decode_tps"]["ratio"], "ci_low": c["decode_tps"]["ci_low"],
+                 "ci_high": c["decode_tps"]["ci_high"]} for c in comparisons]})
             self.notify(run.summary(), title="A/B", severity="error" if run.error else "information",
                         timeout=30)
 

@@ -29,7 +29,8 @@ class Summary:
     throttle: list[tuple[float, float]] = field(default_factory=list)  # wall spans
     marks: list[tuple[float, str, str]] = field(default_factory=list)  # (wall, engine, what)
     probes: list[tuple[float, str, object]] = field(default_factory=list)
-    verdicts: list[tuple[float, str]] = field(default_factory=list)
+    verdicts: list[tuple[float, dict]] = field(default_factory=list)
+    sweeps: list[tuple[float, str, dict]] = field(default_factory=list)
     alerts: list[tuple[float, str]] = field(default_factory=list)
     health: dict[str, dict[str, int]] = field(default_factory=dict)
 
@@ -71,7 +72,10 @@ def summarize(rec: Recording) -> Summary:
                 what = f"{data.get('state')}: {data.get('message', '')}"
                 out.marks.append((row.wall, item.source or "", what))
             elif item.kind == "ab":
-                out.verdicts.append((row.wall, str(data.get("summary", ""))))
+                for v in data.get("verdicts") or [{"pair": "", "verdict": str(data.get("summary", ""))}]:
+                    out.verdicts.append((row.wall, v))
+            elif item.kind == "sweep-level":
+                out.sweeps.append((row.wall, item.source or "", data))
             elif item.kind == "alert":
                 out.alerts.append((row.wall, f"{data.get('title', '')}: {data.get('message', '')}"))
     if span_start is not None and last_wall is not None:
@@ -176,8 +180,16 @@ def render_recording(rec: Recording) -> str:
     events = [[_clock(w), escape(e), escape(what)] for w, e, what in s.marks]
     body.append(_section("Switches and crashes", f"{len(events)} event(s)",
                          _table(["time", "engine", "what"], events)))
-    body.append(_section("A/B verdicts", f"{len(s.verdicts)} A/B run(s) in this session",
-                         _table(["time", "verdict"], [[_clock(w), escape(v)] for w, v in s.verdicts])))
+    body.append(_section("A/B verdicts", f"{len(s.verdicts)} comparison(s) in this session", _table(
+        ["time", "pair", "decode ratio", "95% interval", "verdict"],
+        [[_clock(w), escape(v.get("pair", "")), _f(v.get("decode_ratio"), 3),
+          f"{_f(v.get('ci_low'), 3)} – {_f(v.get('ci_high'), 3)}", escape(str(v.get("verdict", "")))]
+         for w, v in s.verdicts], numeric=(2,))))
+    body.append(_section("Concurrency sweeps", f"{len(s.sweeps)} level(s) measured", _table(
+        ["time", "engine", "streams", "ok", "aggregate tok/s", "TTFT p50"],
+        [[_clock(w), escape(e), str(d.get("level")), f"{d.get('ok')}/{d.get('requests')}",
+          _f(d.get("aggregate_tps")), _ms(d.get("ttft_s_p50"))] for w, e, d in s.sweeps],
+        numeric=(2, 3, 4, 5))))
     body.append(_section("Alerts", f"{len(s.alerts)} warning(s) shown",
                          _table(["time", "alert"], [[_clock(w), escape(a)] for w, a in s.alerts])))
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
