@@ -274,3 +274,32 @@ def test_a_zstd_frame_without_its_dictionary_is_damage_not_a_crash(tmp_path: Pat
     rec = Recording(path)
     rows = list(rec.rows())
     assert rec.damage and len(rows) == 699
+
+
+def test_report_marks_throttling_switches_crashes_and_lists_probes_verdicts_sweeps(tmp_path: Path) -> None:
+    from tui.record.report import render_recording
+
+    path = tmp_path / f"a{SUFFIX}"
+    t0 = 1000.0
+    rec = Recorder(path, engines={"vllm": "http://127.0.0.1:8000"})
+    for i in range(120):
+        rec(engine_sample(i, t0))
+        rec(gpu_report(i, t0))
+    rec(probe(30, t0))
+    rec.event("switch-result", "vllm", {"to": "vllm-fp8", "ok": False, "failed_step": "wait-ready",
+                                        "message": "not ready"}, t=t0 + 40)
+    rec.event("engine-state", "vllm", {"state": "crashed", "message": "exited with -9"}, t=t0 + 50)
+    rec.event("ab", None, {"summary": "A/B done", "verdicts": [
+        {"pair": "b / a", "verdict": "b faster", "decode_ratio": 1.2, "ci_low": 1.1, "ci_high": 1.3}]},
+        t=t0 + 60)
+    rec.event("sweep-level", "vllm", {"level": 4, "ok": 8, "requests": 8, "aggregate_tps": 321.5,
+                                      "ttft_s_p50": 0.05}, t=t0 + 70)
+    rec.event("alert", None, {"title": "t", "message": "power cap reached", "severity": "warning"}, t=t0 + 80)
+    rec.close()
+    html = render_recording(Recording(path))
+    assert html.count("<polyline") == 2 and "<script" not in html
+    assert html.count("GPU throttled") >= 12  # a shaded span each 10 s, with its times
+    assert "switch to vllm-fp8: wait-ready failed" in html and "crashed: exited with -9" in html
+    assert 'stroke-dasharray="4 3"' in html  # switch and crash marked on the time axis
+    assert "1 probe request(s)" in html and "b faster" in html and "1.200" in html
+    assert "321.5" in html and "power cap reached" in html

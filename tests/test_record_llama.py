@@ -45,7 +45,7 @@ pytestmark = pytest.mark.engine
 KEY = "sk-recording-must-not-hold-this-9f3a"
 PASSWORD = "hunter2-basic-auth"
 WINDOWS = {"horizon_s": 12.0, "rate_window_s": 3.0, "latency_window_s": 8.0, "max_points": 40}
-SECONDS = 26.0
+SECONDS = 18.0
 INTERVAL = 0.5
 
 
