@@ -405,3 +405,49 @@ def test_report_of_a_recording_renders_offline_in_chromium(recorded, tmp_path: P
     assert dom.count("<svg") >= 2 and "<polyline" in dom
     assert "GPU throttled" in dom and "generation tok/s" in dom
     assert f"{len(live.engines['llama'].probes)} probe request(s)" in dom
+
+
+def test_record_a_profile_keeps_its_start_steps_and_its_crash(tmp_path: Path) -> None:
+    """`enginetop record --profile` starts the engine (steps recorded), and when the engine dies the crash
+    is in the file with its exit code; SIGTERM then stops the recorder cleanly."""
+    import psutil
+
+    from tui.lifecycle.process import free_port
+
+    config = tmp_path / "config"
+    (config / "enginetop" / "profiles").mkdir(parents=True)
+    text = (Path(__file__).parent.parent / "profiles" / "demo-cpu-threads2.toml").read_text()
+    text = text.replace('name = "demo-cpu-threads2"', 'name = "rec-crash"')
+    text = text.replace("port = 8090", f"port = {free_port()}")
+    (config / "enginetop" / "profiles" / "rec-crash.toml").write_text(text)
+    out = tmp_path / f"p{SUFFIX}"
+    proc = subprocess.Popen([sys.executable, "-m", "tui", "record", "--profile", "rec-crash", "-o", str(out),
+                             "--interval", "0.5"], stderr=subprocess.PIPE, text=True,
+                            cwd=Path(__file__).parent.parent,
+                            env={**os.environ, "XDG_CONFIG_HOME": str(config)})
+    try:
+        _wait_rows(out, 10, proc, timeout=150)
+        children = psutil.Process(proc.pid).children(recursive=True)
+        engine = next(p for p in children if "llama-server" in p.name())
+        engine.kill()
+        deadline = time.monotonic() + 20
+        crashed = []
+        while not crashed and time.monotonic() < deadline:
+            time.sleep(0.5)
+            rec = Recording(out)
+            crashed = [r for r in rec.rows(kinds=("event",)) if r.item.kind == "engine-state"
+                       and r.item.data["state"] == "crashed"]
+            rec.close()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = proc.stderr.read() if proc.stderr else ""
+    assert crashed, err
+    assert crashed[0].item.data["exit_code"] == -9 and crashed[0].item.source == "rec-crash"
+    events = [r.item for r in Recording(out).rows(kinds=("event",))]
+    steps = [e.data["name"] for e in events if e.kind == "switch"]
+    assert "start" in steps and "ready" in steps, steps
+    assert any(e.kind == "switch-result" and e.data["ok"] for e in events)
+    assert "rec-crash crashed" in err

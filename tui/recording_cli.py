@@ -18,6 +18,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     rec = sub.add_parser("record", help="record engines, GPU and host headless (no terminal needed) "
                                         "until SIGTERM/SIGINT")
     _add_target_args(rec)
+    rec.add_argument("--profile", action="append", metavar="NAME",
+                     help="start (or attach to) this profile's engine, record it, stop it at the end "
+                          "(repeatable)")
+    rec.add_argument("--keep-engines", action="store_true", help="leave the engines started here running")
     rec.add_argument("-o", "--out", type=Path, help="the recording (default: a new file in the data dir)")
     rec.add_argument("--interval", type=float, default=1.0, help="engine poll interval, seconds")
     rec.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
@@ -70,24 +74,74 @@ def cmd_record(args: argparse.Namespace) -> int:
     def say(line: str) -> None:
         print(f"enginetop record: {line}", file=sys.stderr, flush=True)
 
+    from tui.lifecycle.profiles import ProfileError, load_profiles
+
     targets = build_targets(args.engine, args.api_key_file, args.api_key_env)
-    if not targets:
-        say("give at least one --engine NAME=URL")
+    try:
+        profiles = [load_profiles().get(name) for name in args.profile or []]
+    except ProfileError as exc:
+        say(str(exc))
+        return 2
+    if not targets and not profiles:
+        say("give at least one --engine NAME=URL or --profile NAME")
         return 2
     try:
-        recorder = open_recorder(args.out, targets, args, say)
+        recorder = open_recorder(args.out, [*targets, *profile_targets(profiles)], args, say)
     except (OSError, Exception) as exc:  # sqlite3.Error included: a path that cannot be a database
         say(f"cannot record to {args.out}: {exc}")
         return 2
+    managers: list = []
     try:
+        for profile in profiles:
+            target, manager = start_profile(profile, recorder, say)
+            managers.append(manager)
+            if target is None:
+                return 1
+            targets.append(target)
         why = asyncio.run(record(targets, recorder, interval_s=args.interval, say=say,  # type: ignore[arg-type]
-                                 duration_s=args.duration, line_every_s=args.status_every))
+                                 duration_s=args.duration, line_every_s=args.status_every,
+                                 managers=managers))
     finally:
+        for manager in managers:
+            if not args.keep_engines:
+                result = manager.shutdown()
+                say(result.message if result.ok else f"stopping failed: {result.message}")
         recorder.close()  # type: ignore[attr-defined]
     error = recorder.error  # type: ignore[attr-defined]
     say(f"{why}: {recorder.rows} rows in {recorder.path}, closed"  # type: ignore[attr-defined]
         + (f" ({error})" if error else ""))
     return 1 if error else 0
+
+
+def profile_targets(profiles: list) -> list:
+    from tui.sources.engine import EngineTarget
+
+    return [EngineTarget(name=p.name, url=p.url) for p in profiles]
+
+
+def start_profile(profile, recorder, say):  # -> (EngineTarget | None, EngineManager)
+    """Start the profile's engine (or adopt the one `enginetop up` left), its steps recorded as events."""
+    from tui.lifecycle.profiles import resolve
+    from tui.lifecycle.switch import EngineManager
+    from tui.sources.engine import EngineTarget
+    from tui.sources.gpu import GpuSampler
+
+    gpu = GpuSampler()
+    manager = EngineManager(gpu=gpu.sample)
+
+    def on_step(event) -> None:
+        recorder.event("switch", profile.name, {"to": profile.name, **event.to_json()})
+
+    say(f"starting {profile.name} ({profile.engine}, port {profile.port})")
+    result = manager.adopt_recorded(profile, on_step=on_step) or manager.switch(profile, on_step=on_step)
+    recorder.event("switch-result", profile.name, {
+        "to": profile.name, "ok": result.ok, "failed_step": result.failed_step, "message": result.message})
+    if not result.ok:
+        say(f"{profile.name}: {result.failed_step} failed: {result.message}")
+        return None, manager
+    resolved = resolve(profile)
+    return EngineTarget(name=profile.name, url=profile.url, api_key=resolved.api_key,
+                        health_path=profile.health_path, metrics_path=profile.metrics_path), manager
 
 
 def cmd_replay(args: argparse.Namespace) -> int:

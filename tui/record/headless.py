@@ -11,8 +11,9 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from tui.feed import Feed, Source
@@ -78,6 +79,22 @@ class LocalPids:
         return dict(self._pids)
 
 
+async def _watch_managers(managers: Sequence[Any], recorder: Recorder, say: Callable[[str], None]) -> None:
+    """An engine started here that exits on its own is a crash: recorded with its exit code and log tail."""
+    states: dict[int, str] = {}
+    while managers:
+        for i, manager in enumerate(managers):
+            status = manager.poll_status()
+            if states.get(i) != status.state:
+                states[i] = status.state
+                recorder.event("engine-state", status.profile, {
+                    "state": status.state, "message": status.message, "exit_code": status.exit_code,
+                    "log_tail": list(status.log_tail[-20:])})
+                if status.state == "crashed":
+                    say(f"{status.profile} crashed: {status.message}")
+        await asyncio.sleep(1.0)
+
+
 def _size(path: Path) -> int:
     return sum(p.stat().st_size for p in (path, Path(f"{path}-wal")) if p.exists())
 
@@ -85,7 +102,8 @@ def _size(path: Path) -> int:
 async def record(targets: list[EngineTarget], recorder: Recorder, *, interval_s: float = 1.0,
                  gpu: GpuSampler | None = None, host: HostSampler | None = None,
                  say: Callable[[str], None] = print, line_every_s: float = 60.0,
-                 store: Store | None = None, duration_s: float | None = None) -> str:
+                 store: Store | None = None, duration_s: float | None = None,
+                 managers: Sequence[Any] = ()) -> str:
     """Record until SIGTERM/SIGINT (or `duration_s`); returns why it stopped."""
     store = store or Store()
     store.listeners.append(recorder)
@@ -110,6 +128,7 @@ async def record(targets: list[EngineTarget], recorder: Recorder, *, interval_s:
         say(f"{name} failed: {type(exc).__name__}: {exc}")
 
     feed = asyncio.create_task(Feed(store, sources, on_error=on_error).run())
+    watch = asyncio.create_task(_watch_managers(managers, recorder, say))
     started = time.monotonic()
     say(f"recording {', '.join(t.name for t in targets)} to {recorder.path} (pid {os.getpid()})")
     try:
@@ -129,9 +148,10 @@ async def record(targets: list[EngineTarget], recorder: Recorder, *, interval_s:
             say(f"{recorder.rows} rows, {_size(recorder.path) / 1e6:.2f} MB in {recorder.path} after "
                 f"{(time.monotonic() - started) / 60:.0f} min; {ups}")
     finally:
-        feed.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await feed
+        for task in (feed, watch):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.remove_signal_handler(sig)
