@@ -76,13 +76,20 @@ def view(store: Store, name: str, now: float) -> tuple:
 
 @pytest.fixture(scope="module")
 def recorded(llama_server, tmp_path_factory) -> tuple[Path, CapturingStore]:
-    """~26 s of the real llama-server under load, with probes and GPU throttling, recorded headless."""
+    """~18 s of the real llama-server under load, with probes and GPU throttling, recorded headless, with
+    an API key and URL credentials that must not reach the file."""
     path = tmp_path_factory.mktemp("rec") / f"llama{SUFFIX}"
     os.environ["ENGINETOP_TEST_KEY"] = KEY
     spec = f"llama=http://admin:{PASSWORD}@127.0.0.1:{llama_server.port}"
     targets = build_targets([spec], key_envs=["llama=ENGINETOP_TEST_KEY"])
+    return path, record_under_load(targets, llama_server.url, path, SECONDS)
+
+
+def record_under_load(targets, url: str, path: Path, seconds: float,
+                      model: str | None = None) -> CapturingStore:
     from tui.record.headless import secrets_of
 
+    name = targets[0].name
     recorder = Recorder(path, {t.name: t.url for t in targets}, secrets_of(targets))
     nvml = FakeNvml([h200()])
     store = CapturingStore()
@@ -93,8 +100,9 @@ def recorded(llama_server, tmp_path_factory) -> tuple[Path, CapturingStore]:
             while not stop.is_set():
                 # a keep-alive connection the server closed raises: the next request opens a new one
                 with contextlib.suppress(httpx.HTTPError):
-                    client.post(f"{llama_server.url}/v1/chat/completions", json={
-                        "messages": [{"role": "user", "content": "Count to twenty."}], "max_tokens": 24})
+                    client.post(f"{url}/v1/chat/completions", json={
+                        "messages": [{"role": "user", "content": "Count to twenty."}], "max_tokens": 24,
+                        **({"model": model} if model else {})})
                 stop.wait(0.3)  # room for the probes on two shared cores
 
     def throttle() -> None:
@@ -109,13 +117,13 @@ def recorded(llama_server, tmp_path_factory) -> tuple[Path, CapturingStore]:
         async def probes() -> None:
             while True:
                 await asyncio.sleep(2.5)
-                await runner.probe(targets[0], "short", WorkloadParams(max_tokens=16),
-                                   on_result=lambda r: store.add_probe("llama", r))
+                await runner.probe(targets[0], "short", WorkloadParams(max_tokens=16, model=model),
+                                   on_result=lambda r: store.add_probe(name, r))
 
         task = asyncio.create_task(probes())
         try:
             await record(targets, recorder, interval_s=INTERVAL, gpu=GpuSampler(nvml), host=HostSampler(),
-                         say=lambda line: None, store=store, duration_s=SECONDS)
+                         say=lambda line: None, store=store, duration_s=seconds)
         finally:
             task.cancel()
             await runner.aclose()
@@ -129,7 +137,30 @@ def recorded(llama_server, tmp_path_factory) -> tuple[Path, CapturingStore]:
         stop.set()
         recorder.close()
     assert recorder.error is None
-    return path, store
+    return store
+
+
+def compare_every_instant(path: Path, live: CapturingStore, name: str) -> int:
+    """Feed the recording to a fresh store up to each instant the live store showed something, and compare."""
+    rec = Recording(path)
+    store = replay_store()
+    source = ReplaySource(rec, store)
+    views = sorted([(t, "engine", v) for t, v in live.engine_views]
+                   + [(t, "gpu", v) for t, v in live.gpu_views], key=lambda x: x[0])
+    for t, kind, want in views:
+        source.now = t
+        for item in source.take():
+            store.add(item)
+        if kind == "engine":
+            got = view(store, name, t)
+            # every figure: the sample, the rates and quantiles, the plotted points, the probe markers
+            assert got[0] == dataclasses.replace(want[0], url=got[0].url)
+            assert got[1] == want[1], f"at t={t}: replay {got[1]} != live {want[1]}"
+            assert got[2] == want[2]
+            assert got[3] == want[3]
+        else:
+            assert store.throttle_spans(t - store.horizon_s) == want
+    return len(views)
 
 
 def replay_store() -> Store:
@@ -138,33 +169,13 @@ def replay_store() -> Store:
 
 def test_replay_equals_live_at_every_sample(recorded) -> None:
     path, live = recorded
-    rec = Recording(path)
     # the run measured something: a test that compares nothing with nothing cannot fail
     stats = [v[1] for _, v in live.engine_views]
     assert len(stats) >= SECONDS / INTERVAL * 0.7
     assert sum(1 for s in stats if s.gen_tps) >= 10, "no generation measured: the load did not run"
     assert len(live.engines["llama"].probes) >= 2
     assert any(spans for _, spans in live.gpu_views), "no throttled span recorded"
-    store = replay_store()
-    source = ReplaySource(rec, store)
-    views = sorted([(t, "engine", v) for t, v in live.engine_views]
-                   + [(t, "gpu", v) for t, v in live.gpu_views], key=lambda x: x[0])
-    compared = 0
-    for t, kind, want in views:
-        source.now = t
-        for item in source.take():
-            store.add(item)
-        if kind == "engine":
-            got = view(store, "llama", t)
-            # every figure: the sample, the rates and quantiles, the plotted points, the probe markers
-            assert got[0] == dataclasses.replace(want[0], url=got[0].url)
-            assert got[1] == want[1], f"at t={t}: replay {got[1]} != live {want[1]}"
-            assert got[2] == want[2]
-            assert got[3] == want[3]
-        else:
-            assert store.throttle_spans(t - store.horizon_s) == want
-        compared += 1
-    assert compared == len(views)
+    assert compare_every_instant(path, live, "llama") == len(live.engine_views) + len(live.gpu_views)
 
 
 def test_seeking_rebuilds_exactly_what_live_showed(recorded) -> None:
