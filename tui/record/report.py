@@ -95,11 +95,14 @@ def _thin(points: list[tuple[float, float]], t0: float, t1: float) -> list[tuple
 
 def time_chart(lines: dict[str, list[tuple[float, float]]], t0: float, t1: float, *, title: str, unit: str,
                spans: list[tuple[float, float]], marks: list[tuple[float, str, str]], scale: float = 1.0,
-               width: int = 940, height: int = 280) -> str:
-    """Lines against wall-clock time, throttled spans shaded red, switches and crashes as dashed lines."""
+               dots: dict[str, list[tuple[float, float]]] | None = None, width: int = 940,
+               height: int = 280) -> str:
+    """Lines against wall-clock time, probe results as dots (at the instant each figure measured),
+    throttled spans shaded red, switches and crashes as dashed lines."""
+    dots = dots or {}
     left, right, top, bottom = 64, 150, 34, 40
     plot_w, plot_h = width - left - right, height - top - bottom
-    ys = [v * scale for pts in lines.values() for _, v in pts]
+    ys = [v * scale for pts in (*lines.values(), *dots.values()) for _, v in pts]
     ymax = nice_max(max(ys) if ys else 1.0)
     span = (t1 - t0) or 1.0
     px = lambda t: left + plot_w * (t - t0) / span  # noqa: E731
@@ -128,6 +131,10 @@ def time_chart(lines: dict[str, list[tuple[float, float]]], t0: float, t1: float
                    "</title></line>")
     for i, (name, pts) in enumerate(lines.items()):
         color = PALETTE[i % len(PALETTE)]
+        for t, v in dots.get(name, []):
+            out.append(f'<circle cx="{px(t):.1f}" cy="{py(v):.1f}" r="3.5" fill="#ffffff" stroke="{color}" '
+                       f'stroke-width="2"><title>probe {escape(name)} {_clock(t)}: {_fmt(v * scale)}</title>'
+                       "</circle>")
         pts = _thin(pts, t0, t1)
         if pts:
             coords = " ".join(f"{px(t):.1f},{py(v):.1f}" for t, v in pts)
@@ -160,10 +167,18 @@ def render_recording(rec: Recording) -> str:
         head += f'<p class="note">{escape(rec.damage)}</p>'
     gen = {n: e["gen_tps"] for n, e in s.engines.items()}
     ttft = {n: e["ttft_p50_s"] for n, e in s.engines.items()}
-    charts = (time_chart(gen, t0, t1, title="generation tok/s (engine counters)", unit="tok/s",
-                         spans=s.throttle, marks=s.marks)
-              + time_chart(ttft, t0, t1, title="TTFT p50 (engine histograms)", unit="ms", scale=1000.0,
-                           spans=s.throttle, marks=s.marks))
+    wall_of = rec.mono_to_wall  # probe instants are on the recording's monotonic clock
+    probe_gen: dict[str, list[tuple[float, float]]] = {}
+    probe_ttft: dict[str, list[tuple[float, float]]] = {}
+    for _, engine, r in s.probes:
+        if r.decode_at is not None and r.decode_tps is not None:
+            probe_gen.setdefault(engine, []).append((r.decode_at + wall_of, r.decode_tps))
+        if r.ttft_at is not None and r.ttft_s is not None:
+            probe_ttft.setdefault(engine, []).append((r.ttft_at + wall_of, r.ttft_s))
+    charts = (time_chart(gen, t0, t1, title="generation tok/s: engine counters (lines), probe decode (dots)",
+                         unit="tok/s", spans=s.throttle, marks=s.marks, dots=probe_gen)
+              + time_chart(ttft, t0, t1, title="TTFT p50: engine histograms (lines), probes (dots)",
+                           unit="ms", scale=1000.0, spans=s.throttle, marks=s.marks, dots=probe_ttft))
     throttled = sum(b - a for a, b in s.throttle)
     body = [head, _section("Over time", f"GPU throttled {throttled:.0f} s in {len(s.throttle)} span(s) "
                            "(red); switches and crashes dashed", charts)]
