@@ -11,6 +11,7 @@ import dataclasses
 import re
 import types
 import typing
+from collections.abc import Callable
 from functools import cache
 from typing import Any
 
@@ -78,48 +79,39 @@ def encode(obj: Any, secrets: tuple[str, ...] = ()) -> Any:
 
 
 def decode(cls: type, data: dict[str, Any]) -> Any:
-    kwargs = {}
-    for name, hint, _ in _fields(cls):
-        if name in data:
-            kwargs[name] = _value(data[name], hint)
-    return cls(**kwargs)
+    convert = _converters(cls)
+    return cls(**{k: convert[k](v) for k, v in data.items() if k in convert})
 
 
-def _value(value: Any, hint: Any) -> Any:
-    if value is None:
-        return None
-    if isinstance(value, dict):
-        cls = _dataclass_in(hint)
-        return decode(cls, value) if cls is not None else value
-    if isinstance(value, list):
-        item = _item_hint(hint)
-        return tuple(_value(v, item) for v in value)
-    if isinstance(value, int) and _wants_float(hint):
-        return float(value)  # JSON writes 3.0 as 3: a float field gets a float back
-    return value
+@cache
+def _converters(cls: type) -> dict[str, Callable[[Any], Any]]:
+    return {name: _converter(hint) for name, hint, _ in _fields(cls)}
+
+
+@cache
+def _converter(hint: Any) -> Callable[[Any], Any]:
+    """A function from a JSON value to the field's value, built once per type: a replay seek decodes
+    thousands of rows, so the type is not walked again for each."""
+    args = _args(hint)
+    for arg in args:
+        if isinstance(arg, type) and arg in _KNOWN:
+            return lambda v, arg=arg: None if v is None else decode(arg, v)
+    for arg in args:
+        if typing.get_origin(arg) is tuple:
+            inner = typing.get_args(arg)
+            if len(inner) == 2 and inner[1] is Ellipsis:
+                item = _converter(inner[0])
+                return lambda v: None if v is None else tuple(map(item, v))
+            if all(i is float for i in inner):  # a histogram bucket: (bound, count)
+                return lambda v: None if v is None else tuple(map(float, v))
+            items = tuple(_converter(i) for i in inner)
+            return lambda v: None if v is None else tuple(c(x) for c, x in zip(items, v, strict=True))
+    if float in args and int not in args:
+        return lambda v: None if v is None else float(v)  # JSON writes 3.0 as 3: a float field gets a float
+    return lambda v: v
 
 
 def _args(hint: Any) -> tuple[Any, ...]:
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
         return typing.get_args(hint)
     return (hint,)
-
-
-def _dataclass_in(hint: Any) -> type | None:
-    for arg in _args(hint):
-        if isinstance(arg, type) and arg in _KNOWN:
-            return arg
-    return None
-
-
-def _item_hint(hint: Any) -> Any:
-    for arg in _args(hint):
-        if typing.get_origin(arg) is tuple:
-            inner = typing.get_args(arg)
-            return inner[0] if inner else Any
-    return Any
-
-
-def _wants_float(hint: Any) -> bool:
-    args = _args(hint)
-    return float in args and int not in args
