@@ -303,3 +303,23 @@ def test_report_marks_throttling_switches_crashes_and_lists_probes_verdicts_swee
     assert 'stroke-dasharray="4 3"' in html  # switch and crash marked on the time axis
     assert "1 probe request(s)" in html and "b faster" in html and "1.200" in html
     assert "321.5" in html and "power cap reached" in html
+
+
+def test_replay_shows_a_recorded_crash_from_its_instant_on(tmp_path: Path) -> None:
+    path = tmp_path / f"a{SUFFIX}"
+    t0 = 1000.0
+    rec = Recorder(path, engines={"vllm": "http://127.0.0.1:8000"})
+    for i in range(100):
+        rec(engine_sample(i, t0))
+    rec.event("engine-state", "vllm", {"state": "ready", "message": "up"}, t=t0 + 10)
+    rec.event("engine-state", "vllm", {"state": "crashed", "message": "exited with -9", "exit_code": -9,
+                                       "log_tail": ["Killed"]}, t=t0 + 50)
+    rec.close()
+    replay = ReplaySource(Recording(path), Store())
+    replay.seek(t0 + 5)
+    assert replay.engine_status("vllm") is None
+    replay.seek(t0 + 49)
+    assert replay.engine_status("vllm").state == "ready"
+    replay.seek(t0 + 80)
+    status = replay.engine_status("vllm")
+    assert status.state == "crashed" and status.exit_code == -9 and status.log_tail == ("Killed",)

@@ -167,9 +167,17 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
 
 def _profile_targets(profiles: list[Any]) -> list[Any]:
+    """The profiles' engines as the recorder needs them: the URL, and the key it must keep out."""
+    from tui.lifecycle.profiles import ProfileError, resolve
     from tui.sources.engine import EngineTarget
 
-    return [EngineTarget(name=p.name, url=p.url) for p in profiles]
+    targets = []
+    for p in profiles:
+        key = None
+        with contextlib.suppress(ProfileError):  # the lifecycle's resolve step reports a bad key file
+            key = resolve(p).api_key if p.api_key_file else None
+        targets.append(EngineTarget(name=p.name, url=p.url, api_key=key))
+    return targets
 
 
 def _after_dashboard(app: Any, keep: bool) -> None:

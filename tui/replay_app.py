@@ -131,6 +131,8 @@ class ReplayApp(EnginetopApp):
 
     # ---- drawing -------------------------------------------------------------------------------
     def redraw(self) -> None:
+        for slot in self.slots:  # a crash, a failed start: the column shows what it showed live
+            slot.status = self.replay.engine_status(slot.target.name)
         super().redraw()
         self.sub_title = self._subtitle()
         damage = self.recording.damage

@@ -14,6 +14,7 @@ from collections import deque
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 
+from tui.lifecycle.switch import EngineStatus
 from tui.record.reader import Recording
 from tui.record.writer import Event
 from tui.store import MIN_PROBES_KEPT, Store
@@ -88,6 +89,16 @@ class ReplaySource:
         i = SPEEDS.index(self.speed) if self.speed in SPEEDS else 0
         self.speed = SPEEDS[min(len(SPEEDS) - 1, i + 1) if up else max(0, i - 1)]
         return self.speed
+
+    def engine_status(self, name: str) -> EngineStatus | None:
+        """The launcher's state of an engine enginetop started, as recorded last before the cursor."""
+        rows = [r for r in self.rec.last_before("event", self.now + 1e-9, 50, name)
+                if r.item is not None and r.item.kind == "engine-state"]
+        if not rows:
+            return None
+        data = rows[-1].item.data
+        return EngineStatus(state=data.get("state", "idle"), profile=name, message=data.get("message") or "",
+                            exit_code=data.get("exit_code"), log_tail=tuple(data.get("log_tail") or ()))
 
     def _prime(self) -> list[object]:
         self.store.reset()

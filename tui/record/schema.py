@@ -13,7 +13,8 @@
         source the engine's name (engine, probe, most events); NULL for gpu and host
         dict   the dicts.id that compresses `data`; NULL: a plain zstd frame
         data   zstd-compressed JSON: the dataclass's fields (tui.record.codec), an event's dict
-    indexes: rows_t (t), rows_probe (source, t) over probe rows only: a seek finds the last probes fast
+    indexes: rows_t (t); rows_probe and rows_event (source, t) over probe and event rows only: a seek
+    finds the last probes and an engine's last state fast however far back they are
 
 Why zstd with a trained dictionary: each row stays its own frame, so seeking reads only the rows it
 needs, and a dictionary trained on the session's first rows (field names, model names, bucket bounds)
@@ -35,6 +36,7 @@ CREATE TABLE IF NOT EXISTS rows (
     dict INTEGER, data BLOB NOT NULL);
 CREATE INDEX IF NOT EXISTS rows_t ON rows (t);
 CREATE INDEX IF NOT EXISTS rows_probe ON rows (source, t) WHERE kind = 'probe';
+CREATE INDEX IF NOT EXISTS rows_event ON rows (source, t) WHERE kind = 'event';
 """
 
 
