@@ -462,3 +462,44 @@ def test_record_a_profile_keeps_its_start_steps_and_its_crash(tmp_path: Path) ->
     assert "start" in steps and "ready" in steps, steps
     assert any(e.kind == "switch-result" and e.data["ok"] for e in events)
     assert "rec-crash crashed" in err
+
+
+def test_kill_9_of_the_dashboard_loses_at_most_two_seconds(llama_server, tmp_path: Path) -> None:
+    """The dashboard itself, in a pseudo-terminal, recording with --record; then kill -9."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    out = tmp_path / f"dash{SUFFIX}"
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 160, 0, 0))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tui", "--engine", f"llama={llama_server.url}", "--record", str(out),
+         "--interval", "0.5"], stdin=slave, stdout=slave, stderr=slave, cwd=Path(__file__).parent.parent,
+        env={**os.environ, "TERM": "xterm-256color", "XDG_DATA_HOME": str(tmp_path / "data")},
+        start_new_session=True, text=True)
+    os.close(slave)
+    screen: list[bytes] = []
+
+    def drain() -> None:  # a terminal nobody reads blocks the app's writes
+        with contextlib.suppress(OSError):
+            while chunk := os.read(master, 65536):
+                screen.append(chunk)
+
+    threading.Thread(target=drain, daemon=True).start()
+    try:
+        _wait_rows(out, 10, proc)
+        time.sleep(3.0)
+        killed_at = time.time()
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+    rec = Recording(out)
+    engine_walls = [r.wall for r in rec.rows() if r.kind == "engine"]
+    assert rec.damage is None and "closed_wall" not in rec.meta
+    assert killed_at - max(engine_walls) <= 2.0, f"lost {killed_at - max(engine_walls):.2f}s"
+    assert len(b"".join(screen)) > 1000  # it did draw in the terminal
