@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import time
 from pathlib import Path
@@ -176,6 +177,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     try:
         write = write_openmetrics if args.format == "openmetrics" else write_csv
         lines = write(rec, out, job=args.job)
+    except BrokenPipeError:  # `| head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     finally:
         if args.out:
             out.close()
