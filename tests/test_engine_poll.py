@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -15,6 +16,7 @@ import pytest
 
 from tui.lifecycle.process import free_port
 from tui.sources.engine import EngineTarget, poll_engine
+from tui.sources.keepalive import KeepAlivePool
 
 DATA = Path(__file__).parent / "data" / "metrics"
 VLLM_BODY = (DATA / "vllm_0_33.txt").read_bytes()
@@ -101,15 +103,29 @@ def healthy(fake: Fake, metrics: Route | None = None) -> None:
     fake.routes["/metrics"] = metrics or Route(200, VLLM_BODY)
 
 
-async def poll(fake: Fake, api_key: str | None = None, **kwargs: object):
-    async with httpx.AsyncHTTPTransport() as transport:
+def make_transport(kind: str) -> KeepAlivePool | httpx.AsyncHTTPTransport:
+    return KeepAlivePool() if kind == "keep-alive" else httpx.AsyncHTTPTransport()
+
+
+# Every case runs through the dashboard's keep-alive pool and through httpx (proxied engines, tests): the
+# same answers must give the same sample, word for word.
+@pytest.fixture(params=["keep-alive", "httpx"])
+def transport_kind(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+async def poll(fake: Fake, kind: str, api_key: str | None = None, **kwargs: object):
+    transport = make_transport(kind)
+    try:
         return await poll_engine(transport, EngineTarget("e1", fake.url, api_key), **kwargs)
+    finally:
+        await transport.aclose()
 
 
-async def test_healthy_engine_gives_model_and_reading(fake: Fake) -> None:
+async def test_healthy_engine_gives_model_and_reading(fake: Fake, transport_kind: str) -> None:
     healthy(fake)
     before = time.monotonic()
-    sample = await poll(fake)
+    sample = await poll(fake, transport_kind)
     assert sample.health == "up"
     assert sample.health_reason is None
     assert sample.model == "Qwen/Qwen3-8B"
@@ -120,9 +136,11 @@ async def test_healthy_engine_gives_model_and_reading(fake: Fake) -> None:
     assert sample.t >= before
 
 
-async def test_connection_refused() -> None:
+async def test_connection_refused(transport_kind: str) -> None:
     port = free_port()  # nothing listens there
-    async with httpx.AsyncHTTPTransport() as transport:
+    async with contextlib.AsyncExitStack() as stack:
+        transport = make_transport(transport_kind)
+        stack.push_async_callback(transport.aclose)
         target = EngineTarget("e", f"http://127.0.0.1:{port}")
         down = await poll_engine(transport, target)
         starting = await poll_engine(transport, target, launched_by_us=True)
@@ -133,80 +151,80 @@ async def test_connection_refused() -> None:
     assert f"127.0.0.1:{port}" in starting.health_reason
 
 
-async def test_health_timeout(fake: Fake) -> None:
+async def test_health_timeout(fake: Fake, transport_kind: str) -> None:
     healthy(fake)
     fake.routes["/health"] = Route(200, b"", delay=5.0)
     began = time.monotonic()
-    sample = await poll(fake, timeout=0.3)
+    sample = await poll(fake, transport_kind, timeout=0.3)
     assert time.monotonic() - began < 4.0  # gave up long before the server answered
     assert sample.health == "down"
     assert sample.health_reason == f"no answer within 0.3s from 127.0.0.1:{fake.port}/health"
 
 
-async def test_metrics_slow_drip_hits_the_total_deadline(fake: Fake) -> None:
+async def test_metrics_slow_drip_hits_the_total_deadline(fake: Fake, transport_kind: str) -> None:
     # Each byte arrives well within a read timeout, but the whole body would take minutes.
     healthy(fake, Route(200, VLLM_BODY[:2000], drip=0.05))
-    sample = await poll(fake, timeout=0.5)
+    sample = await poll(fake, transport_kind, timeout=0.5)
     assert sample.health == "up"
     assert sample.reading is None
     assert sample.metrics_error == f"no answer within 0.5s from 127.0.0.1:{fake.port}/metrics"
 
 
-async def test_llama_server_loading(fake: Fake) -> None:
+async def test_llama_server_loading(fake: Fake, transport_kind: str) -> None:
     for path in ("/health", "/v1/models", "/metrics"):
         fake.routes[path] = Route(503, LLAMA_LOADING, "application/json")
-    sample = await poll(fake)
+    sample = await poll(fake, transport_kind)
     assert sample.health == "loading"
     assert sample.health_reason == "loading model"
     assert sample.reading is None
 
 
-async def test_health_503_means_dead_unless_we_are_starting_it(fake: Fake) -> None:
+async def test_health_503_means_dead_unless_we_are_starting_it(fake: Fake, transport_kind: str) -> None:
     fake.routes["/health"] = Route(503, b"")
-    assert (await poll(fake)).health == "down"
-    sample = await poll(fake, launched_by_us=True)
+    assert (await poll(fake, transport_kind)).health == "down"
+    sample = await poll(fake, transport_kind, launched_by_us=True)
     assert sample.health == "starting"
     assert sample.health_reason == f"127.0.0.1:{fake.port}/health answered HTTP 503"
 
 
-async def test_health_500_quotes_the_error(fake: Fake) -> None:
+async def test_health_500_quotes_the_error(fake: Fake, transport_kind: str) -> None:
     fake.routes["/health"] = Route(500, b'{"error":{"message":"engine core died"}}', "application/json")
-    sample = await poll(fake)
+    sample = await poll(fake, transport_kind)
     assert sample.health == "down"
     assert sample.health_reason == f"127.0.0.1:{fake.port}/health answered HTTP 500: engine core died"
 
 
-async def test_no_health_route_but_metrics_answer(fake: Fake) -> None:
+async def test_no_health_route_but_metrics_answer(fake: Fake, transport_kind: str) -> None:
     healthy(fake)
     del fake.routes["/health"]
-    sample = await poll(fake)
+    sample = await poll(fake, transport_kind)
     assert sample.health == "up"
     assert sample.reading is not None
 
 
-async def test_nothing_answers_but_404(fake: Fake) -> None:
-    sample = await poll(fake)
+async def test_nothing_answers_but_404(fake: Fake, transport_kind: str) -> None:
+    sample = await poll(fake, transport_kind)
     assert sample.health == "down"
     assert "no /health endpoint" in sample.health_reason
     assert sample.metrics_error == "no /metrics endpoint: SGLang needs --enable-metrics"
 
 
-async def test_unauthorized_without_and_with_wrong_key(fake: Fake) -> None:
+async def test_unauthorized_without_and_with_wrong_key(fake: Fake, transport_kind: str) -> None:
     healthy(fake)
     fake.routes["/metrics"].require_key = "right-key"
     fake.routes["/v1/models"].require_key = "right-key"
-    sample = await poll(fake)
+    sample = await poll(fake, transport_kind)
     assert sample.health == "up"  # /health is public on every engine
     assert sample.metrics_error == "unauthorized: set an API key for this engine"
     assert sample.model is None
 
     wrong = "wrong-key-s3cr3t"
-    sample = await poll(fake, api_key=wrong)
+    sample = await poll(fake, transport_kind, api_key=wrong)
     assert sample.metrics_error.startswith("unauthorized: the engine refused this API key")
     assert wrong not in repr(sample)
     assert f"Bearer {wrong}" in fake.seen_auth
 
-    sample = await poll(fake, api_key="right-key")
+    sample = await poll(fake, transport_kind, api_key="right-key")
     assert sample.metrics_error is None
     assert sample.model == "Qwen/Qwen3-8B"
 
@@ -218,9 +236,10 @@ async def test_api_key_never_in_repr_or_str() -> None:
     assert target.api_key == "sk-very-secret"
 
 
-async def test_api_key_that_cannot_be_a_header_is_refused_without_quoting_it(fake: Fake) -> None:
+async def test_api_key_that_cannot_be_a_header_is_refused_without_quoting_it(fake: Fake,
+                                                                              transport_kind: str) -> None:
     healthy(fake)
-    sample = await poll(fake, api_key="line\nbreak-secret")
+    sample = await poll(fake, transport_kind, api_key="line\nbreak-secret")
     assert sample.health == "down"
     assert "break-secret" not in repr(sample)
     assert "cannot carry" in sample.health_reason
@@ -241,27 +260,27 @@ async def test_api_key_that_cannot_be_a_header_is_refused_without_quoting_it(fak
          "/metrics answered HTTP 502: <html> <h1>Bad Gateway</h1> </html>"),
     ],
 )
-async def test_metrics_status_messages(fake: Fake, route: Route, message: str) -> None:
+async def test_metrics_status_messages(fake: Fake, route: Route, message: str, transport_kind: str) -> None:
     healthy(fake, route)
-    sample = await poll(fake)
+    sample = await poll(fake, transport_kind)
     assert sample.health == "up"
     assert sample.reading is None
     assert sample.metrics_error == message
 
 
 @pytest.mark.parametrize("content_length", [True, False])
-async def test_metrics_body_over_the_cap(fake: Fake, content_length: bool) -> None:
+async def test_metrics_body_over_the_cap(fake: Fake, content_length: bool, transport_kind: str) -> None:
     healthy(fake, Route(200, VLLM_BODY, content_length=content_length))
-    sample = await poll(fake, max_body=64 * 1024)
+    sample = await poll(fake, transport_kind, max_body=64 * 1024)
     assert sample.reading is None
     assert sample.metrics_error == "/metrics body is larger than the 0.0625 MiB limit; not read"
-    sample = await poll(fake, max_body=len(VLLM_BODY))  # exactly at the cap is fine
+    sample = await poll(fake, transport_kind, max_body=len(VLLM_BODY))  # exactly at the cap is fine
     assert sample.reading is not None
 
 
-async def test_malformed_metrics(fake: Fake) -> None:
+async def test_malformed_metrics(fake: Fake, transport_kind: str) -> None:
     healthy(fake, Route(200, b"vllm:num_requests_running 1\nvllm:num_requests_waiting{x=1} 2\n"))
-    sample = await poll(fake)
+    sample = await poll(fake, transport_kind)
     assert sample.health == "up"
     assert sample.reading is None
     assert sample.metrics_error == (
@@ -269,24 +288,26 @@ async def test_malformed_metrics(fake: Fake) -> None:
     )
 
 
-async def test_nan_in_metrics_is_none_not_an_error(fake: Fake) -> None:
+async def test_nan_in_metrics_is_none_not_an_error(fake: Fake, transport_kind: str) -> None:
     healthy(fake, Route(200, b"vllm:num_requests_running NaN\nvllm:num_requests_waiting 2\n"))
-    sample = await poll(fake)
+    sample = await poll(fake, transport_kind)
     assert sample.metrics_error is None
     assert sample.reading.running is None
     assert sample.reading.waiting == 2
 
 
-async def test_invalid_url_does_not_raise() -> None:
-    async with httpx.AsyncHTTPTransport() as transport:
+async def test_invalid_url_does_not_raise(transport_kind: str) -> None:
+    async with contextlib.AsyncExitStack() as stack:
+        transport = make_transport(transport_kind)
+        stack.push_async_callback(transport.aclose)
         sample = await poll_engine(transport, EngineTarget("e", "127.0.0.1:8000"))
     assert sample.health == "down"
     assert sample.health_reason.startswith("invalid engine URL")
 
 
-async def test_server_closing_mid_response(fake: Fake) -> None:
+async def test_server_closing_mid_response(fake: Fake, transport_kind: str) -> None:
     healthy(fake, Route(200, VLLM_BODY[:5000], extra_length=1000))  # promises 1000 bytes it never sends
-    sample = await poll(fake)
+    sample = await poll(fake, transport_kind)
     assert sample.health == "up"
     assert sample.reading is None
     assert sample.metrics_error.startswith(

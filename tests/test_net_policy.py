@@ -20,8 +20,9 @@ from urllib.parse import urlsplit
 import psutil
 import pytest
 
-from tui.net import InsecureSecret, Transports, check_secret_transport, proxy_for, public_url
+from tui.net import InsecureSecret, check_secret_transport, proxy_for, public_url
 from tui.sources.engine import EngineTarget, poll_engine
+from tui.sources.keepalive import Transports
 from tui.targets import TargetError, build_targets, parse_engine_spec
 
 LLAMA_BODY = b"""# TYPE llamacpp:prompt_tokens_total counter

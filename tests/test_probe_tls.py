@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from sse_server import ForwardProxy, SSEServer, running
 
-from tui.probe import http1
+from tui import net
 from tui.probe.client import ProbeClient
 from tui.probe.results import ProbeResult
 from tui.sources.engine import EngineTarget
@@ -48,7 +48,7 @@ def engine(cert: tuple[Path, Path]) -> Iterator[SSEServer]:
 
 @pytest.fixture
 def trusted(cert: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(http1, "_ssl_context", ssl.create_default_context(cafile=str(cert[0])))
+    monkeypatch.setattr(net, "_ssl_context", ssl.create_default_context(cafile=str(cert[0])))
 
 
 async def probe(url: str, key: str | None = None) -> ProbeResult:
@@ -69,7 +69,7 @@ async def test_tls_is_timed_apart_from_ttft(engine: SSEServer, trusted: None) ->
 async def test_an_untrusted_certificate_is_refused_in_words(
     engine: SSEServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(http1, "_ssl_context", None)  # the real default: certifi's bundle
+    monkeypatch.setattr(net, "_ssl_context", None)  # the real default: certifi's bundle
     before = len(engine.requests)
     r = await probe(f"https://127.0.0.1:{engine.port}/s/ok", key="sk-secret-123")
     assert not r.ok and r.sent_at is None and r.status is None

@@ -34,7 +34,6 @@ from tui.feed import Feed, Source
 from tui.lifecycle.process import pid_alive
 from tui.lifecycle.profiles import Profile, ProfileError, resolve
 from tui.lifecycle.switch import EngineManager, EngineStatus, StepEvent, SwitchResult
-from tui.net import Transports
 from tui.probe.results import DEFAULT_TTFT_GAP_FACTOR, ProbeResult
 from tui.probe.runner import ProbeRunner
 from tui.probe.stats import median
@@ -49,6 +48,7 @@ from tui.screens.switch import ConfirmSwitch, SwitchProgress
 from tui.sources.engine import EngineTarget, poll_engine
 from tui.sources.gpu import GpuSampler
 from tui.sources.host import HostSampler, pids_listening
+from tui.sources.keepalive import Transports
 from tui.sources.machine import MachineSource
 from tui.sources.samples import EngineSample
 from tui.store import EngineState, Store
@@ -144,7 +144,7 @@ class EnginetopApp(App[None]):
         self.paused = False
         self.quit_reason = "q"  # or the signal that ended the app
         self.probes = ProbeRunner()
-        self._transports = Transports()  # one pool per proxy (tui.net): usually the one direct pool
+        self._transports = Transports()  # keep-alive connections to every engine asked directly
         self._gpu = config.gpu_sampler()
         self._host = config.host_sampler()
         self._local_pids: dict[str, int] = {}  # watched engines on this machine, found by port

@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import ipaddress
 import json
+import ssl
 import urllib.request
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -23,6 +24,18 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 
 LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost"}
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+_ssl_context: ssl.SSLContext | None = None
+
+
+def ssl_context() -> ssl.SSLContext:
+    """The trust every enginetop client has for https engines, as httpx gives it with trust_env=False:
+    certifi's bundle, nothing from the environment. Made once (loading the bundle takes a while)."""
+    global _ssl_context
+    if _ssl_context is None:
+        _ssl_context = httpx.create_ssl_context(trust_env=False)
+    return _ssl_context
 
 
 class InsecureSecret(ValueError):
@@ -112,29 +125,6 @@ def target_headers(target: Any) -> dict[str, str]:
 def client_kwargs(url: str) -> dict[str, Any]:
     """Keyword arguments every httpx client for `url` gets: the proxy policy above, nothing else."""
     return {"trust_env": False, "proxy": proxy_for(url)}
-
-
-class Transports:
-    """One connection pool per proxy (usually just the direct one), shared by many engines.
-
-    The poller sends plain GETs through the httpx transport itself: it needs none of what httpx's
-    client adds (cookies, redirects, auth flows, default headers), and at four engines a second that
-    layer was a fifth of the dashboard's CPU (bench/bench_app.py)."""
-
-    def __init__(self) -> None:
-        self._transports: dict[str | None, httpx.AsyncHTTPTransport] = {}
-
-    def for_url(self, url: str) -> httpx.AsyncHTTPTransport:
-        proxy = proxy_for(url)
-        transport = self._transports.get(proxy)
-        if transport is None:
-            transport = self._transports[proxy] = httpx.AsyncHTTPTransport(proxy=proxy, trust_env=False)
-        return transport
-
-    async def aclose(self) -> None:
-        transports, self._transports = list(self._transports.values()), {}
-        for transport in transports:
-            await transport.aclose()
 
 
 def error_text(body: bytes | str | Any, limit: int = 200) -> str:

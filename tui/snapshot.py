@@ -7,10 +7,10 @@ import dataclasses
 import time
 from typing import Any
 
-from tui.net import Transports
 from tui.sources.engine import EngineTarget, poll_engine
 from tui.sources.gpu import GpuSampler
 from tui.sources.host import HostSampler
+from tui.sources.keepalive import Transports
 from tui.sources.rates import derive
 from tui.sources.samples import EngineSample, EngineStats
 

@@ -53,16 +53,64 @@ def demo_argv(port: int, *extra: str, host: str = "127.0.0.1") -> list[str]:
     ]
 
 
+def smoke_test(timeout: float = 120.0) -> str | None:
+    """Start the demo engine once and ask it for one token: None when it answers, else why not.
+
+    A build can install fine and still die at its first matrix multiply (an instruction set the CPU or
+    the VM does not allow), which only a real request shows."""
+    import signal
+    import time
+
+    import httpx
+
+    from tui.lifecycle.process import free_port, launch, stop_group
+    from tui.paths import runs_dir
+
+    port = free_port()
+    launched = launch(demo_argv(port, "--threads", "2"), runs_dir() / f"engine-check-{port}.log")
+    url = f"http://127.0.0.1:{port}"
+    body = {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 1}
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if not launched.alive():
+                code = launched.proc.returncode
+                how = f"status {code}"
+                if code is not None and code < 0:
+                    how = f"signal {signal.Signals(-code).name}"
+                tail = "\n".join(launched.log_tail(5))
+                return (f"llama-server died ({how}) on its first request: this build does not run here. "
+                        f"Delete the cached wheel ({cache_dir() / 'wheels'}) and run `make engine` again.\n"
+                        f"{tail}")
+            try:
+                r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30)
+                if r.status_code == 200:
+                    return None
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        return f"llama-server gave no token within {timeout:g}s (log: {launched.log_path})"
+    finally:
+        stop_group(launched)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Check the bundled demo engine is installed.")
-    parser.add_argument("--check", action="store_true")
-    parser.parse_args(argv)
+    parser = argparse.ArgumentParser(description="Check the bundled demo engine is installed and runs.")
+    parser.add_argument("--check", action="store_true",
+                        help="also start it once and ask for one token (a few seconds)")
+    args = parser.parse_args(argv)
     try:
         print(f"llama-server: {llama_server_binary()}")
         print(f"demo model:   {demo_model_path()}")
     except EngineNotInstalled as exc:
         print(f"enginetop: {exc}", file=sys.stderr)
         return 1
+    if args.check:
+        problem = smoke_test()
+        if problem is not None:
+            print(f"enginetop: {problem}", file=sys.stderr)
+            return 1
+        print("llama-server answered a request")
     return 0
 
 

@@ -28,10 +28,9 @@ from urllib.parse import unquote, urlsplit
 
 import h11
 
-from tui.net import proxy_for, public_url
+from tui.net import DEFAULT_PORTS, proxy_for, public_url, ssl_context
 
 MAX_HEAD_BYTES = 64 * 1024
-DEFAULT_PORTS = {"http": 80, "https": 443}
 
 # Called with each piece of decoded body and its arrival time (time.monotonic()); True stops reading.
 Sink = Callable[[bytes, float], bool]
@@ -53,19 +52,6 @@ class Phases:
     connect_s: float | None = None  # TCP connect, to the proxy when there is one
     tls_s: float | None = None  # TLS handshake(s)
     sent_at: float | None = None  # the request went out (after any proxy CONNECT and TLS)
-
-
-_ssl_context: ssl.SSLContext | None = None
-
-
-def ssl_context() -> ssl.SSLContext:
-    """The trust httpx gives every other enginetop client (trust_env=False: certifi only); made once."""
-    global _ssl_context
-    if _ssl_context is None:
-        import httpx  # only when an https:// engine is probed: certifi's bundle takes a while to load
-
-        _ssl_context = httpx.create_ssl_context(trust_env=False)
-    return _ssl_context
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Poll one engine: /health, /v1/models, /metrics. Never raises: each failure becomes words to act on.
 
-The httpx.AsyncClient is passed in so the app can share one connection pool across engines. The API key
+The transport is passed in so the app keeps one connection per engine (tui.sources.keepalive). The API key
 is sent as `Authorization: Bearer` (vLLM, llama.cpp and SGLang all accept it) and is scrubbed from every
 message this module produces.
 """
@@ -16,12 +16,15 @@ from dataclasses import dataclass, field
 import httpx
 
 from tui.net import InsecureSecret, error_text, public_url, target_headers
+from tui.sources.keepalive import KeepAlivePool
 from tui.sources.metrics import MetricsFormatError, parse_reading
 from tui.sources.samples import EngineReading, EngineSample, Health
 
 # One line per request, off unless --log-http (tui.cli.log_to_file): four engines a second say nothing.
 http_log = logging.getLogger("tui.http")
 
+# The poller's own keep-alive pool, or an httpx transport (a proxied engine; tests that pass their own)
+Transport = KeepAlivePool | httpx.AsyncBaseTransport
 _ERROR_BODY_BYTES = 4096  # enough of an error response to quote its message
 
 
@@ -74,10 +77,18 @@ def _transport_failure(exc: Exception, where: str, timeout: float, path: str) ->
     return _Failed(f"{where}{path} failed: {type(exc).__name__}: {text}")
 
 
-async def _get(transport: httpx.AsyncBaseTransport, url: str, headers: dict[str, str], timeout: float,
+async def _get(transport: Transport, url: str, headers: dict[str, str], timeout: float,
                limit: int) -> tuple[int, bytes, bool]:
     """GET with a total deadline and a body cap: (status, body, over_cap). The body of a non-200 answer is
     read only far enough to quote it."""
+    if isinstance(transport, KeepAlivePool):
+        async with asyncio.timeout(timeout):
+            status, body, over = await transport.get(url, headers, limit)
+        if http_log.isEnabledFor(logging.INFO):  # off by default, and this runs every poll
+            http_log.info("GET %s: HTTP %d", public_url(url), status)
+        if status != 200 and len(body) > _ERROR_BODY_BYTES:
+            body = body[:_ERROR_BODY_BYTES]
+        return status, body, over and status == 200
     request = httpx.Request("GET", url, headers=headers, extensions={"timeout": {
         "connect": timeout, "read": timeout, "write": timeout, "pool": timeout}})
     async with asyncio.timeout(timeout):
@@ -105,7 +116,7 @@ async def _get(transport: httpx.AsyncBaseTransport, url: str, headers: dict[str,
             await resp.aclose()
 
 
-async def _fetch(transport: httpx.AsyncBaseTransport, target: EngineTarget, path: str,
+async def _fetch(transport: Transport, target: EngineTarget, path: str,
                  headers: dict[str, str], timeout: float, limit: int) -> tuple[int, bytes, bool]:
     try:
         return await _get(transport, target.base + path, headers, timeout, limit)
@@ -139,7 +150,7 @@ def _model_id(body: bytes) -> str | None:
     return model if isinstance(model, str) else None
 
 
-async def _metrics(transport: httpx.AsyncBaseTransport, target: EngineTarget, headers: dict[str, str],
+async def _metrics(transport: Transport, target: EngineTarget, headers: dict[str, str],
                    timeout: float, max_body: int) -> tuple[EngineReading | None, str | None]:
     """The reading, or why there is none."""
     try:
@@ -156,7 +167,7 @@ async def _metrics(transport: httpx.AsyncBaseTransport, target: EngineTarget, he
         return None, str(exc)
 
 
-async def poll_engine(transport: httpx.AsyncBaseTransport, target: EngineTarget, *, timeout: float = 2.0,
+async def poll_engine(transport: Transport, target: EngineTarget, *, timeout: float = 2.0,
                       max_body: int = 8 * 2**20, launched_by_us: bool = False,
                       known_model: str | None = None, check_health: bool = True) -> EngineSample:
     """One poll. `launched_by_us`: a refused connection means "still starting" (vLLM binds its port only

@@ -1,0 +1,231 @@
+"""Keep-alive HTTP/1.1 GETs for the poller: h11 over asyncio's Protocol API, one idle connection kept per
+engine.
+
+Why not the httpx transport the rest of enginetop uses: the dashboard asks every engine for /metrics every
+second, and httpx's stack (Request and Response objects, httpcore's pool, anyio's streams and a timeout
+object per read) cost about 1.6 ms of CPU a poll against 0.9 ms here with the same parse
+(bench/bench_app.py, issue 9's CPU budget). Proxies still go through httpx (`Transports` below decides):
+what is sent, the trust for https and the errors are the same either way, and failures are raised as the
+httpx exceptions `tui.sources.engine` already turns into words.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import zlib
+from urllib.parse import urlsplit
+
+import h11
+import httpx
+
+from tui.net import DEFAULT_PORTS, proxy_for, ssl_context
+
+Origin = tuple[str, str, int]  # scheme, host, port
+MAX_HEAD_BYTES = 64 * 1024
+
+
+class _Connection(asyncio.Protocol):
+    """One TCP (or TLS) connection, one request at a time."""
+
+    def __init__(self) -> None:
+        self.h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self._waiter: asyncio.Future[None] | None = None
+        self._status = 0
+        self._encoding = ""
+        self._chunks: list[bytes] = []
+        self._size = 0
+        self._cap = 0
+        self._over = False
+        self.answered = False
+
+    # ---- asyncio callbacks ----
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:  # a GET is one small write: never hold it back for Nagle
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        self.answered = True
+        try:
+            self.h11.receive_data(data)
+            self._events()
+        except h11.RemoteProtocolError as exc:
+            self._fail(httpx.RemoteProtocolError(f"malformed HTTP response: {exc}"))
+
+    def eof_received(self) -> bool | None:
+        self.connection_lost(None)
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self._waiter is not None and not self._waiter.done():
+            try:
+                self.h11.receive_data(b"")  # a body delimited by the close ends here
+                self._events()
+            except h11.RemoteProtocolError:
+                pass
+            if not self._waiter.done():
+                self._fail(httpx.RemoteProtocolError("the server closed the connection before answering"
+                                                     if exc is None else f"connection lost: {exc}"))
+
+    # ---- one exchange ----
+    async def get(self, target: str, headers: list[tuple[str, str]], cap: int) -> tuple[int, bytes, bool]:
+        assert self.transport is not None
+        if self.h11.our_state is h11.DONE:
+            self.h11.start_next_cycle()
+        self._status, self._encoding, self._chunks, self._size = 0, "", [], 0
+        self._cap, self._over, self.answered = cap, False, False
+        waiter = self._waiter = asyncio.get_running_loop().create_future()
+        self.transport.write(self.h11.send(h11.Request(method="GET", target=target, headers=headers))
+                             + self.h11.send(h11.EndOfMessage()))
+        await waiter
+        body = b"".join(self._chunks)
+        if self._encoding in ("gzip", "deflate") and not self._over:
+            # asked for identity; a server that compresses anyway is still read right
+            try:
+                body = zlib.decompress(body, 47 if self._encoding == "gzip" else 15)
+            except zlib.error as exc:
+                raise httpx.DecodingError(f"bad {self._encoding} body: {exc}") from None
+        return self._status, body, self._over
+
+    @property
+    def reusable(self) -> bool:
+        return not self.closed and self.h11.our_state is h11.DONE and self.h11.their_state is h11.DONE
+
+    def _events(self) -> None:
+        while self._waiter is not None and not self._waiter.done():
+            event = self.h11.next_event()
+            if event is h11.NEED_DATA or event is h11.PAUSED:
+                return
+            if isinstance(event, h11.Response):
+                self._status = event.status_code
+                for name, value in event.headers:
+                    if name == b"content-encoding":
+                        self._encoding = value.decode("latin-1").strip().lower()
+                    elif name == b"content-length" and value.isdigit() and int(value) > self._cap:
+                        self._over = True  # not read: the connection is dropped
+                        self._waiter.set_result(None)
+                        self.close()
+                        return
+            elif isinstance(event, h11.Data):
+                self._size += len(event.data)
+                if self._size > self._cap:
+                    self._over = True
+                    self._waiter.set_result(None)
+                    self.close()
+                    return
+                self._chunks.append(bytes(event.data))
+            elif isinstance(event, h11.EndOfMessage):
+                self._waiter.set_result(None)
+            elif isinstance(event, h11.ConnectionClosed):
+                self._fail(httpx.RemoteProtocolError("the server closed the connection before answering"))
+
+    def _fail(self, exc: Exception) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_exception(exc)
+        self.close()
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+
+class KeepAlivePool:
+    """Idle connections by origin. A connection is taken for one GET and put back only when the exchange
+    ended cleanly, so an engine polled once a second keeps one connection for the whole session."""
+
+    def __init__(self, max_idle_per_origin: int = 2) -> None:
+        self._idle: dict[Origin, list[_Connection]] = {}
+        self.max_idle = max_idle_per_origin
+
+    async def get(self, url: str, headers: dict[str, str], cap: int) -> tuple[int, bytes, bool]:
+        """(status, body, over_cap). Raises httpx's exceptions; the caller bounds the time
+        (asyncio.timeout), and a cancelled GET drops its connection."""
+        parts = urlsplit(url)
+        if parts.scheme not in DEFAULT_PORTS or not parts.hostname:
+            raise httpx.UnsupportedProtocol(f"not an http(s) URL: {url}")
+        try:
+            port = parts.port or DEFAULT_PORTS[parts.scheme]
+        except ValueError as exc:
+            raise httpx.InvalidURL(str(exc)) from None
+        origin = (parts.scheme, parts.hostname, port)
+        host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
+        authority = host if port == DEFAULT_PORTS[parts.scheme] else f"{host}:{port}"
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        sent = [("Host", authority), ("Accept", "*/*"), ("Accept-Encoding", "identity"),
+                *headers.items()]
+        idle = self._idle.setdefault(origin, [])
+        while idle:
+            conn = idle.pop()
+            if conn.closed:
+                continue
+            try:
+                return await self._exchange(conn, origin, target, sent, cap)
+            except httpx.RemoteProtocolError:
+                # The server closed an idle connection as we reused it (keep-alive timeouts): nothing was
+                # answered, so the GET is sent again on a fresh connection, as httpcore does.
+                if conn.answered:
+                    raise
+        conn = await self._connect(origin)
+        return await self._exchange(conn, origin, target, sent, cap)
+
+    async def _exchange(self, conn: _Connection, origin: Origin, target: str,
+                        headers: list[tuple[str, str]], cap: int) -> tuple[int, bytes, bool]:
+        try:
+            result = await conn.get(target, headers, cap)
+        except BaseException:
+            conn.close()
+            raise
+        idle = self._idle.setdefault(origin, [])
+        if conn.reusable and len(idle) < self.max_idle:
+            idle.append(conn)
+        else:
+            conn.close()
+        return result
+
+    async def _connect(self, origin: Origin) -> _Connection:
+        scheme, host, port = origin
+        loop = asyncio.get_running_loop()
+        tls = ssl_context() if scheme == "https" else None
+        try:
+            _, conn = await loop.create_connection(_Connection, host, port, ssl=tls,
+                                                   server_hostname=host if tls else None)
+        except OSError as exc:
+            raise httpx.ConnectError(str(exc) or type(exc).__name__) from None
+        return conn
+
+    async def aclose(self) -> None:
+        idle, self._idle = self._idle, {}
+        for conns in idle.values():
+            for conn in conns:
+                conn.close()
+
+
+class Transports:
+    """How the poller reaches each engine: the keep-alive pool for engines asked directly, one httpx
+    transport per proxy for the others (tui.net.proxy_for decides, for every client alike)."""
+
+    def __init__(self) -> None:
+        self.direct = KeepAlivePool()
+        self._proxied: dict[str, httpx.AsyncHTTPTransport] = {}
+
+    def for_url(self, url: str) -> KeepAlivePool | httpx.AsyncHTTPTransport:
+        proxy = proxy_for(url)
+        if proxy is None:
+            return self.direct
+        transport = self._proxied.get(proxy)
+        if transport is None:
+            transport = self._proxied[proxy] = httpx.AsyncHTTPTransport(proxy=proxy, trust_env=False)
+        return transport
+
+    async def aclose(self) -> None:
+        await self.direct.aclose()
+        proxied, self._proxied = list(self._proxied.values()), {}
+        for transport in proxied:
+            await transport.aclose()
