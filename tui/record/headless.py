@@ -17,11 +17,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from tui.feed import Feed, Source
-from tui.net import Transports, is_loopback_host
+from tui.net import is_loopback_host
 from tui.record.writer import Recorder
 from tui.sources.engine import EngineTarget, poll_engine
 from tui.sources.gpu import GpuSampler
 from tui.sources.host import HostSampler, pids_listening
+from tui.sources.keepalive import Transports
 from tui.sources.machine import MachineSource
 from tui.sources.samples import EngineSample
 from tui.store import Store
