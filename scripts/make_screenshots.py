@@ -1,12 +1,15 @@
 """Refresh screenshots/ from real engines (run after `make engine vllm chromium`). Tests never write here.
 
-    .venv/bin/python scripts/make_screenshots.py [--only llama|both|report]
+    .venv/bin/python scripts/make_screenshots.py [--only llama|both|report|recording]
 
 - dashboard-llama.svg: the dashboard watching a real llama-server (Gemma 3 270M) under load, probes on.
 - demo-llama-vllm.svg: the README demo, llama.cpp and vLLM on the same Gemma 3 270M side by side.
 - sweep-llama-vllm.svg: the concurrency sweep (key c) on both.
 - report.png: the offline HTML report of a real `enginetop ab` of the two CPU demo profiles (2 x 2), in
   headless Chromium with the network off, rendered as tests/test_report.py renders it.
+- recording-report.png: `enginetop report` of a 2-minute recording of a real llama-server under load with
+  probes every 10 s; the GPU is the tests' fake H200, scripted to hit its power cap now and then (this
+  machine has no GPU), so throttled spans show.
 The GPU panel shows what this machine has (no NVIDIA driver here: one line saying so).
 """
 
@@ -104,9 +107,70 @@ def shoot_report() -> None:
     print(f"wrote {OUT / 'report.png'}")
 
 
+def shoot_recording_report(seconds: float = 120.0) -> None:
+    import threading
+
+    from tests.conftest import start_llama
+    from tests.fake_pynvml import FakeNvml, h200
+    from tests.test_report import render_in_chromium
+    from tui.lifecycle.process import stop_group
+    from tui.probe.runner import ProbeRunner
+    from tui.probe.workloads import WorkloadParams
+    from tui.record.headless import record
+    from tui.record.reader import Recording
+    from tui.record.report import write_recording_report
+    from tui.record.writer import Recorder
+    from tui.sources.engine import EngineTarget
+    from tui.sources.gpu import GpuSampler
+    from tui.store import Store
+
+    engine = start_llama("screenshot", "--parallel", "4", "--threads", "2")
+    nvml, stop = FakeNvml([h200()]), threading.Event()
+
+    def throttle() -> None:
+        while not stop.wait(25.0):
+            nvml.set_clock_event_mask(0, 0x4)
+            stop.wait(8.0)
+            nvml.set_clock_event_mask(0, 0x0)
+
+    async def run(recorder: Recorder) -> None:
+        target, store, runner = EngineTarget("llama", engine.url), Store(), ProbeRunner()
+
+        async def probes() -> None:
+            while True:
+                await asyncio.sleep(10)
+                await runner.probe(target, "short", WorkloadParams(max_tokens=32),
+                                   on_result=lambda r: store.add_probe("llama", r))
+
+        tasks = [asyncio.create_task(probes()), asyncio.create_task(load(engine.url, seconds))]
+        try:
+            await record([target], recorder, gpu=GpuSampler(nvml), store=store, duration_s=seconds,
+                         say=lambda line: None)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await runner.aclose()
+
+    with tempfile.TemporaryDirectory() as tmp_dir:
+        tmp = Path(tmp_dir)
+        recorder = Recorder(tmp / "run.enginetop.sqlite", {"llama": engine.url})
+        threading.Thread(target=throttle, daemon=True).start()
+        try:
+            asyncio.run(run(recorder))
+        finally:
+            stop.set()
+            recorder.close()
+            stop_group(engine.launched)
+        html = write_recording_report(Recording(recorder.path), tmp / "report.html")
+        render_in_chromium(html, tmp / "report.png", tmp)
+        OUT.mkdir(exist_ok=True)
+        shutil.copyfile(tmp / "report.png", OUT / "recording-report.png")
+    print(f"wrote {OUT / 'recording-report.png'}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--only", choices=["llama", "both", "report"])
+    parser.add_argument("--only", choices=["llama", "both", "report", "recording"])
     args = parser.parse_args()
     if args.only in (None, "llama"):
         asyncio.run(shoot(("demo-cpu-threads2",), "dashboard-llama", None))
@@ -114,6 +178,8 @@ def main() -> None:
         asyncio.run(shoot(("demo-cpu-threads2", "demo-vllm-gemma"), "demo-llama-vllm", "sweep-llama-vllm"))
     if args.only in (None, "report"):
         shoot_report()
+    if args.only in (None, "recording"):
+        shoot_recording_report()
 
 
 if __name__ == "__main__":

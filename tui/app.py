@@ -39,6 +39,7 @@ from tui.probe.runner import ProbeRunner
 from tui.probe.stats import median
 from tui.probe.sweep import SweepConfig
 from tui.probe.workloads import WorkloadParams
+from tui.record.writer import Recorder
 from tui.screens.ab import ABRun, ABScreen, dashboard_arm, start_dashboard_ab
 from tui.screens.help import HelpScreen
 from tui.screens.logs import LogScreen
@@ -105,6 +106,7 @@ class AppConfig:
     screenshot_dir: Path = Path("screenshots")
     gpu_sampler: Callable[[], GpuSampler] = GpuSampler
     host_sampler: Callable[[], HostSampler] = HostSampler
+    recorder: Recorder | None = None  # listens to the store (tui.record); the caller closes it
 
 
 class EnginetopApp(App[None]):
@@ -133,6 +135,12 @@ class EnginetopApp(App[None]):
         super().__init__()
         self.config = config
         self.store = Store(horizon_s=config.horizon_s)
+        self.clock: Callable[[], float] = time.monotonic  # "now" for the plots: a replay's cursor instead
+        self.recorder = config.recorder
+        if self.recorder is not None:
+            self.store.listeners.append(self.recorder)
+        self._record_error_shown = False
+        self._states: dict[int, str] = {}  # each managed column's last state, to record changes
         self.paused = False
         self.quit_reason = "q"  # or the signal that ended the app
         self.probes = ProbeRunner()
@@ -334,6 +342,11 @@ class EnginetopApp(App[None]):
         async def tell_when_done() -> None:
             while not run.done:
                 await asyncio.sleep(0.5)
+            comparisons = (run.result or {}).get("analysis", {}).get("comparisons", [])
+            self.record_event("ab", None, {"summary": run.summary(), "error": run.error, "verdicts": [
+                {"pair": f"{c['other']} / {c['base']}", "verdict": c["verdict"],
+                 "decode_ratio": c["decode_tps"]["ratio"], "ci_low": c["decode_tps"]["ci_low"],
+                 "ci_high": c["decode_tps"]["ci_high"]} for c in comparisons]})
             self.notify(run.summary(), title="A/B", severity="error" if run.error else "information",
                         timeout=30)
 
@@ -414,6 +427,7 @@ class EnginetopApp(App[None]):
         self._relabel(slot)
 
         def on_step(event: StepEvent) -> None:
+            self.record_event("switch", slot.target.name, {"to": to.name, **event.to_json()})
             if progress is not None:
                 self.call_from_thread(progress.step, event)
 
@@ -425,6 +439,8 @@ class EnginetopApp(App[None]):
             if progress is not None:
                 progress.finish(result.message, result.ok)
             slot.failure = None if result.ok else f"{result.failed_step} failed: {result.message}"
+            self.record_event("switch-result", slot.target.name, {
+                "to": to.name, "ok": result.ok, "failed_step": result.failed_step, "message": result.message})
             if not result.ok:
                 self.notify(result.message, title=f"{to.name}: {result.failed_step} failed", severity="error",
                             timeout=15)
@@ -475,6 +491,12 @@ class EnginetopApp(App[None]):
                 if slot.failure and status.state == "idle":
                     status = dataclasses.replace(status, state="failed", message=slot.failure)
                 slot.status = status
+                if self._states.get(slot.index) != status.state:  # a crash, a start, a stop: kept
+                    self._states[slot.index] = status.state
+                    self.record_event("engine-state", slot.target.name, {
+                        "state": status.state, "message": status.message, "exit_code": status.exit_code,
+                        "log_tail": list(status.log_tail[-20:])})
+        self._check_recorder()
         if self.paused:
             return
         for slot in self.slots:
@@ -484,7 +506,7 @@ class EnginetopApp(App[None]):
             self._main.query_one(f"#probes-{slot.index}", ProbePanel).show(
                 [r for _, r in state.probes], self.probes.busy(slot.target), slot.probe_every_s,
                 self.config.ttft_gap_factor)
-        now = time.monotonic()
+        now = self.clock()
         horizon = self.config.horizon_s
         spans = [(a - now, b - now) for a, b in self.store.throttle_spans(now - horizon)]
         # the newest probe's time, not the count: probes older than the horizon are dropped
@@ -519,7 +541,28 @@ class EnginetopApp(App[None]):
         names = ", ".join(s.target.name for s in self.slots) or "no engines"
         every = self.config.poll_interval_s
         state = "PAUSED (still recording)" if self.paused else f"polling every {every:g}s"
-        return f"{names} — {state}"
+        rec = self.recorder
+        where = "not recording" if rec is None else (
+            f"RECORDING STOPPED: {rec.error}" if rec.error else f"recording to {rec.path}")
+        return f"{names} — {state} — {where}"
+
+    # ---- recording ------------------------------------------------------------------------------
+    def record_event(self, kind: str, source: str | None, data: dict) -> None:
+        if self.recorder is not None:
+            self.recorder.event(kind, source, data)
+
+    def _check_recorder(self) -> None:
+        """A recording that stopped (disk full) is said once, loudly; the dashboard goes on."""
+        rec = self.recorder
+        if rec is not None and rec.error and not self._record_error_shown:
+            self._record_error_shown = True
+            self.sub_title = self._subtitle()
+            self.notify(rec.error, title="recording stopped", severity="error", timeout=30)
+
+    def notify(self, message: str, *, title: str = "", severity: str = "information", **kwargs) -> None:
+        if severity in ("warning", "error"):  # alerts are part of what happened: kept in the recording
+            self.record_event("alert", None, {"title": title, "message": message, "severity": severity})
+        super().notify(message, title=title, severity=severity, **kwargs)  # type: ignore[arg-type]
 
     # ---- actions ----------------------------------------------------------------------------
     def action_toggle_pause(self) -> None:

@@ -16,7 +16,7 @@ from tui.secrets import SecretError
 from tui.targets import TargetError, build_targets
 
 # Each area adds its own subcommands with a `register(subparsers)` function.
-SUBCOMMAND_MODULES = ("tui.probe.cli", "tui.lifecycle.cli", "tui.compare.cli")
+SUBCOMMAND_MODULES = ("tui.probe.cli", "tui.lifecycle.cli", "tui.compare.cli", "tui.recording_cli")
 
 
 def _add_target_args(parser: argparse.ArgumentParser) -> None:
@@ -68,6 +68,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="level of enginetop.log (in the runs folder; rotated at 1 MB, 3 kept)")
     parser.add_argument("--log-http", action="store_true",
                         help="also log every HTTP request to the engines, a line each (off by default)")
+    parser.add_argument("--record", type=Path, metavar="PATH",
+                        help="record this session to PATH (default: a new file per session in "
+                             "~/.local/share/enginetop/recordings)")
+    parser.add_argument("--no-record", action="store_true", help="do not record this session")
+    from tui.recording_cli import add_retention_args
+
+    add_retention_args(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     snap = sub.add_parser("snapshot", help="two readings of every source as one JSON object")
@@ -132,6 +139,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         print(f"enginetop: {exc}", file=sys.stderr)
         return 2
     log_to_file(runs_dir() / "enginetop.log", getattr(logging, args.log_level), http=args.log_http)
+    log = logging.getLogger("tui.cli")
     config = AppConfig(
         targets=targets, profiles=profiles, switchable=[p for p in loaded.profiles.values() if not p.attach],
         probe_every_s=args.probe_every, probe_every_managed_s=args.probe_every or 10.0,
@@ -139,12 +147,37 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         ttft_gap_factor=args.ttft_gap_factor,
         poll_interval_s=args.interval, horizon_s=args.horizon, screenshot_dir=args.screenshots,
         bandwidth_bps=bandwidth, model_bytes=model_bytes)
+    if not args.no_record:
+        from tui.recording_cli import open_recorder
+
+        try:
+            config.recorder = open_recorder(args.record, [*targets, *(  # type: ignore[assignment]
+                app_target for app_target in _profile_targets(profiles))], args, log.warning)
+        except Exception as exc:  # sqlite3.Error or OSError: say why, and watch without recording
+            print(f"enginetop: not recording: cannot write {args.record or 'the recording'}: {exc}",
+                  file=sys.stderr)
     app = EnginetopApp(config)
     try:
         app.run()
     finally:
         _after_dashboard(app, keep=args.keep_engines)
+        if config.recorder is not None:
+            config.recorder.close()
     return 0
+
+
+def _profile_targets(profiles: list[Any]) -> list[Any]:
+    """The profiles' engines as the recorder needs them: the URL, and the key it must keep out."""
+    from tui.lifecycle.profiles import ProfileError, resolve
+    from tui.sources.engine import EngineTarget
+
+    targets = []
+    for p in profiles:
+        key = None
+        with contextlib.suppress(ProfileError):  # the lifecycle's resolve step reports a bad key file
+            key = resolve(p).api_key if p.api_key_file else None
+        targets.append(EngineTarget(name=p.name, url=p.url, api_key=key))
+    return targets
 
 
 def _after_dashboard(app: Any, keep: bool) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 from tui.sources.rates import derive, went_back
 from tui.sources.samples import EngineReading, EngineSample, EngineStats, GpuReport, HostSample
 
-Sample = EngineSample | GpuReport | HostSample  # what a source makes (tui.feed)
+Sample = EngineSample | GpuReport | HostSample  # what a source makes (tui.feed); a replay adds ProbeEvent
 
 Point = tuple[float, float]  # (time.monotonic(), value)
 
@@ -114,8 +114,17 @@ class Store:
             self.add_gpu_report(sample)
         elif isinstance(sample, HostSample):
             self.add_host_sample(sample)
+        elif isinstance(sample, ProbeEvent):  # a recorded probe result, replayed
+            self.add_probe(sample.engine, sample.result, sample.t)
         else:
             raise TypeError(f"the store takes engine, GPU and host samples, not {type(sample).__name__}")
+
+    def reset(self) -> None:
+        """Forget everything (a replay seeking backwards rebuilds from the file); listeners stay."""
+        listeners = self.listeners
+        self.__init__(self.horizon_s, self.rate_window_s, self.latency_window_s,  # type: ignore[misc]
+                      self.max_points, self.max_probes)
+        self.listeners = listeners
 
     def _tell(self, item: Any) -> None:
         for listener in self.listeners:

@@ -74,7 +74,8 @@ class TimePlot(PlotextPlot):
         if events != self._events:
             self._events = events
             return True
-        return now - self._drawn_at >= max(REBUILD_S, horizon_s / max(self.size.width - 10, 10))
+        return abs(now - self._drawn_at) >= max(  # abs: a replay can go back
+            REBUILD_S, horizon_s / max(self.size.width - 10, 10))
 
     _empty_shown: str | None = None  # title of the empty chart on screen: on a relative axis it never changes
     _version = 0  # bumped by show(): new data to build

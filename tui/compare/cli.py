@@ -114,7 +114,7 @@ def register(subparsers: Any) -> None:
     sweep.set_defaults(func=cmd_sweep)
 
     report = subparsers.add_parser("report", help="write the offline HTML report of an ab/sweep-param result")
-    report.add_argument("result", type=Path, help="RESULT.json written by ab or sweep-param")
+    report.add_argument("result", type=Path, help="RESULT.json written by ab or sweep-param, or a recording")
     report.add_argument("-o", "--out", type=Path, required=True, help="report.html")
     report.set_defaults(func=cmd_report)
 
@@ -368,6 +368,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from tui.record.report import is_recording
+
+    if is_recording(args.result):
+        return _recording_report(args)
     try:
         result = load_result(args.result)
     except ValueError as exc:
@@ -384,5 +388,25 @@ def cmd_report(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"enginetop report: cannot write {args.out}: {exc.strerror or exc}", file=sys.stderr)
         return 2
+    print(path)
+    return 0
+
+
+def _recording_report(args: argparse.Namespace) -> int:
+    from tui.record.reader import Recording
+    from tui.record.report import write_recording_report
+    from tui.record.schema import RecordingError
+
+    try:
+        rec = Recording(args.result)
+        path = write_recording_report(rec, args.out)
+    except RecordingError as exc:
+        print(f"enginetop report: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"enginetop report: cannot write {args.out}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    if rec.damage:
+        print(f"enginetop report: {rec.damage}", file=sys.stderr)
     print(path)
     return 0

@@ -80,6 +80,9 @@ class SweepScreen(ModalScreen[None]):
 
             def on_level(level: LevelResult, name: str = target.name) -> None:
                 self.levels[name].append(level)
+                record = getattr(self.app, "record_event", None)  # kept in the session's recording
+                if record is not None:
+                    record("sweep-level", name, level.to_json())
                 self._draw()
 
             for _ in range(600):  # a probe already in flight finishes first (at most a minute)

@@ -250,3 +250,9 @@ def _finish(dialect: Dialect, values: dict[str, object], present: set[str]) -> E
             values["spec_accept_length_gauge"] = None
             values["spec_accept_rate_gauge"] = None
     return EngineReading(dialect=dialect, **values)  # type: ignore[arg-type]
+
+
+def metric_names(dialect: Dialect) -> dict[str, tuple[str, tuple[str, str] | None]]:
+    """The engine's own family name (and label) each EngineReading field was read from: a recording is
+    exported under the names the engine exposes (the first family of each, the current name)."""
+    return {src.field: (src.families[0], src.label) for src in _DIALECTS.get(dialect, ())}

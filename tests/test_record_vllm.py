@@ -1,0 +1,25 @@
+"""Record the real vLLM (CPU), replay the file, and compare every figure at the same instants, TTFT and ITL
+quantiles from the histogram buckets included."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_record_llama import INTERVAL, compare_every_instant, record_under_load
+
+from tui.record.schema import SUFFIX
+from tui.sources.engine import EngineTarget
+
+pytestmark = pytest.mark.engine
+
+
+def test_vllm_replay_equals_live_at_every_sample(vllm_server, tmp_path: Path) -> None:
+    path = tmp_path / f"vllm{SUFFIX}"
+    seconds = 14.0
+    live = record_under_load([EngineTarget("vllm", vllm_server.url)], vllm_server.url, path, seconds)
+    stats = [v[1] for _, v in live.engine_views]
+    assert len(stats) >= seconds / INTERVAL * 0.6
+    assert any(s.ttft_p50_s for s in stats) and any(s.itl_p50_s for s in stats), "no latency measured"
+    assert sum(1 for s in stats if s.gen_tps) >= 5
+    assert compare_every_instant(path, live, "vllm") == len(live.engine_views) + len(live.gpu_views)

@@ -1,0 +1,161 @@
+"""`enginetop record`: the dashboard's feed and recorder without a screen, for unattended runs.
+
+The same sources feed the same store (so what is recorded is what the dashboard would have recorded),
+a clean close on SIGTERM/SIGINT, and a line a minute on stderr saying what was written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from tui.feed import Feed, Source
+from tui.net import is_loopback_host
+from tui.record.writer import Recorder
+from tui.sources.engine import EngineTarget, poll_engine
+from tui.sources.gpu import GpuSampler
+from tui.sources.host import HostSampler, pids_listening
+from tui.sources.keepalive import Transports
+from tui.sources.machine import MachineSource
+from tui.sources.samples import EngineSample
+from tui.store import Store
+
+MODEL_REFRESH_S = 30.0
+
+
+class EngineSource:
+    """One engine polled directly, as the dashboard polls it (the model asked now and then)."""
+
+    def __init__(self, target: EngineTarget, transports: Transports, interval_s: float) -> None:
+        self.target, self.transports, self.interval_s = target, transports, interval_s
+        self.name = f"engine {target.name}"
+        self._model: str | None = None
+        self._model_asked = 0.0
+
+    async def read(self) -> list[EngineSample]:
+        now = time.monotonic()
+        known = self._model if now - self._model_asked < MODEL_REFRESH_S else None
+        if known is None:
+            self._model_asked = now
+        sample = await poll_engine(self.transports.for_url(self.target.url), self.target,
+                                   timeout=min(2.0, self.interval_s * 2), known_model=known)
+        self._model = sample.model if sample.health == "up" else None
+        return [sample]
+
+
+def secrets_of(targets: list[EngineTarget]) -> tuple[str, ...]:
+    out = []
+    for t in targets:
+        out.append(t.api_key or "")
+        if t.basic_auth:
+            out.append(t.basic_auth[1])
+    return tuple(s for s in out if s)
+
+
+class LocalPids:
+    """Which local process serves each loopback engine (for its RSS), looked up now and then: walking
+    every socket is not free, and engines seldom move."""
+
+    def __init__(self, targets: list[EngineTarget], every_s: float = 30.0) -> None:
+        self.watched = {}
+        for t in targets:
+            parts = urlsplit(t.url)
+            if is_loopback_host(parts.hostname) and parts.port:
+                self.watched[t.name] = (None, parts.port)
+        self.every_s, self._next, self._pids = every_s, 0.0, {}
+
+    def __call__(self) -> dict[str, int]:
+        now = time.monotonic()
+        if self.watched and now >= self._next:
+            self._next = now + self.every_s
+            found = pids_listening(list(self.watched.values()))
+            self._pids = {n: found[a] for n, a in self.watched.items() if a in found}
+        return dict(self._pids)
+
+
+async def _watch_managers(managers: Sequence[Any], recorder: Recorder, say: Callable[[str], None]) -> None:
+    """An engine started here that exits on its own is a crash: recorded with its exit code and log tail."""
+    states: dict[int, str] = {}
+    while managers:
+        for i, manager in enumerate(managers):
+            status = manager.poll_status()
+            if states.get(i) != status.state:
+                states[i] = status.state
+                recorder.event("engine-state", status.profile, {
+                    "state": status.state, "message": status.message, "exit_code": status.exit_code,
+                    "log_tail": list(status.log_tail[-20:])})
+                if status.state == "crashed":
+                    say(f"{status.profile} crashed: {status.message}")
+        await asyncio.sleep(1.0)
+
+
+def _size(path: Path) -> int:
+    return sum(p.stat().st_size for p in (path, Path(f"{path}-wal")) if p.exists())
+
+
+async def record(targets: list[EngineTarget], recorder: Recorder, *, interval_s: float = 1.0,
+                 gpu: GpuSampler | None = None, host: HostSampler | None = None,
+                 say: Callable[[str], None] = print, line_every_s: float = 60.0,
+                 store: Store | None = None, duration_s: float | None = None,
+                 managers: Sequence[Any] = ()) -> str:
+    """Record until SIGTERM/SIGINT (or `duration_s`); returns why it stopped."""
+    store = store or Store()
+    store.listeners.append(recorder)
+    transports = Transports()
+    gpu = gpu or GpuSampler()
+    host = host or HostSampler()
+    sources: list[Source] = [EngineSource(t, transports, interval_s) for t in targets]
+    sources.append(MachineSource(gpu, host, LocalPids(targets), interval_s, 2 * interval_s))
+    stop = asyncio.Event()
+    why = ["duration reached"]
+    loop = asyncio.get_running_loop()
+
+    def on_signal(sig: signal.Signals) -> None:
+        why[0] = f"{sig.name} received"
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(sig, on_signal, sig)
+
+    def on_error(name: str, exc: BaseException) -> None:
+        say(f"{name} failed: {type(exc).__name__}: {exc}")
+
+    feed = asyncio.create_task(Feed(store, sources, on_error=on_error).run())
+    watch = asyncio.create_task(_watch_managers(managers, recorder, say))
+    started = time.monotonic()
+    say(f"recording {', '.join(t.name for t in targets)} to {recorder.path} (pid {os.getpid()})")
+    try:
+        while not stop.is_set():
+            timeout = line_every_s
+            if duration_s is not None:
+                timeout = min(timeout, max(0.0, started + duration_s - time.monotonic()))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout)
+            if recorder.error:
+                why[0] = recorder.error
+                break
+            if stop.is_set() or (duration_s is not None and time.monotonic() - started >= duration_s):
+                break
+            ups = ", ".join(f"{n}: {s.sample.health if s.sample else 'no answer'}"
+                            for n, s in store.engines.items())
+            say(f"{recorder.rows} rows, {_size(recorder.path) / 1e6:.2f} MB in {recorder.path} after "
+                f"{(time.monotonic() - started) / 60:.0f} min; {ups}")
+    finally:
+        for task in (feed, watch):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.remove_signal_handler(sig)
+        await transports.aclose()
+        await asyncio.to_thread(gpu.close)
+    return why[0]

@@ -1,0 +1,229 @@
+"""`enginetop report RECORDING -o report.html`: the offline single-file report (tui.compare.report's
+styles and conventions: inline SVG, no script, no network) for a whole recording.
+
+The figures are the dashboard's: the recording is fed through a Store, which derives tok/s and TTFT from
+the recorded readings as it did live.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from html import escape
+from pathlib import Path
+
+from tui.compare.report import CSS, _f, _ms, _section, _table
+from tui.compare.svg import FONT, PALETTE, _fmt, nice_max
+from tui.record.reader import Recording
+from tui.record.writer import Event
+from tui.sources.samples import EngineSample, GpuReport
+from tui.store import ProbeEvent, Store
+
+MAX_POINTS = 600  # per line: a day at 1 Hz is drawn from means over 2.4 min buckets
+
+
+@dataclass
+class Summary:
+    engines: dict[str, dict[str, list[tuple[float, float]]]] = field(default_factory=dict)  # name->key->pts
+    throttle: list[tuple[float, float]] = field(default_factory=list)  # wall spans
+    marks: list[tuple[float, str, str]] = field(default_factory=list)  # (wall, engine, what)
+    probes: list[tuple[float, str, object]] = field(default_factory=list)
+    verdicts: list[tuple[float, dict]] = field(default_factory=list)
+    sweeps: list[tuple[float, str, dict]] = field(default_factory=list)
+    alerts: list[tuple[float, str]] = field(default_factory=list)
+    health: dict[str, dict[str, int]] = field(default_factory=dict)
+
+
+def summarize(rec: Recording) -> Summary:
+    out = Summary()
+    store = Store(horizon_s=60.0, max_points=60)  # only its stats are read: the windows, not the plots
+    span_start: float | None = None
+    last_wall = None
+    for row in rec.rows():
+        item = row.item
+        if isinstance(item, EngineSample):
+            store.add(item)
+            stats = store.engines[item.name].stats
+            series = out.engines.setdefault(item.name, {"gen_tps": [], "ttft_p50_s": []})
+            for key in series:
+                value = getattr(stats, key)
+                if value is not None:
+                    series[key].append((row.wall, value))
+            counts = out.health.setdefault(item.name, {})
+            counts[item.health] = counts.get(item.health, 0) + 1
+        elif isinstance(item, GpuReport):
+            throttled = any(g.throttled for g in item.gpus)
+            if throttled and span_start is None:
+                span_start = row.wall
+            elif not throttled and span_start is not None:
+                out.throttle.append((span_start, row.wall))
+                span_start = None
+            last_wall = row.wall
+        elif isinstance(item, ProbeEvent):
+            out.probes.append((row.wall, item.engine, item.result))
+        elif isinstance(item, Event):
+            data = item.data
+            if item.kind == "switch-result":
+                what = f"switch to {data.get('to')}: " + ("ok" if data.get("ok") else
+                                                           f"{data.get('failed_step')} failed")
+                out.marks.append((row.wall, item.source or "", what))
+            elif item.kind == "engine-state" and data.get("state") in ("crashed", "failed", "exited"):
+                what = f"{data.get('state')}: {data.get('message', '')}"
+                out.marks.append((row.wall, item.source or "", what))
+            elif item.kind == "ab":
+                for v in data.get("verdicts") or [{"pair": "", "verdict": str(data.get("summary", ""))}]:
+                    out.verdicts.append((row.wall, v))
+            elif item.kind == "sweep-level":
+                out.sweeps.append((row.wall, item.source or "", data))
+            elif item.kind == "alert":
+                out.alerts.append((row.wall, f"{data.get('title', '')}: {data.get('message', '')}"))
+    if span_start is not None and last_wall is not None:
+        out.throttle.append((span_start, last_wall))
+    return out
+
+
+def _thin(points: list[tuple[float, float]], t0: float, t1: float) -> list[tuple[float, float]]:
+    if len(points) <= MAX_POINTS:
+        return points
+    width = (t1 - t0) / MAX_POINTS or 1.0
+    buckets: dict[int, list[tuple[float, float]]] = {}
+    for t, v in points:
+        buckets.setdefault(int((t - t0) / width), []).append((t, v))
+    return [(b[0][0], sum(v for _, v in b) / len(b)) for _, b in sorted(buckets.items())]
+
+
+def time_chart(lines: dict[str, list[tuple[float, float]]], t0: float, t1: float, *, title: str, unit: str,
+               spans: list[tuple[float, float]], marks: list[tuple[float, str, str]], scale: float = 1.0,
+               dots: dict[str, list[tuple[float, float]]] | None = None, width: int = 940,
+               height: int = 280) -> str:
+    """Lines against wall-clock time, probe results as dots (at the instant each figure measured),
+    throttled spans shaded red, switches and crashes as dashed lines."""
+    dots = dots or {}
+    left, right, top, bottom = 64, 150, 34, 40
+    plot_w, plot_h = width - left - right, height - top - bottom
+    ys = [v * scale for pts in (*lines.values(), *dots.values()) for _, v in pts]
+    ymax = nice_max(max(ys) if ys else 1.0)
+    span = (t1 - t0) or 1.0
+    px = lambda t: left + plot_w * (t - t0) / span  # noqa: E731
+    py = lambda v: top + plot_h * (1 - v * scale / ymax)  # noqa: E731
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" width="100%" role="img" '
+           f'aria-label="{escape(title)}" class="chart" {FONT}>',
+           f'<text x="0" y="18" font-size="14" font-weight="600" fill="#111827">{escape(title)}</text>']
+    for a, b in spans:
+        out.append(f'<rect x="{px(a):.1f}" y="{top}" width="{max(1.0, px(b) - px(a)):.1f}" height="{plot_h}" '
+                   f'fill="#dc2626" fill-opacity="0.15"><title>GPU throttled {_clock(a)}–{_clock(b)}'
+                   "</title></rect>")
+    for i in range(5):
+        tick = ymax * i / 4
+        ty = top + plot_h * (1 - tick / ymax)
+        out.append(f'<line x1="{left}" y1="{ty:.1f}" x2="{left + plot_w}" y2="{ty:.1f}" stroke="#e5e7eb"/>')
+        out.append(f'<text x="{left - 6}" y="{ty + 4:.1f}" font-size="11" fill="#6b7280" '
+                   f'text-anchor="end">{_fmt(tick)}</text>')
+        tx = t0 + span * i / 4
+        out.append(f'<text x="{px(tx):.1f}" y="{top + plot_h + 16}" font-size="11" fill="#6b7280" '
+                   f'text-anchor="middle">{_clock(tx)}</text>')
+    out.append(f'<text x="12" y="{top + plot_h / 2:.1f}" font-size="11" fill="#374151" text-anchor="middle" '
+               f'transform="rotate(-90 12 {top + plot_h / 2:.1f})">{escape(unit)}</text>')
+    for t, engine, what in marks:
+        out.append(f'<line x1="{px(t):.1f}" y1="{top}" x2="{px(t):.1f}" y2="{top + plot_h}" stroke="#111827" '
+                   f'stroke-dasharray="4 3"><title>{escape(engine)} {_clock(t)}: {escape(what)}'
+                   "</title></line>")
+    for i, (name, pts) in enumerate(lines.items()):
+        color = PALETTE[i % len(PALETTE)]
+        for t, v in dots.get(name, []):
+            out.append(f'<circle cx="{px(t):.1f}" cy="{py(v):.1f}" r="3.5" fill="#ffffff" stroke="{color}" '
+                       f'stroke-width="2"><title>probe {escape(name)} {_clock(t)}: {_fmt(v * scale)}</title>'
+                       "</circle>")
+        pts = _thin(pts, t0, t1)
+        if pts:
+            coords = " ".join(f"{px(t):.1f},{py(v):.1f}" for t, v in pts)
+            out.append(f'<polyline points="{coords}" fill="none" stroke="{color}" stroke-width="1.6"/>')
+        ly = top + 14 + 18 * i
+        out.append(f'<rect x="{left + plot_w + 14}" y="{ly - 8}" width="12" height="12" fill="{color}"/>')
+        out.append(f'<text x="{left + plot_w + 32}" y="{ly + 2}" font-size="11" fill="#111827">'
+                   f"{escape(name[:20])}</text>")
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def _clock(wall: float) -> str:
+    return datetime.fromtimestamp(wall).strftime("%H:%M:%S")
+
+
+def render_recording(rec: Recording) -> str:
+    s = summarize(rec)
+    if rec.empty:
+        t0 = t1 = time.time()
+    else:
+        assert rec.start is not None and rec.end is not None
+        t0, t1 = rec.wall(rec.start), rec.wall(rec.end)
+    names = ", ".join(s.engines) or "no engines"
+    head = (f'<p class="kicker">enginetop recording</p><h1>{escape(names)}</h1>'
+            f'<p class="meta">{escape(rec.path.name)} · {datetime.fromtimestamp(t0):%Y-%m-%d %H:%M:%S} – '
+            f'{datetime.fromtimestamp(t1):%H:%M:%S} ({(t1 - t0) / 60:.1f} min) · host '
+            f'{escape(rec.meta.get("host", "?"))} · {rec.count} rows</p>')
+    if rec.damage:
+        head += f'<p class="note">{escape(rec.damage)}</p>'
+    gen = {n: e["gen_tps"] for n, e in s.engines.items()}
+    ttft = {n: e["ttft_p50_s"] for n, e in s.engines.items()}
+    wall_of = rec.mono_to_wall  # probe instants are on the recording's monotonic clock
+    probe_gen: dict[str, list[tuple[float, float]]] = {}
+    probe_ttft: dict[str, list[tuple[float, float]]] = {}
+    for _, engine, r in s.probes:
+        if r.decode_at is not None and r.decode_tps is not None:
+            probe_gen.setdefault(engine, []).append((r.decode_at + wall_of, r.decode_tps))
+        if r.ttft_at is not None and r.ttft_s is not None:
+            probe_ttft.setdefault(engine, []).append((r.ttft_at + wall_of, r.ttft_s))
+    charts = (time_chart(gen, t0, t1, title="generation tok/s: engine counters (lines), probe decode (dots)",
+                         unit="tok/s", spans=s.throttle, marks=s.marks, dots=probe_gen)
+              + time_chart(ttft, t0, t1, title="TTFT p50: engine histograms (lines), probes (dots)",
+                           unit="ms", scale=1000.0, spans=s.throttle, marks=s.marks, dots=probe_ttft))
+    throttled = sum(b - a for a, b in s.throttle)
+    body = [head, _section("Over time", f"GPU throttled {throttled:.0f} s in {len(s.throttle)} span(s) "
+                           "(red); switches and crashes dashed", charts)]
+    rows = [[escape(n), *(str(c.get(h, 0)) for h in ("up", "loading", "starting", "down"))]
+            for n, c in s.health.items()]
+    body.append(_section("Engines", "polls by health", _table(["engine", "up", "loading", "starting", "down"],
+                                                              rows, numeric=(1, 2, 3, 4))))
+    probe_rows = [[_clock(w), escape(e), escape(r.workload), "ok" if r.ok else escape(r.error or "failed"),
+                   _ms(r.ttft_s), _f(r.decode_tps), _f(r.prefill_tps), str(r.completion_tokens or "")]
+                  for w, e, r in s.probes]
+    body.append(_section("Probes", f"{len(s.probes)} probe request(s)", _table(
+        ["time", "engine", "workload", "result", "TTFT", "decode tok/s", "prefill tok/s", "tokens"],
+        probe_rows, numeric=(4, 5, 6, 7))))
+    events = [[_clock(w), escape(e), escape(what)] for w, e, what in s.marks]
+    body.append(_section("Switches and crashes", f"{len(events)} event(s)",
+                         _table(["time", "engine", "what"], events)))
+    body.append(_section("A/B verdicts", f"{len(s.verdicts)} comparison(s) in this session", _table(
+        ["time", "pair", "decode ratio", "95% interval", "verdict"],
+        [[_clock(w), escape(v.get("pair", "")), _f(v.get("decode_ratio"), 3),
+          f"{_f(v.get('ci_low'), 3)} – {_f(v.get('ci_high'), 3)}", escape(str(v.get("verdict", "")))]
+         for w, v in s.verdicts], numeric=(2,))))
+    body.append(_section("Concurrency sweeps", f"{len(s.sweeps)} level(s) measured", _table(
+        ["time", "engine", "streams", "ok", "aggregate tok/s", "TTFT p50"],
+        [[_clock(w), escape(e), str(d.get("level")), f"{d.get('ok')}/{d.get('requests')}",
+          _f(d.get("aggregate_tps")), _ms(d.get("ttft_s_p50"))] for w, e, d in s.sweeps],
+        numeric=(2, 3, 4, 5))))
+    body.append(_section("Alerts", f"{len(s.alerts)} warning(s) shown",
+                         _table(["time", "alert"], [[_clock(w), escape(a)] for w, a in s.alerts])))
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f"<title>enginetop recording · {escape(names)}</title><style>{CSS}</style></head><body><main>"
+            + "".join(body)
+            + f'<footer class="muted"><p>Written by enginetop from {escape(str(rec.path))}.</p></footer>'
+            "</main></body></html>\n")
+
+
+def write_recording_report(rec: Recording, out: Path) -> Path:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render_recording(rec), encoding="utf-8")
+    return out
+
+
+def is_recording(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(16) == b"SQLite format 3\x00"
+    except OSError:
+        return False
