@@ -16,7 +16,8 @@ from tui.secrets import SecretError
 from tui.targets import TargetError, build_targets
 
 # Each area adds its own subcommands with a `register(subparsers)` function.
-SUBCOMMAND_MODULES = ("tui.probe.cli", "tui.lifecycle.cli", "tui.compare.cli")
+SUBCOMMAND_MODULES = ("tui.probe.cli", "tui.lifecycle.cli", "tui.compare.cli", "tui.exporter.cli",
+                      "tui.rules")
 
 
 def _add_target_args(parser: argparse.ArgumentParser) -> None:
