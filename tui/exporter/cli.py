@@ -19,6 +19,7 @@ from prometheus_client import disable_created_metrics, start_http_server
 from tui.exporter.metrics import ProbeMetrics
 from tui.exporter.schedule import ProbeScheduler, Schedule, parse_workloads
 from tui.listen import ListenError, bind_message, check_free, parse_listen
+from tui.net import public_url
 from tui.probe.client import ProbeLimits
 from tui.probe.results import ProbeResult
 from tui.probe.runner import ProbeRunner
@@ -102,6 +103,11 @@ def _targets(args: argparse.Namespace) -> list[EngineTarget]:
     names = [t.name for t in targets]
     if len(set(names)) != len(names):
         raise ValueError("two engines share a name: give each --engine a distinct NAME=")
+    by_url: dict[str, str] = {}
+    for t in targets:
+        # Two names for one URL would be probed twice as often and by two loops that could overlap.
+        if (other := by_url.setdefault(t.base, t.name)) != t.name:
+            raise ValueError(f"{other} and {t.name} are the same engine ({public_url(t.base)}): give it once")
     return targets
 
 
