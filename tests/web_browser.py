@@ -38,7 +38,7 @@ CHROMIUM_FLAGS = (
     "--disable-sync",
     # Network off except loopback: no name resolves, and anything else goes to a proxy that is not there
     # (Chromium never sends loopback through a proxy).
-    "--host-resolver-rules=MAP * ~NOTFOUND",
+    "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1, EXCLUDE localhost",
     "--proxy-server=127.0.0.1:9",
 )
 
@@ -58,7 +58,8 @@ class WebView:
         self.screen = pyte.Screen(80, 24)
         self.stream = pyte.ByteStream(self.screen)
         self.frames = 0  # binary websocket frames received: terminal output
-        self.blocked: list[str] = []  # requests the browser could not make (the network is off)
+        self.blocked: list[str] = []  # "URL: error" of requests that failed (the network is off)
+        self._urls: dict[str, str] = {}
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._dir = Path(tempfile.mkdtemp(prefix="enginetop-chromium-"))
@@ -142,8 +143,10 @@ class WebView:
             if response["opcode"] == 2:
                 self.frames += 1
                 self.stream.feed(base64.b64decode(response["payloadData"]))
+        elif method == "Network.requestWillBeSent":
+            self._urls[params["requestId"]] = params["request"]["url"]
         elif method == "Network.loadingFailed":
-            self.blocked.append(params.get("errorText", ""))
+            self.blocked.append(f"{self._urls.get(params['requestId'], '?')}: {params.get('errorText', '')}")
 
     def text(self) -> str:
         return "\n".join(line.rstrip() for line in self.screen.display)
