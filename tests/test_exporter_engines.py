@@ -12,11 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
-from prometheus_client import start_http_server
 from prometheus_server import RunningPrometheus, running_prometheus
 
 from tui.exporter.metrics import ProbeMetrics
 from tui.exporter.schedule import ProbeScheduler, Schedule
+from tui.exporter.serve import serve
 from tui.lifecycle.process import free_port
 from tui.probe.results import ProbeResult
 from tui.probe.workloads import WorkloadParams
@@ -60,7 +60,7 @@ def wait_value(prom: RunningPrometheus, promql: str, want: float, timeout: float
 def test_prometheus_reads_back_exactly_what_the_exporter_measured_on_llama(llama_server) -> None:
     metrics = ProbeMetrics()
     port = free_port()
-    server, _ = start_http_server(port, "127.0.0.1", registry=metrics.registry)
+    server = serve(metrics, "127.0.0.1", port)
     dead = f"http://127.0.0.1:{free_port()}"
     targets = [EngineTarget("llama", llama_server.url), EngineTarget("dead", dead)]
     schedule = Schedule(every_s=1.0, workloads=("short", "agent"), agent_turns=2,
@@ -151,7 +151,7 @@ def test_exporter_probes_vllm_with_its_own_ttft(vllm_server) -> None:
     last = results[-1]
     labels = {"engine": "vllm", "workload": "short", "model": last.model}
     assert last.model and last.server_ttft_s is not None
-    got = metrics.registry.get_sample_value
+    got = metrics.sample
     assert got("enginetop_probe_last_server_ttft_seconds", labels) == last.server_ttft_s
     assert got("enginetop_probe_last_ttft_seconds", labels) == last.ttft_s
     assert got("enginetop_probe_server_ttft_seconds_count", labels) == 2

@@ -14,10 +14,11 @@ import signal
 import sys
 from typing import Any
 
-from prometheus_client import disable_created_metrics, start_http_server
+from prometheus_client import disable_created_metrics
 
 from tui.exporter.metrics import ProbeMetrics
 from tui.exporter.schedule import ProbeScheduler, Schedule, parse_workloads
+from tui.exporter.serve import serve as serve_metrics
 from tui.listen import ListenError, bind_message, check_free, parse_listen
 from tui.net import public_url
 from tui.probe.client import ProbeLimits
@@ -128,7 +129,7 @@ class _UpLog:
             log.warning("%s: probes succeed again", result.engine)
 
 
-async def serve(scheduler: ProbeScheduler) -> None:
+async def probe_until_stopped(scheduler: ProbeScheduler) -> None:
     """Probe until SIGTERM, SIGINT or SIGHUP; the HTTP server runs on its own threads meanwhile."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -159,7 +160,7 @@ def cmd_exporter(args: argparse.Namespace) -> int:
         for workload in schedule.workloads:
             metrics.declare(target.name, workload)
     try:
-        server, _thread = start_http_server(listen.port, listen.host, registry=metrics.registry)
+        server = serve_metrics(metrics, listen.host, listen.port)
     except OSError as exc:  # lost a race for the port since check_free
         print(f"enginetop exporter: {bind_message(listen, exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -169,7 +170,7 @@ def cmd_exporter(args: argparse.Namespace) -> int:
     runner = ProbeRunner(ProbeLimits(read_s=args.timeout))
     scheduler = ProbeScheduler(targets, schedule, _UpLog(metrics), runner)
     try:
-        asyncio.run(serve(scheduler))
+        asyncio.run(probe_until_stopped(scheduler))
     finally:
         server.shutdown()
         server.server_close()
