@@ -159,6 +159,9 @@ class ProbeMetrics:
     def __init__(self, process: bool = True) -> None:
         self._pairs: dict[tuple[str, str], _Pair] = {}
         self._lock = threading.Lock()  # the pair table and each pair's rendered text change under it
+        # The pairs' text joined, as of a version of them: between probes a scrape reuses it.
+        self._version = 0
+        self._joined: tuple[int, dict[str, tuple[bytes, bytes]]] = (-1, {})
         self.shared = CollectorRegistry()  # small: rendered at each scrape
         if process:
             # The exporter's own process_cpu_seconds_total, process_resident_memory_bytes... (Linux /proc)
@@ -172,6 +175,7 @@ class ProbeMetrics:
             pair = _Pair(engine, workload)
             with self._lock:
                 self._pairs[(engine, workload)] = pair
+                self._version += 1
         return pair
 
     def declare(self, engine: str, workload: str) -> None:
@@ -185,20 +189,29 @@ class ProbeMetrics:
         families = split_families(generate_latest(pair.registry))
         with self._lock:
             pair.families = families
+            self._version += 1
 
     def exposition(self) -> bytes:
         """The whole /metrics body (text format 0.0.4): every family once, its samples from every pair."""
-        merged = split_families(generate_latest(self.shared))
+        shared = split_families(generate_latest(self.shared))
         with self._lock:
-            pieces = [pair.families for pair in self._pairs.values()]
-        out: dict[str, list[bytes]] = {name: [header, samples] for name, (header, samples) in merged.items()}
-        for families in pieces:
-            for name, (header, samples) in families.items():
-                if name in out:
-                    out[name].append(samples)
-                else:
-                    out[name] = [header, samples]
-        return b"".join(b"".join(parts) for parts in out.values())
+            if self._joined[0] != self._version:
+                self._joined = (self._version, self._join())
+            joined = dict(self._joined[1])  # a family also in `shared` is taken out of this copy below
+        out = [header + samples + joined.pop(name, (b"", b""))[1]
+               for name, (header, samples) in shared.items()]
+        out += [header + samples for header, samples in joined.values()]
+        return b"".join(out)
+
+    def _join(self) -> dict[str, tuple[bytes, bytes]]:
+        """Every pair's rendered families joined, family by family."""
+        parts: dict[str, list[bytes]] = {}
+        headers: dict[str, bytes] = {}
+        for pair in self._pairs.values():
+            for name, (header, samples) in pair.families.items():
+                headers.setdefault(name, header)
+                parts.setdefault(name, []).append(samples)
+        return {name: (headers[name], b"".join(samples)) for name, samples in parts.items()}
 
     def sample(self, name: str, labels: dict[str, str]) -> float | None:
         """One sample's value (for tests and benches), as prometheus_client's get_sample_value."""
