@@ -23,14 +23,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import fcntl
 import os
 import pty
 import re
 import signal
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
+import termios
 import time
 from pathlib import Path
 
@@ -166,8 +169,11 @@ def web_terminal(args: list[str], seconds: float, log: Path, env: dict[str, str]
     since = _log_size(log)
     pid, fd = pty.fork()
     if pid == 0:
-        os.environ.update({"COLUMNS": "160", "LINES": "50", "TERM": "xterm-256color", **env})
+        os.chdir(ROOT)
+        os.environ.update({"TERM": "xterm-256color", **env})
         os.execv(sys.executable, [sys.executable, "-m", "tui", *args])
+    # A terminal of the size the browser's tab gets (1600 x 1000 px is about 160 x 50 cells)
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 160, 0, 0))
     end = time.monotonic() + seconds
     try:
         while time.monotonic() < end:
