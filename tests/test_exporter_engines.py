@@ -66,7 +66,7 @@ def test_prometheus_reads_back_exactly_what_the_exporter_measured_on_llama(llama
     schedule = Schedule(every_s=1.0, workloads=("short", "agent"), agent_turns=2,
                         params=WorkloadParams(max_tokens=24), rounds=2)
     try:
-        with running_prometheus({"enginetop": [f"127.0.0.1:{port}"]}, interval_s=0.5) as prom:
+        with running_prometheus({"enginetop": [f"127.0.0.1:{port}"]}, interval_s=1.0) as prom:
             results = probe_in_process(targets, schedule, metrics)
             short = [r for r in results if r.engine == "llama" and r.workload == "short"]
             agent = [r for r in results if r.engine == "llama" and r.workload == "agent"]
