@@ -27,6 +27,7 @@ import fcntl
 import os
 import pty
 import re
+import select
 import signal
 import statistics
 import struct
@@ -174,16 +175,23 @@ def web_terminal(args: list[str], seconds: float, log: Path, env: dict[str, str]
         os.execv(sys.executable, [sys.executable, "-m", "tui", *args])
     # A terminal of the size the browser's tab gets (1600 x 1000 px is about 160 x 50 cells)
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 160, 0, 0))
-    end = time.monotonic() + seconds
-    try:
-        while time.monotonic() < end:
-            try:
-                os.read(fd, 65536)  # the terminal: what the dashboard draws is read, like a real one would
-            except OSError:
-                break
-    finally:
-        os.kill(pid, signal.SIGTERM)
-        os.waitpid(pid, 0)
+
+    def drain(until: float) -> bool:
+        """Read what the dashboard draws, as a terminal would (a full pty would block it); False at EOF."""
+        while time.monotonic() < until:
+            if select.select([fd], [], [], 0.2)[0]:
+                try:
+                    if not os.read(fd, 65536):
+                        return False
+                except OSError:  # EIO: the child side closed
+                    return False
+        return True
+
+    drain(time.monotonic() + seconds)
+    os.kill(pid, signal.SIGTERM)
+    drain(time.monotonic() + 20)  # it restores the terminal on the way out: keep reading until it is gone
+    os.waitpid(pid, 0)
+    os.close(fd)
     return _ttfts(log, since)
 
 
@@ -233,6 +241,7 @@ def section_web(engine: str | None, seconds: float) -> None:
                 asyncio.run(_web_tab(args, seconds / 2, env))
                 got = _ttfts(log, since)
             results.setdefault(mode, []).extend(got)
+            print(f"web: {mode} block: {len(got)} probes", flush=True)
         for mode, values in results.items():
             values.sort()
             print(f"web: dashboard in a {mode}: {len(values)} probes, TTFT median "
