@@ -63,6 +63,7 @@ bench: engine vllm
 	$(BIN)/python bench/bench_app.py
 	$(BIN)/python bench/bench_vs_aiperf.py
 	$(BIN)/python bench/bench_record.py
+	$(BIN)/python bench/bench_exporter.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -280,6 +280,12 @@ class EnginetopApp(App[None]):
 
         def keep(result: ProbeResult) -> None:
             self.store.add_probe(target.name, result)
+            # A line a probe: the figures outlive the screen (bench/bench_exporter.py reads them to compare
+            # the browser view's dashboard with the terminal's).
+            ttft = "n/a" if result.ttft_s is None else f"{result.ttft_s * 1000:.2f}"
+            log.info("probe %s %s: ttft_ms=%s decode_tps=%s %s", target.name, result.workload, ttft,
+                     "n/a" if result.decode_tps is None else f"{result.decode_tps:.1f}",
+                     "ok" if result.ok else f"failed: {result.error}")
 
         params = WorkloadParams(max_tokens=self.config.probe_max_tokens)
         await self.probes.probe(target, self.config.probe_workload, params, repeat=1, on_result=keep)

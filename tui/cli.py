@@ -16,7 +16,8 @@ from tui.secrets import SecretError
 from tui.targets import TargetError, build_targets
 
 # Each area adds its own subcommands with a `register(subparsers)` function.
-SUBCOMMAND_MODULES = ("tui.probe.cli", "tui.lifecycle.cli", "tui.compare.cli", "tui.recording_cli")
+SUBCOMMAND_MODULES = ("tui.probe.cli", "tui.lifecycle.cli", "tui.compare.cli", "tui.recording_cli",
+                      "tui.exporter.cli", "tui.rules", "tui.web")
 
 
 def _add_target_args(parser: argparse.ArgumentParser) -> None:
@@ -31,11 +32,8 @@ def _add_target_args(parser: argparse.ArgumentParser) -> None:
 DEMO_PROFILES = {"llama": ["demo-cpu-threads2"], "both": ["demo-cpu-threads2", "demo-vllm-gemma"]}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="enginetop",
-        description="Watch LLM inference engines and the GPU under them. With no --engine or --profile, "
-                    "starts the bundled demo (a real llama-server with Gemma 3 270M) and watches it.")
+def add_dashboard_args(parser: argparse.ArgumentParser) -> None:
+    """The dashboard's options; `enginetop web` takes the same ones and hands them to each tab's dashboard."""
     _add_target_args(parser)
     parser.add_argument("--profile", action="append", metavar="NAME",
                         help="start (or attach to) the engine of this profile and watch it (repeatable); "
@@ -75,6 +73,14 @@ def build_parser() -> argparse.ArgumentParser:
     from tui.recording_cli import add_retention_args
 
     add_retention_args(parser)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="enginetop",
+        description="Watch LLM inference engines and the GPU under them. With no --engine or --profile, "
+                    "starts the bundled demo (a real llama-server with Gemma 3 270M) and watches it.")
+    add_dashboard_args(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     snap = sub.add_parser("snapshot", help="two readings of every source as one JSON object")

@@ -21,7 +21,14 @@ from typing import Any, Protocol
 
 from tui.net import InsecureSecret, error_text, public_url, target_headers
 from tui.probe.http1 import Exchange, HttpFailure, Phases
-from tui.probe.results import CHUNK_ESTIMATE_NOTE, ProbeResult, ServerTimings, TokenSource, cache_note
+from tui.probe.results import (
+    CHUNK_ESTIMATE_NOTE,
+    FailureKind,
+    ProbeResult,
+    ServerTimings,
+    TokenSource,
+    cache_note,
+)
 from tui.secrets import redact
 
 CHAT_PATH = "/v1/chat/completions"
@@ -57,6 +64,11 @@ def chat_url(base: str) -> str:
     return base + CHAT_PATH
 
 
+_FAILURE_OF_KIND: dict[str, FailureKind] = {
+    "connect": "refused", "connect-timeout": "timeout", "silent": "timeout", "dropped": "dropped",
+    "protocol": "protocol", "tls": "tls", "proxy": "proxy", "url": "config",
+}
+
 # Delta fields that carry generated text: reasoning (vLLM, SGLang, llama.cpp's reasoning format) and content.
 TEXT_KEYS = ("reasoning_content", "reasoning", "content")
 
@@ -75,6 +87,7 @@ class _Recorder:
     chunks: int = 0
     events: int = 0
     finish_reason: str | None = None
+    model: str | None = None
     usage: dict[str, Any] | None = None
     timings: dict[str, Any] | None = None
     vllm_metrics: dict[str, Any] | None = None
@@ -138,6 +151,8 @@ class _Recorder:
         self._take_chunk(obj, now)
 
     def _take_chunk(self, obj: dict[str, Any], now: float) -> None:
+        if self.model is None and isinstance(model := obj.get("model"), str):
+            self.model = model
         choices = obj.get("choices")
         if isinstance(choices, list):
             for choice in choices:
@@ -205,6 +220,7 @@ class ProbeClient:
         exchange = Exchange(self.limits.read_s)
         status: int | None = None
         error: str | None = None
+        failure: FailureKind | None = None
         wall_start = time.time()
         started_at = time.monotonic()
         try:
@@ -212,27 +228,29 @@ class ProbeClient:
             async with asyncio.timeout(self.limits.total_s):
                 await exchange.open(chat_url(target.url), headers, content, self.limits.connect_s)
                 status, response_headers = await exchange.head()
-                error = await self._read(exchange, status, response_headers, rec)
+                error, failure = await self._read(exchange, status, response_headers, rec)
         except TimeoutError:
             error = f"request took longer than {self.limits.total_s:g}s in all; cancelled"
+            failure = "timeout"
         except _StreamError as exc:
-            error = str(exc)
+            error, failure = str(exc), "protocol"
         except HttpFailure as exc:
             error = self._transport_error(exc, status, rec)
+            failure = _FAILURE_OF_KIND.get(exc.kind, "protocol")
         except InsecureSecret as exc:
-            error = str(exc)
+            error, failure = str(exc), "config"
         finally:
             exchange.close()
         ended_at = time.monotonic()
         phases = exchange.phases
         if phases.sent_at is not None:
             wall_start += phases.sent_at - started_at  # the wall clock at the send, like sent_at
-        return self._result(target, workload, index, turn, wall_start, phases, ended_at, status, error, rec,
-                            key)
+        return self._result(target, workload, index, turn, wall_start, phases, ended_at, status,
+                            (error, failure), rec, key)
 
     async def _read(
         self, exchange: Exchange, status: int, headers: dict[str, str], rec: _Recorder
-    ) -> str | None:
+    ) -> tuple[str | None, FailureKind | None]:
         if status != 200:
             limit = self.limits.max_error_body_bytes
             raw = bytearray()
@@ -242,10 +260,11 @@ class ProbeClient:
                 return len(raw) >= limit
 
             await exchange.body(keep)
-            return f"HTTP {status}: {error_text(bytes(raw[:limit]))}"
+            return f"HTTP {status}: {error_text(bytes(raw[:limit]))}", "http"
         ctype = headers.get("content-type", "")
         if "text/event-stream" not in ctype:
-            return f"expected an event stream but the server answered {ctype or 'no content type'}"
+            got = ctype or "no content type"
+            return f"expected an event stream but the server answered {got}", "protocol"
 
         def take(data: bytes, now: float) -> bool:
             rec.feed(data, now)
@@ -254,8 +273,8 @@ class ProbeClient:
         await exchange.body(take)
         rec.finish(time.monotonic())
         if not rec.done and rec.finish_reason is None:
-            return f"stream ended early after {rec.chunks} chunks (no finish_reason, no [DONE])"
-        return None
+            return f"stream ended early after {rec.chunks} chunks (no finish_reason, no [DONE])", "dropped"
+        return None, None
 
     def _transport_error(self, exc: HttpFailure, status: int | None, rec: _Recorder) -> str:
         where = "before the response" if status is None else f"after {rec.chunks} chunks"
@@ -281,10 +300,11 @@ class ProbeClient:
         phases: Phases,
         ended_at: float,
         status: int | None,
-        error: str | None,
+        failed: tuple[str | None, FailureKind | None],
         rec: _Recorder,
         key: str | None,
     ) -> ProbeResult:
+        error, failure = failed
         notes: list[str] = []
         usage = rec.usage or {}
         server: ServerTimings | None = None
@@ -335,6 +355,8 @@ class ProbeClient:
             ended_at=ended_at,
             status=status,
             error=error,
+            failure=failure if error is not None else None,
+            model=rec.model,
             finish_reason=rec.finish_reason,
             prompt_tokens=prompt,
             completion_tokens=completion,

@@ -19,6 +19,11 @@ from typing import Any, Literal
 from tui.probe.stats import median, quantile
 
 TokenSource = Literal["server", "chunks"]
+# Why a request failed, in few enough words to be a metric label (the exporter counts failures by it):
+# refused (no connection: refused, unreachable, unresolved), timeout (connect, silence or the whole request),
+# http (an answer other than 200; `status` says which), dropped (the stream ended before its end),
+# protocol (not HTTP, not SSE, bad JSON, an error event), tls, proxy, config (bad URL, a secret in clear).
+FailureKind = Literal["refused", "timeout", "http", "dropped", "protocol", "tls", "proxy", "config"]
 PrefillSource = Literal["server", "client-lower-bound"]
 
 CHUNK_ESTIMATE_NOTE = "completion tokens estimated from chunks: the server sent no token counts"
@@ -150,6 +155,8 @@ class ProbeResult:
     ended_at: float | None = None
     status: int | None = None  # HTTP status; None if no response arrived
     error: str | None = None
+    failure: FailureKind | None = None  # set with `error`
+    model: str | None = None  # the model id the stream's chunks named
     finish_reason: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None

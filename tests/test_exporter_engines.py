@@ -1,0 +1,161 @@
+"""The exporter on the real llama-server and the real vLLM: a real Prometheus scrapes it and reads back,
+through its query API, exactly what the exporter measured; `enginetop probe` on the same engine agrees."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from prometheus_server import RunningPrometheus, running_prometheus
+
+from tui.exporter.metrics import ProbeMetrics
+from tui.exporter.schedule import ProbeScheduler, Schedule
+from tui.exporter.serve import serve
+from tui.lifecycle.process import free_port
+from tui.probe.results import ProbeResult
+from tui.probe.workloads import WorkloadParams
+from tui.sources.engine import EngineTarget
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.engine
+
+
+def probe_in_process(targets: list[EngineTarget], schedule: Schedule,
+                     metrics: ProbeMetrics) -> list[ProbeResult]:
+    """What `enginetop exporter` does, minus argv: the results as measured, and the metrics they fed."""
+    results: list[ProbeResult] = []
+
+    def on_result(result: ProbeResult) -> None:
+        metrics.observe(result)
+        results.append(result)
+
+    asyncio.run(ProbeScheduler(targets, schedule, on_result).run())
+    return results
+
+
+def scalar(prom: RunningPrometheus, promql: str) -> float:
+    result = prom.query(promql)
+    assert len(result) == 1, (promql, result)
+    return float(result[0]["value"][1])
+
+
+def wait_value(prom: RunningPrometheus, promql: str, want: float, timeout: float = 30) -> None:
+    """Until a scrape taken after the last probe has been stored."""
+    deadline = time.monotonic() + timeout
+    got = None
+    while time.monotonic() < deadline:
+        result = prom.query(promql)
+        if result and (got := float(result[0]["value"][1])) == want:
+            return
+        time.sleep(0.25)
+    raise AssertionError(f"{promql} = {got}, wanted {want}")
+
+
+def test_prometheus_reads_back_exactly_what_the_exporter_measured_on_llama(llama_server) -> None:
+    metrics = ProbeMetrics()
+    port = free_port()
+    server = serve(metrics, "127.0.0.1", port)
+    dead = f"http://127.0.0.1:{free_port()}"
+    targets = [EngineTarget("llama", llama_server.url), EngineTarget("dead", dead)]
+    schedule = Schedule(every_s=1.0, workloads=("short", "agent"), agent_turns=2,
+                        params=WorkloadParams(max_tokens=24), rounds=2)
+    try:
+        with running_prometheus({"enginetop": [f"127.0.0.1:{port}"]}, interval_s=1.0) as prom:
+            results = probe_in_process(targets, schedule, metrics)
+            short = [r for r in results if r.engine == "llama" and r.workload == "short"]
+            agent = [r for r in results if r.engine == "llama" and r.workload == "agent"]
+            assert len(short) == 2 and len(agent) == 4 and all(r.ok for r in short + agent), results
+            sel = '{engine="llama",workload="short"}'
+            wait_value(prom, f"enginetop_probe_ttft_seconds_count{sel}", len(short))
+            # The same floats, through the text format, a scrape, the TSDB and the query API.
+            assert scalar(prom, f"enginetop_probe_ttft_seconds_sum{sel}") == short[0].ttft_s + short[1].ttft_s
+            assert scalar(prom, f"enginetop_probe_last_ttft_seconds{sel}") == short[-1].ttft_s
+            assert scalar(prom, f"enginetop_probe_last_server_ttft_seconds{sel}") == short[-1].server_ttft_s
+            assert scalar(prom, f"enginetop_probe_last_e2e_seconds{sel}") == short[-1].e2e_s
+            decode = prom.query(f"enginetop_probe_last_decode_tokens_per_second{sel}")
+            assert len(decode) == 1 and float(decode[0]["value"][1]) == short[-1].decode_tps
+            labels = decode[0]["metric"]
+            assert labels["token_source"] == "server" and labels["model"] == short[-1].model
+            assert labels["model"] and "127.0.0.1" not in labels["model"]
+            assert scalar(prom, f"enginetop_probe_completion_tokens_total{sel}") == 2 * 24
+            prefill = scalar(prom, f"enginetop_probe_last_prefill_tokens_per_second{sel}")
+            assert prefill == short[-1].prefill_tps
+            # The agent's cached share counts turns after the first: the conversation hit the cache.
+            asel = '{engine="llama",workload="agent"}'
+            assert scalar(prom, f"enginetop_probe_cached_prompt_share_count{asel}") == 2
+            later = [r for r in agent if r.turn == 2]
+            assert scalar(prom, f"enginetop_probe_cached_prompt_share_sum{asel}") == (
+                later[0].cached_share + later[1].cached_share)
+            assert all(r.cached_share > 0.5 for r in later)
+            # The dead engine: failures by reason, up 0, and the live one beside it up 1.
+            failed = [r for r in results if r.engine == "dead"]
+            assert len(failed) == 6 and {r.failure for r in failed} == {"refused"}
+            assert scalar(prom, 'sum(enginetop_probe_failed_total{engine="dead",reason="refused"})') == 6
+            assert scalar(prom, 'enginetop_probe_up{engine="dead"}') == 0
+            assert scalar(prom, 'enginetop_probe_up{engine="llama"}') == 1
+            # p90 by the rule's expression is a number inside the buckets around what was measured.
+            p90 = scalar(prom, "histogram_quantile(0.9, sum by (le) "
+                               f"(rate(enginetop_probe_ttft_seconds_bucket{sel}[1m])))")
+            assert 0 < p90 <= 2 * max(r.ttft_s for r in short) + 0.01
+            assert scalar(prom, 'up{job="enginetop"}') == 1
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def enginetop_probe(url: str, *args: str) -> list[dict]:
+    proc = subprocess.run([sys.executable, "-m", "tui", "probe", "--engine", url, "--json", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    return [json.loads(line) for line in proc.stdout.splitlines()][:-1]
+
+
+def assert_agree(results: list[ProbeResult], cli: list[dict], max_tokens: int) -> None:
+    """Same definitions, same code path: counts equal, rates of the same size, the same labels."""
+    assert all(r.ok for r in results) and all(c["ok"] for c in cli)
+    assert {r.completion_tokens for r in results} == {c["completion_tokens"] for c in cli} == {max_tokens}
+    assert {r.token_source for r in results} == {c["token_source"] for c in cli} == {"server"}
+    # Same workload, same seed: the prompts differ only in their nonce tag.
+    assert abs(statistics.median(r.prompt_tokens for r in results)
+               - statistics.median(c["prompt_tokens"] for c in cli)) <= 3
+    exp_decode = statistics.median(r.decode_tps for r in results)
+    cli_decode = statistics.median(c["decode_tps"] for c in cli)
+    assert 0.6 < exp_decode / cli_decode < 1.6, (exp_decode, cli_decode)
+    # The engine's own decode rate is the cross-check: client and server within a few percent on each side.
+    for r in results:
+        assert abs(r.decode_tps / r.server_decode_tps - 1) < 0.15, (r.decode_tps, r.server_decode_tps)
+    for c in cli:
+        assert abs(c["decode_tps"] / c["server_decode_tps"] - 1) < 0.15, c
+
+
+def test_exporter_agrees_with_enginetop_probe_on_llama(llama_server) -> None:
+    metrics = ProbeMetrics(process=False)
+    schedule = Schedule(every_s=0.5, workloads=("short",), params=WorkloadParams(max_tokens=32), rounds=3)
+    results = probe_in_process([EngineTarget("llama", llama_server.url)], schedule, metrics)
+    cli = enginetop_probe(llama_server.url, "--workload", "short", "--repeat", "3", "--max-tokens", "32")
+    assert_agree(results, cli, 32)
+
+
+def test_exporter_probes_vllm_with_its_own_ttft(vllm_server) -> None:
+    metrics = ProbeMetrics(process=False)
+    schedule = Schedule(every_s=0.5, workloads=("short",), params=WorkloadParams(max_tokens=16), rounds=2)
+    results = probe_in_process([EngineTarget("vllm", vllm_server.url)], schedule, metrics)
+    assert len(results) == 2 and all(r.ok for r in results)
+    # vLLM reports its TTFT per request (--enable-per-request-metrics): exported beside the client's.
+    last = results[-1]
+    labels = {"engine": "vllm", "workload": "short", "model": last.model}
+    assert last.model and last.server_ttft_s is not None
+    got = metrics.sample
+    assert got("enginetop_probe_last_server_ttft_seconds", labels) == last.server_ttft_s
+    assert got("enginetop_probe_last_ttft_seconds", labels) == last.ttft_s
+    assert got("enginetop_probe_server_ttft_seconds_count", labels) == 2
+    cli = enginetop_probe(vllm_server.url, "--workload", "short", "--repeat", "2", "--max-tokens", "16")
+    assert {r.completion_tokens for r in results} == {c["completion_tokens"] for c in cli} == {16}
+    assert {r.token_source for r in results} == {c["token_source"] for c in cli} == {"server"}
+    assert all(c["server_ttft_s"] is not None for c in cli)
