@@ -128,15 +128,14 @@ class FleetQueries:
 
     def engine_range(self, figure: str, labels: dict[str, str]) -> str:
         """One engine's figure over time (the column view's back-fill): the fleet expression, narrowed."""
-        expr = self.figures()[figure]
         narrowed = FleetQueries(", ".join(m for m in (self.match, _exact(labels)) if m), self.windows)
-        return narrowed.figures()[figure] if expr else expr
+        return narrowed.figures()[figure]
 
 
 def _exact(labels: dict[str, str]) -> str:
-    return ", ".join(f'{k}="{_escape(labels[k])}"' for k in ("job", "instance") if labels.get(k)) + "".join(
-        f', {k}="{_escape(labels[k])}"' for k in ("model_name", "engine") if labels.get(k))
+    return ", ".join(f'{k}="{escape(labels[k])}"' for k in ("job", "instance") if labels.get(k)) + "".join(
+        f', {k}="{escape(labels[k])}"' for k in ("model_name", "engine") if labels.get(k))
 
 
-def _escape(text: str) -> str:
+def escape(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"', '\\"')

@@ -77,6 +77,8 @@ class FleetSource:
         self.error: str | None = None  # the last refresh's trouble, None when it went fine
         self.error_kind: str | None = None
         self.last_ok: float | None = None  # time.monotonic() of the last good refresh
+        self.reads = 0  # refreshes done, good or not (the table redraws when it moves)
+        self.queries_per_read: int | None = None  # API calls of the last refresh, whatever the fleet size
         self.engines: dict[str, tuple[Key, Dialect]] = {}  # name -> key and dialect
         self._last: dict[str, EngineSample] = {}
         self._targets: dict[tuple[str, str], Target] = {}
@@ -87,11 +89,15 @@ class FleetSource:
         return {name: dict(zip(KEY_LABELS, key, strict=True)) for name, (key, _) in self.engines.items()}
 
     async def read(self) -> list[EngineSample]:
+        self.reads += 1
+        before = self.client.calls
         try:
             return await self._read()
         except PromError as exc:
             self.error, self.error_kind = exc.message, exc.kind
             return self._stale(exc.message)
+        finally:
+            self.queries_per_read = self.client.calls - before
 
     def _stale(self, why: str) -> list[EngineSample]:
         now, wall = time.monotonic(), time.time()
