@@ -9,12 +9,13 @@ Prometheus' rates are known exactly: `SyntheticEngine.gen_rate` is what the flee
 
 Every engine's instance is `synthetic-node-NN:PORT`, every GPU's host `synthetic-node-NN`, so the word
 "synthetic" is on every row it makes. Special engines: `stalled` (requests running, counter frozen),
-`kv_full` (KV at 95%), `queue` (waiting grows), `flapping` (its scrape fails every other 10 s window),
+`kv_full` (KV at 95%), `queue` (waiting grows), `flapping` (its scrape fails every other `flap_s`),
 `vanishing` (its running/waiting series disappear after `vanish_after_s`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from dataclasses import dataclass, field
@@ -30,6 +31,10 @@ ITL_BOUNDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
 # fraction of observations at or under each bound: p50 falls in (0.05, 0.1], p90 in (0.25, 0.5]
 TTFT_CDF = (0.0, 0.1, 0.3, 0.7, 0.85, 0.95, 1.0, 1.0, 1.0)
 ITL_CDF = (0.0, 0.2, 0.6, 0.9, 1.0, 1.0)
+
+
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 256  # Prometheus (or enginetop) opens many connections at once
 
 
 @dataclass
@@ -80,7 +85,14 @@ class _Collector:
     def collect(self):
         age = time.monotonic() - self.fleet.started
         if self.engine is not None:
-            yield from _engine_families(self.engine, age, self.fleet)
+            # Stamped with the instant the values are true, so a scrape that waits for this (busy, shared)
+            # process does not skew Prometheus' rates; the flapping and vanishing engines are not stamped,
+            # as no real engine is, so Prometheus marks their series stale when they fail or disappear.
+            stamp = None if self.engine.kind in ("flapping", "vanishing") else time.time()
+            for family in _engine_families(self.engine, age, self.fleet):
+                if stamp is not None:
+                    family.samples = [s._replace(timestamp=stamp) for s in family.samples]
+                yield family
         for g in self.gpus or ():
             yield from _gpu_families(g)
 
@@ -175,6 +187,7 @@ class SyntheticFleet:
     engines: list[SyntheticEngine] = field(default_factory=list)
     gpus: list[SyntheticGpu] = field(default_factory=list)
     vanish_after_s: float = 1e9
+    flap_s: float = 4.0  # the flapping engine's scrapes fail every other period of this many seconds
     started: float = field(default_factory=time.monotonic)
     port: int = 0
     _server: ThreadingHTTPServer | None = None
@@ -208,12 +221,16 @@ class SyntheticFleet:
         fleet = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # Prometheus keeps its connections: no new one every scrape
+
             def do_GET(self) -> None:
                 reg = fleet._bodies.get(self.path)
                 index = self.path.split("/")[2] if self.path.startswith("/engine/") else None
                 flapping = index is not None and fleet.engines[int(index)].kind == "flapping"
-                if reg is None or (flapping and int((time.monotonic() - fleet.started) / 10) % 2 == 1):
+                failing = flapping and int((time.monotonic() - fleet.started) / fleet.flap_s) % 2 == 1
+                if reg is None or failing:
                     self.send_response(404 if reg is None else 500)
+                    self.send_header("Content-Length", "0")
                     self.end_headers()
                     return
                 body = generate_latest(reg)
@@ -221,13 +238,15 @@ class SyntheticFleet:
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(body)
+                # Prometheus may give up on a slow scrape: it counts it as failed, as it should
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    self.wfile.write(body)
 
             def log_message(self, *args) -> None:
                 pass
 
         self.port = self.port or free_port()
-        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self._server = _Server(("127.0.0.1", self.port), Handler)
         self._server.daemon_threads = True
         threading.Thread(target=self._server.serve_forever, daemon=True, name="synthetic fleet").start()
         return self
