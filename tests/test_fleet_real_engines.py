@@ -29,7 +29,7 @@ from tui.sources.rates import histogram_quantile
 
 pytestmark = pytest.mark.engine
 RATE_TOLERANCE = 0.35
-QUANTILE_TOLERANCE = 0.05
+Q_TOL = 0.05
 
 
 async def direct(url: str):
@@ -116,6 +116,6 @@ async def test_vllm_through_prometheus_matches_its_own_metrics(vllm_server):
         assert sample.reading.prompt_tokens_processed_total == after.prompt_tokens_processed_total
         assert sample.reading.kv_cache_usage is not None
         delta = [(b, a - c) for (b, a), (_, c) in zip(after.ttft_buckets, before.ttft_buckets, strict=True)]
-        assert sample.stats.ttft_p50_s == pytest.approx(histogram_quantile(0.5, delta), rel=QUANTILE_TOLERANCE)
+        assert sample.stats.ttft_p50_s == pytest.approx(histogram_quantile(0.5, delta), rel=Q_TOL)
         delta = [(b, a - c) for (b, a), (_, c) in zip(after.itl_buckets, before.itl_buckets, strict=True)]
-        assert sample.stats.itl_p50_s == pytest.approx(histogram_quantile(0.5, delta), rel=QUANTILE_TOLERANCE)
+        assert sample.stats.itl_p50_s == pytest.approx(histogram_quantile(0.5, delta), rel=Q_TOL)
