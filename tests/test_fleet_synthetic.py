@@ -325,17 +325,17 @@ async def test_the_table_filters_sorts_opens_an_engine_back_filled_and_returns(f
         while view.table.row_count < N_ENGINES and time.monotonic() < deadline:
             await pilot.pause(0.3)
         assert view.table.row_count == N_ENGINES
-        rates = [r.values[5] for r in view.table._shown if r.values[5] is not None]
+        rates = [r.values[5] for r in view.table.rows if r.values[5] is not None]
         assert rates == sorted(rates, reverse=True)  # busiest first by default
         await pilot.press(*"node-03 vllm")
         await pilot.pause(0.3)
         expect = [e for e in fleet.engines if e.node == 3 and e.job == "vllm"]
         assert view.table.row_count == len(expect) > 0
-        names = {r.name for r in view.table._shown}
+        names = {r.name for r in view.table.rows}
         assert names == {e.instance for e in expect}
         await pilot.press("ctrl+r")
         await pilot.pause(0.3)
-        rates = [r.values[5] for r in view.table._shown if r.values[5] is not None]
+        rates = [r.values[5] for r in view.table.rows if r.values[5] is not None]
         assert rates == sorted(rates)
         picked = view.table.selected
         started = time.monotonic()

@@ -539,10 +539,11 @@ class EnginetopApp(App[None]):
             return None
         engines = self.fleet.engines if self.fleet else None
         seen = (engines.reads if engines else 0, id(self.store.gpu))
-        if seen == self._fleet_drawn and not force:
+        fresh = seen != self._fleet_drawn
+        if not (fresh or force):
             return None
         self._fleet_drawn = seen
-        return self._main.query_one(FleetView).show(self.store, self._fleet_status())
+        return self._main.query_one(FleetView).show(self.store, self._fleet_status(), fresh)
 
     # ---- drawing ------------------------------------------------------------------------
     def redraw(self, force: bool = False) -> None:

@@ -2,8 +2,8 @@
 mode) and one engine opened from it (EngineScreen: the column-and-plots view, `escape` back).
 
 Typing filters (every word must match engine, job, model, host, status or alert text); up/down/page keys
-move in the table, enter opens the engine under the cursor; ctrl+s sorts by the next column, ctrl+r
-reverses; a click on a header sorts by it (again: reverses); escape clears the filter.
+move in the table (or a click), enter opens the engine under the cursor; ctrl+s sorts by the next
+column, ctrl+r reverses; escape clears the filter.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Header, Input, Static
+from textual.widgets import Footer, Header, Input, Static
 
 from tui.sources.samples import GpuReport
 from tui.store import Series, Store
@@ -71,15 +71,21 @@ class FleetView(Vertical):
     def table(self) -> FleetTable:
         return self.query_one(FleetTable)
 
-    def show(self, store: Store, status: FleetStatus) -> float:
-        """Redraw from the store; returns the seconds it took (the bench reads it)."""
+    _rows: list = []  # the last rows built from the store: a key press re-filters them, never rebuilds
+    _n_gpus = 0
+
+    def show(self, store: Store, status: FleetStatus, fresh: bool = True) -> float:
+        """Redraw; `fresh`: the store has new samples (else only the filter or the order changed).
+        Returns the seconds it took."""
         started = time.perf_counter()
-        gpus = store.gpu.gpus if store.gpu else ()
-        rows = build_rows(store.engines, gpus)
+        if fresh or not self._rows:
+            gpus = store.gpu.gpus if store.gpu else ()
+            self._rows, self._n_gpus = build_rows(store.engines, gpus), len(gpus)
+        rows = self._rows
         table = self.table
         shown = order(rows, table.sort_column, table.sort_reverse, self.query_one(Input).value)
         table.show(shown)
-        self.query_one("#fleet-status", Static).update(self._status(status, rows, len(shown), len(gpus)))
+        self.query_one("#fleet-status", Static).update(self._status(status, rows, len(shown), self._n_gpus))
         return time.perf_counter() - started
 
     def _status(self, status: FleetStatus, rows, shown: int, n_gpus: int) -> Text:
@@ -110,21 +116,8 @@ class FleetView(Vertical):
         if name is not None:
             self.post_message(self.Open(name))
 
-    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
-        if event.row_key.value is not None:
-            self.post_message(self.Open(str(event.row_key.value)))
-
-    def on_data_table_header_selected(self, event: DataTable.HeaderSelected) -> None:
-        table = self.table
-        if table.sort_column == event.column_index:
-            table.sort_reverse = not table.sort_reverse
-        else:
-            table.sort_column = event.column_index
-        self.refresh_order()
-
     def action_cursor(self, delta: int) -> None:
-        table = self.table
-        table.move_cursor(row=max(0, min(table.row_count - 1, table.cursor_row + delta)), animate=False)
+        self.table.move(delta)
 
     def action_sort(self, step: int) -> None:
         table = self.table
