@@ -27,10 +27,17 @@ from tui.fleet.options import FleetOptions
 from tui.fleet.prometheus import PromError, PrometheusClient
 from tui.fleet.source import FleetSource
 from tui.lifecycle.process import free_port
-from tui.screens.fleet import EngineScreen, FleetView
+from tui.screens.fleet import EngineScreen, FleetView, GpusScreen
 
 N_ENGINES, N_NODES, GPUS_PER_NODE = 210, 13, 4
 RATE_TOLERANCE = 0.03  # counters move linearly; what is left is scrape-time jitter over a 10 s window
+
+
+def plain(content) -> str:
+    """The characters of what a panel last drew (a Text, or Groups of them)."""
+    if hasattr(content, "renderables"):
+        return "\n".join(plain(part) for part in content.renderables)
+    return content.plain
 
 
 def expected_quantile(q: float, bounds, cdf) -> float:
@@ -352,3 +359,24 @@ async def test_the_table_filters_sorts_opens_an_engine_back_filled_and_returns(f
         await pilot.press("escape")
         await pilot.pause(0.2)
         assert app.screen.query_one(FleetView) is view
+        await pilot.press("ctrl+g")  # every remote GPU, node by node
+        await pilot.pause(0.3)
+        assert isinstance(app.screen, GpusScreen)
+        text = plain(app.screen.query_one("#fleet-gpus")._last)
+        assert text.count("NVIDIA H200") == N_NODES * GPUS_PER_NODE and "THROTTLED" in text
+        await pilot.press("escape")
+
+
+async def test_dcgm_alone_feeds_the_dashboards_gpu_panel_without_prometheus(fleet_prom):
+    fleet, _, _ = fleet_prom
+    app = EnginetopApp(AppConfig(fleet=FleetOptions(dcgm=[fleet.dcgm_url(3), fleet.dcgm_url(4)],
+                                                    refresh_s=1.0), redraw_interval_s=0.5))
+    async with app.run_test(size=(200, 60)) as pilot:
+        deadline = time.monotonic() + 10
+        while (app.store.gpu is None or not app.store.gpu.gpus) and time.monotonic() < deadline:
+            await pilot.pause(0.3)
+        await pilot.pause(0.6)
+        assert {g.host for g in app.store.gpu.gpus} == {"synthetic-node-03", "synthetic-node-04"}
+        text = plain(app.screen.query_one("#gpu")._last)
+        assert "synthetic-node-03 [0] NVIDIA H200  THROTTLED: power cap, thermal slowdown (SW)" in text
+        assert "synthetic-node-04 [0]" in text

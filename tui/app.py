@@ -44,7 +44,7 @@ from tui.probe.stats import median
 from tui.probe.sweep import SweepConfig
 from tui.probe.workloads import WorkloadParams
 from tui.screens.ab import ABRun, ABScreen, dashboard_arm, start_dashboard_ab
-from tui.screens.fleet import EngineScreen, FleetStatus, FleetView
+from tui.screens.fleet import EngineScreen, FleetStatus, FleetView, GpusScreen
 from tui.screens.help import HelpScreen
 from tui.screens.logs import LogScreen
 from tui.screens.sweep import SweepScreen
@@ -532,9 +532,14 @@ class EnginetopApp(App[None]):
                            gpu_error=gpu_error, last_ok_age_s=age,
                            queries=engines.queries_per_read if engines else None)
 
+    def action_fleet_gpus(self) -> None:
+        screen = GpusScreen()
+        self.push_screen(screen)
+        screen.call_after_refresh(screen.show, self.store)
+
     def redraw_fleet(self, force: bool = False) -> float | None:
         """The table (or the engine opened from it) when something new came in; the seconds it took."""
-        if isinstance(self.screen, EngineScreen):
+        if isinstance(self.screen, EngineScreen | GpusScreen):
             self.screen.show(self.store)
             return None
         engines = self.fleet.engines if self.fleet else None

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Input, Static
@@ -47,6 +47,7 @@ class FleetView(Vertical):
         Binding("ctrl+s", "sort(1)", "Sort by next column"),
         Binding("ctrl+r", "reverse", "Reverse order"),
         Binding("escape", "clear_filter", "Clear filter"),
+        Binding("ctrl+g", "app.fleet_gpus", "All GPUs"),
     ]
     DEFAULT_CSS = """
     FleetView { height: 1fr; }
@@ -130,6 +131,21 @@ class FleetView(Vertical):
 
     def action_clear_filter(self) -> None:
         self.query_one(Input).value = ""
+
+
+class GpusScreen(Screen[None]):
+    """Every remote GPU (dcgm-exporter, through Prometheus or --dcgm), node by node; `escape` back."""
+
+    BINDINGS = [Binding("escape", "app.pop_screen", "Back to the fleet")]
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with VerticalScroll():
+            yield GpuPanel(id="fleet-gpus")
+        yield Footer()
+
+    def show(self, store: Store) -> None:
+        self.query_one(GpuPanel).show(store.gpu)
 
 
 class EngineScreen(Screen[None]):
