@@ -492,6 +492,13 @@ class EnginetopApp(App[None]):
                         timeout=10)
 
     # ---- the fleet --------------------------------------------------------------------------
+    FLEET_OFF = {"toggle_pause", "probe_now", "sweep", "ab", "show_log", "switch"}
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """In the fleet table, typing filters: the single-letter keys of the engine columns are off there
+        (and out of the footer); `q` still quits from an engine opened from the table."""
+        return not (self.config.fleet_table and action in self.FLEET_OFF)
+
     def on_fleet_view_open(self, event: FleetView.Open) -> None:
         fleet = self.fleet
         if fleet is None or fleet.engines is None or fleet.client is None:
