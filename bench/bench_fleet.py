@@ -139,7 +139,7 @@ def measure_app(url: str, seconds: float) -> tuple[float, float]:
 
 
 def run(n: int, seconds: float, cpu: bool) -> None:
-    fleet = make_fleet(n, N_NODES, GPUS_PER_NODE, specials=False).start()
+    fleet = make_fleet(n, N_NODES, GPUS_PER_NODE, specials=False).spawn()
     try:
         with running_prometheus({}, scrapes=fleet.scrapes(5.0)) as prom:
             prom.wait_for("up", min_series=n + N_NODES, timeout=120)

@@ -54,7 +54,7 @@ def traffic(url: str, stop: threading.Event) -> None:
 def demo_fleet(engines: int = 200, llama: bool = True,
                interval_s: float = 2.0) -> Iterator[tuple[str, str | None]]:
     """(Prometheus URL, the real llama-server's instance or None) while the demo fleet runs."""
-    fleet = make_fleet(engines).start()
+    fleet = make_fleet(engines).spawn()
     launched = None
     stop = threading.Event()
     try:

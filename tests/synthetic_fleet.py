@@ -16,6 +16,10 @@ Every engine's instance is `synthetic-node-NN:PORT`, every GPU's host `synthetic
 from __future__ import annotations
 
 import contextlib
+import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -23,6 +27,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent))
 
 from tui.lifecycle.process import free_port
 
@@ -190,7 +197,9 @@ class SyntheticFleet:
     flap_s: float = 4.0  # the flapping engine's scrapes fail every other period of this many seconds
     started: float = field(default_factory=time.monotonic)
     port: int = 0
+    spec: tuple[int, int, int, bool] = (0, 0, 0, False)  # make_fleet's arguments, to rebuild it elsewhere
     _server: ThreadingHTTPServer | None = None
+    _proc: subprocess.Popen | None = None
     _bodies: dict[str, CollectorRegistry] = field(default_factory=dict)
 
     def scrapes(self, interval_s: float = 1.0) -> list[dict]:
@@ -251,7 +260,29 @@ class SyntheticFleet:
         threading.Thread(target=self._server.serve_forever, daemon=True, name="synthetic fleet").start()
         return self
 
+    def spawn(self) -> SyntheticFleet:
+        """Serve from a child process: the scrapes then cost this process (a test, the bench, enginetop
+        itself in a test) nothing. The child rebuilds the same fleet (make_fleet is deterministic) with this
+        one's start time (CLOCK_MONOTONIC is the same in every process), so `gen_rate` etc. stay exact."""
+        self.port = self.port or free_port()
+        n, nodes, gpus, specials = self.spec
+        argv = [sys.executable, __file__, str(n), str(nodes), str(gpus), str(int(specials)), str(self.port),
+                repr(self.started), repr(self.vanish_after_s), repr(self.flap_s)]
+        self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                return self
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"the synthetic fleet exited with {self._proc.returncode}")
+            time.sleep(0.1)
+        raise RuntimeError("the synthetic fleet did not start listening within 30 s")
+
     def stop(self) -> None:
+        if self._proc is not None:
+            self._proc.terminate()
+            self._proc.wait(10)
+            self._proc = None
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -281,4 +312,15 @@ def make_fleet(n_engines: int = 200, n_nodes: int = 13, gpus_per_node: int = 4,
                          mask=0x24 if n == 3 else 0x0, new_host_label=n % 2 == 1,
                          old_reason_name=n % 4 == 2, xid=79 if (n, g) == (5, 1) else 0)
             for n in range(n_nodes) for g in range(gpus_per_node)]
-    return SyntheticFleet(engines=engines, gpus=gpus)
+    return SyntheticFleet(engines=engines, gpus=gpus, spec=(n_engines, n_nodes, gpus_per_node, specials))
+
+
+if __name__ == "__main__":  # the child of SyntheticFleet.spawn
+    n, nodes, per_node, specials, port = (int(a) for a in sys.argv[1:6])
+    child = make_fleet(n, nodes, per_node, bool(specials))
+    child.port, child.started = port, float(sys.argv[6])
+    child.vanish_after_s, child.flap_s = float(sys.argv[7]), float(sys.argv[8])
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})  # the server threads too
+    child.start()
+    signal.sigwait({signal.SIGTERM, signal.SIGINT})
+    child.stop()
