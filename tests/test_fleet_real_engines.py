@@ -83,9 +83,8 @@ async def settle(prom, url: str) -> tuple:
 async def test_llama_server_through_prometheus_matches_its_own_metrics(llama_server):
     with running_prometheus({"llama": [f"127.0.0.1:{llama_server.port}"]}) as prom:
         prom.wait_for("llamacpp:tokens_predicted_total")
-        await asyncio.sleep(2)
-        task = asyncio.create_task(load(llama_server.url, 16))
-        await asyncio.sleep(4)
+        task = asyncio.create_task(load(llama_server.url, 14))
+        await asyncio.sleep(3)
         t0, first = await direct(llama_server.url)
         await asyncio.sleep(10)
         t1, second = await direct(llama_server.url)
