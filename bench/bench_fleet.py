@@ -164,9 +164,10 @@ def run(n: int, seconds: float, cpu: bool) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--sizes", default="200,500", help="fleet sizes; CPU and RSS are measured at 200")
     args = parser.parse_args()
-    run(200, args.seconds, cpu=True)
-    run(500, args.seconds, cpu=False)
+    for n in (int(x) for x in args.sizes.split(",")):
+        run(n, args.seconds, cpu=n == 200)
 
 
 if __name__ == "__main__":

@@ -62,7 +62,9 @@ class FleetView(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Static(id="fleet-status")
-        yield Input(placeholder="type to filter (engine, job, model, host, status, alert)", id="fleet-filter")
+        # no blinking cursor: a blink is a repaint twice a second, for ever, with nothing new to show
+        yield Input(placeholder="type to filter (engine, job, model, host, status, alert)", id="fleet-filter",
+                    cursor_blink=False)
         yield FleetTable(id="fleet-table")
 
     def on_mount(self) -> None:
@@ -74,6 +76,7 @@ class FleetView(Vertical):
 
     _rows: list = []  # the last rows built from the store: a key press re-filters them, never rebuilds
     _n_gpus = 0
+    _status_line: Text | None = None
 
     def show(self, store: Store, status: FleetStatus, fresh: bool = True) -> float:
         """Redraw; `fresh`: the store has new samples (else only the filter or the order changed).
@@ -86,7 +89,10 @@ class FleetView(Vertical):
         table = self.table
         shown = order(rows, table.sort_column, table.sort_reverse, self.query_one(Input).value)
         table.show(shown)
-        self.query_one("#fleet-status", Static).update(self._status(status, rows, len(shown), self._n_gpus))
+        line = self._status(status, rows, len(shown), self._n_gpus)
+        if line != self._status_line:  # an update re-lays out the screen (the line's height may change)
+            self._status_line = line
+            self.query_one("#fleet-status", Static).update(line)
         return time.perf_counter() - started
 
     def _status(self, status: FleetStatus, rows, shown: int, n_gpus: int) -> Text:
