@@ -63,8 +63,9 @@ class FleetView(Vertical):
     def compose(self) -> ComposeResult:
         yield Static(id="fleet-status")
         # no blinking cursor: a blink is a repaint twice a second, for ever, with nothing new to show
-        yield Input(placeholder="type to filter (engine, job, model, host, status, alert)", id="fleet-filter",
-                    cursor_blink=False)
+        typed = Input(placeholder="type to filter: engine, job, model, host, status", id="fleet-filter")
+        typed.cursor_blink = False
+        yield typed
         yield FleetTable(id="fleet-table")
 
     def on_mount(self) -> None:
