@@ -48,3 +48,27 @@ def test_the_command_line_refuses_what_cannot_work() -> None:
     assert missing.returncode == 2 and "/nonexistent/key does not exist" in missing.stderr
     snap = run("snapshot", "--json")
     assert snap.returncode == 2 and "--prometheus URL" in snap.stderr
+
+
+def test_in_app_alerts_need_their_condition_to_hold_for_the_stated_time() -> None:
+    from tui.fleet.alerts import QUEUE_GROWING, STALLED, THROTTLED_DROP, AlertTracker
+    from tui.sources.samples import EngineReading, EngineStats
+
+    tracker = AlertTracker()
+
+    def at(t: float, running=1.0, waiting=0.0, gen=50.0, throttled=False) -> tuple[str, ...]:
+        return tracker.update("e", t, "up", EngineReading("vllm", running=running, waiting=waiting),
+                              EngineStats(gen_tps=gen), throttled)
+
+    assert at(0, gen=0) == () and at(59, gen=0) == ()
+    assert STALLED in at(60, gen=0)
+    assert at(61) == ()  # a token came: no longer stalled
+    tracker = AlertTracker()
+    grow = [at(100 + 10 * i, waiting=5 + i) for i in range(31)]  # 5 minutes of a queue that keeps growing
+    assert QUEUE_GROWING not in grow[20] and QUEUE_GROWING in grow[30]
+    assert at(420, waiting=0) == ()  # the queue emptied
+    tracker = AlertTracker()
+    for i in range(10):
+        assert at(i * 5, gen=100.0, throttled=True) == ()  # throttled, but as fast as ever
+    assert THROTTLED_DROP in at(55, gen=40.0, throttled=True)
+    assert at(60, gen=40.0, throttled=False) == ()  # slower, but no throttled GPU under it
