@@ -206,12 +206,15 @@ class EngineScreen(Screen[None]):
         for plot_id, key, title, unit in (
                 ("#fleet-plot-gen", "gen_tps", "generation tok/s (Prometheus)", "tok/s"),
                 ("#fleet-plot-ttft", "ttft_p50_s", "TTFT p50 (Prometheus)", "seconds")):
+            plot = self.query_one(plot_id, TimePlot)
+            if not plot.due(now, self.horizon_s, (len(spans), self.backfill)):
+                continue  # a plotext rebuild is the costliest thing here: only when the lines moved
             points = state.series[key].since(now - self.horizon_s)
             data = PlotData(title=f"{title} — {self.backfill}" if self.backfill else title, ylabel=unit,
                             horizon_s=self.horizon_s,
                             lines={self.engine_name: ([t - now for t, _ in points], [v for _, v in points])},
                             throttle_spans=spans)
-            self.query_one(plot_id, TimePlot).show(data, now)
+            plot.show(data, now)
 
 
 def _spans(series: Series, t0: float) -> list[tuple[float, float]]:
