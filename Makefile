@@ -16,7 +16,7 @@ LLAMA_CMAKE_ARGS := -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_B
 LLAMA_JOBS := $(shell echo $$(( $$(nproc) + 1 )))
 export ENGINETOP_CACHE
 
-.PHONY: all setup engine demo demo-llama test lint bench clean chromium vllm prometheus
+.PHONY: all setup engine demo demo-llama demo-fleet test lint bench clean chromium vllm prometheus
 
 all: setup
 
@@ -44,6 +44,11 @@ engine: setup
 demo: engine vllm
 	$(BIN)/enginetop --demo both
 
+# The fleet view: a real Prometheus over the demo llama-server and a labelled synthetic fleet (200 engines,
+# 52 dcgm-exporter GPUs), all on loopback, all stopped when the view quits.
+demo-fleet: engine prometheus
+	$(BIN)/python scripts/demo_fleet.py
+
 # Quick start: llama.cpp only (no 3.4 GiB vLLM install).
 demo-llama: engine
 	$(BIN)/enginetop --demo llama
@@ -57,13 +62,14 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 
-bench: engine vllm
+bench: engine vllm prometheus
 	$(BIN)/python bench/bench_parse.py
 	$(BIN)/python bench/bench_probe.py
 	$(BIN)/python bench/bench_app.py
 	$(BIN)/python bench/bench_vs_aiperf.py
 	$(BIN)/python bench/bench_record.py
 	$(BIN)/python bench/bench_exporter.py
+	$(BIN)/python bench/bench_fleet.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

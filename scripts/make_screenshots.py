@@ -1,10 +1,13 @@
 """Refresh screenshots/ from real engines (run after `make engine vllm chromium`). Tests never write here.
 
-    .venv/bin/python scripts/make_screenshots.py [--only llama|both|report|recording]
+    .venv/bin/python scripts/make_screenshots.py [--only llama|both|report|recording|fleet]
 
 - dashboard-llama.svg: the dashboard watching a real llama-server (Gemma 3 270M) under load, probes on.
 - demo-llama-vllm.svg: the README demo, llama.cpp and vLLM on the same Gemma 3 270M side by side.
 - sweep-llama-vllm.svg: the concurrency sweep (key c) on both.
+- fleet-table.svg / fleet-engine.svg: the fleet view (--prometheus) over a real Prometheus scraping the real
+  demo llama-server and a labelled SYNTHETIC fleet (200 engines, 52 dcgm GPUs; scripts/demo_fleet.py), then
+  the real llama-server opened from the table (enter), its plots back-filled from query_range.
 - report.png: the offline HTML report of a real `enginetop ab` of the two CPU demo profiles (2 x 2), in
   headless Chromium with the network off, rendered as tests/test_report.py renders it.
 - recording-report.png: `enginetop report` of a 2-minute recording of a real llama-server under load with
@@ -168,9 +171,33 @@ def shoot_recording_report(seconds: float = 120.0) -> None:
     print(f"wrote {OUT / 'recording-report.png'}")
 
 
+async def shoot_fleet() -> None:
+    from scripts.demo_fleet import demo_fleet
+    from tui.fleet.options import FleetOptions
+    from tui.screens.fleet import EngineScreen, FleetView
+
+    with demo_fleet(200) as (url, instance):
+        await asyncio.sleep(40)  # some history for the back-fill, some requests on the real engine
+        app = EnginetopApp(AppConfig(fleet=FleetOptions(prometheus=url, refresh_s=2.0), horizon_s=1800.0,
+                                     screenshot_dir=OUT))
+        async with app.run_test(size=(210, 62)) as pilot:
+            view = app.screen.query_one(FleetView)
+            await wait(pilot, lambda: view.table.row_count >= 201, 60)
+            await pilot.pause(3)
+            app.save_screenshot(filename="fleet-table.svg", path=str(OUT))
+            print(f"wrote {OUT / 'fleet-table.svg'}")
+            await pilot.press(*instance)
+            await pilot.pause(1)
+            await pilot.press("enter")
+            await wait(pilot, lambda: isinstance(app.screen, EngineScreen) and not app.screen.backfill, 30)
+            await pilot.pause(3)
+            app.save_screenshot(filename="fleet-engine.svg", path=str(OUT))
+            print(f"wrote {OUT / 'fleet-engine.svg'}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--only", choices=["llama", "both", "report", "recording"])
+    parser.add_argument("--only", choices=["llama", "both", "report", "recording", "fleet"])
     args = parser.parse_args()
     if args.only in (None, "llama"):
         asyncio.run(shoot(("demo-cpu-threads2",), "dashboard-llama", None))
@@ -180,6 +207,8 @@ def main() -> None:
         shoot_report()
     if args.only in (None, "recording"):
         shoot_recording_report()
+    if args.only in (None, "fleet"):
+        asyncio.run(shoot_fleet())
 
 
 if __name__ == "__main__":

@@ -54,9 +54,11 @@ class RunningPrometheus:
 
 
 def scrape_config(jobs: dict[str, Sequence[str]], interval_s: float = 1.0,
-                  rule_files: Sequence[Path] = ()) -> str:
+                  rule_files: Sequence[Path] = (), scrapes: Sequence[dict] = ()) -> str:
     """A prometheus.yml (JSON is YAML) scraping `jobs`: job name -> ["host:port", ...] or
-    ["host:port/metrics/path", ...]."""
+    ["host:port/metrics/path", ...]; `scrapes` are whole scrape_configs added as they are (targets with
+    their own labels, e.g. a synthetic fleet's)."""
+    extra = scrapes
     scrapes = []
     for job, targets in jobs.items():
         by_path: dict[str, list[str]] = {}
@@ -68,18 +70,18 @@ def scrape_config(jobs: dict[str, Sequence[str]], interval_s: float = 1.0,
                             "scrape_interval": f"{interval_s:g}s", "scrape_timeout": f"{interval_s:g}s",
                             "static_configs": [{"targets": hosts}]})
     config = {"global": {"scrape_interval": f"{interval_s:g}s", "evaluation_interval": f"{interval_s:g}s"},
-              "scrape_configs": scrapes, "rule_files": [str(p) for p in rule_files]}
+              "scrape_configs": scrapes + list(extra), "rule_files": [str(p) for p in rule_files]}
     return json.dumps(config, indent=1)
 
 
 @contextmanager
 def running_prometheus(jobs: dict[str, Sequence[str]], interval_s: float = 1.0,
                        rule_files: Sequence[Path] = (), extra_args: Sequence[str] = (),
-                       timeout: float = 60.0) -> Iterator[RunningPrometheus]:
+                       timeout: float = 60.0, scrapes: Sequence[dict] = ()) -> Iterator[RunningPrometheus]:
     binary = prometheus_binary()
     work = Path(tempfile.mkdtemp(prefix="enginetop-prom-"))
     config = work / "prometheus.yml"
-    config.write_text(scrape_config(jobs, interval_s, rule_files))
+    config.write_text(scrape_config(jobs, interval_s, rule_files, scrapes))
     port = free_port()
     argv = [binary, f"--config.file={config}", f"--storage.tsdb.path={work / 'tsdb'}",
             f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle", "--log.level=warn",

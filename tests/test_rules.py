@@ -9,8 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from tui import rules
 from tui.cli import main
 
@@ -30,9 +28,11 @@ def test_written_file_passes_promtool_check(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     checked = promtool("check", "rules", str(out))
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "SUCCESS: 4 rules found" in checked.stdout
+    assert "SUCCESS: 8 rules found" in checked.stdout
     groups = json.loads(out.read_text())["groups"]
-    assert groups[0]["name"] == "enginetop-probes"
+    assert [g["name"] for g in groups] == ["enginetop-probes", "enginetop-fleet"]
+    assert [r["alert"] for r in groups[1]["rules"]] == ["EngineStalled", "EngineKVCacheFull",
+                                                        "EngineQueueGrowing", "EngineThrottledGpuSlow"]
     assert "> 1.5" in groups[0]["rules"][0]["expr"]
 
 
@@ -97,21 +97,17 @@ def test_alerts_fire_on_exporter_shaped_series(tmp_path: Path) -> None:
     assert "SUCCESS" in proc.stdout
 
 
-def test_providers_missing_are_skipped_and_options_go_where_taken(tmp_path: Path, monkeypatch) -> None:
+def test_options_go_to_the_providers_that_take_them(tmp_path: Path, monkeypatch) -> None:
     (tmp_path / "enginetop_extra_rules.py").write_text(
         "def rule_group(probe_every_s=1.0):\n"
         "    return {'name': 'extra', 'rules': [{'alert': 'X', 'expr': 'vector(%g)' % probe_every_s}]}\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(rules, "PROVIDERS",
-                        ("tui.exporter.rules", "tui.nothere.alerts", "enginetop_extra_rules"))
-    groups = rules.rule_groups(ttft_p90_s=3.0, probe_every_s=15.0)
-    assert [g["name"] for g in groups] == ["enginetop-probes", "extra"]
-    assert groups[1]["rules"][0]["expr"] == "vector(15)"
-    # A provider whose own import is broken is an error, not a silently missing group.
-    (tmp_path / "enginetop_broken_rules.py").write_text("import no_such_module_here\n")
-    monkeypatch.setattr(rules, "PROVIDERS", ("enginetop_broken_rules",))
-    with pytest.raises(ModuleNotFoundError):
-        rules.rule_groups()
+                        ("tui.exporter.rules", "tui.fleet.alerts", "enginetop_extra_rules"))
+    groups = rules.rule_groups(ttft_p90_s=3.0, probe_every_s=15.0, match='{job="vllm"}')
+    assert [g["name"] for g in groups] == ["enginetop-probes", "enginetop-fleet", "extra"]
+    assert groups[2]["rules"][0]["expr"] == "vector(15)"
+    assert 'job="vllm"' in groups[1]["rules"][0]["expr"]
 
 
 def test_bad_threshold_and_unwritable_output(tmp_path: Path, capsys) -> None:

@@ -31,6 +31,9 @@ from textual.worker import Worker, WorkerState
 from tui.compare.ab import ABConfig
 from tui.compare.roofline import Roofline, model_weight_bytes, roofline
 from tui.feed import Feed, Source
+from tui.fleet.backfill import backfill_engine, backfill_throttle
+from tui.fleet.options import FleetOptions, FleetSources, make_sources
+from tui.fleet.prometheus import PromError
 from tui.lifecycle.process import pid_alive
 from tui.lifecycle.profiles import Profile, ProfileError, resolve
 from tui.lifecycle.switch import EngineManager, EngineStatus, StepEvent, SwitchResult
@@ -41,6 +44,7 @@ from tui.probe.sweep import SweepConfig
 from tui.probe.workloads import WorkloadParams
 from tui.record.writer import Recorder
 from tui.screens.ab import ABRun, ABScreen, dashboard_arm, start_dashboard_ab
+from tui.screens.fleet import EngineScreen, FleetStatus, FleetView, GpusScreen
 from tui.screens.help import HelpScreen
 from tui.screens.logs import LogScreen
 from tui.screens.sweep import SweepScreen
@@ -107,6 +111,13 @@ class AppConfig:
     gpu_sampler: Callable[[], GpuSampler] = GpuSampler
     host_sampler: Callable[[], HostSampler] = HostSampler
     recorder: Recorder | None = None  # listens to the store (tui.record); the caller closes it
+    # The fleet view (--prometheus): a table of every engine Prometheus scrapes instead of engine columns.
+    # With only --dcgm, the usual columns with the GPU panel fed by those dcgm-exporters instead of NVML.
+    fleet: FleetOptions | None = None
+
+    @property
+    def fleet_table(self) -> bool:
+        return self.fleet is not None and self.fleet.prometheus is not None
 
 
 class EnginetopApp(App[None]):
@@ -150,6 +161,10 @@ class EnginetopApp(App[None]):
         self._local_pids: dict[str, int] = {}  # watched engines on this machine, found by port
         self._next_pid_scan = 0.0
         self._model_bytes: dict[str, float | None] = {}
+        self.fleet: FleetSources | None = None
+        if config.fleet is not None:
+            self.fleet = make_sources(config.fleet, lambda: self.store.gpu)
+        self._fleet_drawn: tuple = ()
         self.slots: list[Slot] = []
         for target in config.targets:
             self.slots.append(Slot(len(self.slots), target, probe_every_s=config.probe_every_s))
@@ -162,6 +177,10 @@ class EnginetopApp(App[None]):
     # ---- layout -------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
         yield Header()
+        if self.config.fleet_table:
+            yield FleetView(id="fleet")
+            yield Footer()
+            return
         # A grid, engines in the first row and their probes below, one column each: no container per column
         # (every container is one more widget to paint when a panel beside it changes).
         with Container(id="engines") as engines:
@@ -203,6 +222,8 @@ class EnginetopApp(App[None]):
         self.workers.cancel_all()  # before the HTTP client they use is closed (the feed's reads with them)
         await self.probes.aclose()
         await self._transports.aclose()
+        if self.fleet is not None:
+            await self.fleet.aclose()
         await asyncio.to_thread(self._gpu.close)
 
     def _profile_target(self, profile: Profile) -> EngineTarget:
@@ -220,8 +241,11 @@ class EnginetopApp(App[None]):
         engine delays nobody but itself, and one for NVML and psutil (they block: one thread hop)."""
         config = self.config
         sources: list[Source] = [_SlotSource(self, slot) for slot in self.slots]
-        sources.append(MachineSource(self._gpu, self._host, self._engine_pids, config.gpu_interval_s,
-                                     config.host_interval_s))
+        if self.fleet is not None:
+            sources.extend(self.fleet.all())  # Prometheus and dcgm-exporter read the remote GPUs
+        if not config.fleet_table:
+            sources.append(MachineSource(None if self.fleet else self._gpu, self._host, self._engine_pids,
+                                         config.gpu_interval_s, config.host_interval_s))
         return Feed(self.store, sources, on_error=self._report_failure)
 
     async def _sample_loop(self) -> None:
@@ -489,8 +513,78 @@ class EnginetopApp(App[None]):
             self.notify(f"{type(error).__name__}: {error}", title=f"{name} failed", severity="error",
                         timeout=10)
 
+    # ---- the fleet --------------------------------------------------------------------------
+    FLEET_OFF = {"toggle_pause", "probe_now", "sweep", "ab", "show_log", "switch"}
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """In the fleet table, typing filters: the single-letter keys of the engine columns are off there
+        (and out of the footer); `q` still quits from an engine opened from the table."""
+        return not (self.config.fleet_table and action in self.FLEET_OFF)
+
+    def on_fleet_view_open(self, event: FleetView.Open) -> None:
+        fleet = self.fleet
+        if fleet is None or fleet.engines is None or fleet.client is None:
+            return
+        screen = EngineScreen(event.name, self.config.horizon_s)
+        self.push_screen(screen)
+        labels = fleet.engines.labels_of.get(event.name)
+        state = self.store.engines.get(event.name)
+        if labels is None or state is None:
+            screen.backfill = "not back-filled: the engine is no longer listed"
+            return
+        client, queries = fleet.client, fleet.engines.queries
+
+        async def fill() -> None:
+            try:
+                added = await backfill_engine(client, queries, labels, state, self.config.horizon_s)
+                host = state.sample.host if state.sample else None
+                if host:
+                    screen.throttle = await backfill_throttle(client, host, screen.throttle,
+                                                              self.config.horizon_s)
+                screen.backfill = "" if added else "nothing to back-fill: Prometheus has no history for it"
+            except PromError as exc:
+                screen.backfill = f"not back-filled: {exc.message}"
+            if screen.is_attached:
+                screen.show(self.store)
+
+        self.run_worker(fill(), name=f"back-fill {event.name}", group="backfill")
+        screen.call_after_refresh(screen.show, self.store)
+
+    def _fleet_status(self) -> FleetStatus:
+        fleet = self.fleet
+        assert fleet is not None and fleet.client is not None
+        engines = fleet.engines
+        age = time.monotonic() - engines.last_ok if engines and engines.last_ok else None
+        gpu_error = fleet.gpus.error if fleet.gpus is not None else None
+        return FleetStatus(source=f"Prometheus {fleet.client.shown}",
+                           error=engines.error if engines else None,
+                           gpu_error=gpu_error, last_ok_age_s=age,
+                           queries=engines.queries_per_read if engines else None)
+
+    def action_fleet_gpus(self) -> None:
+        screen = GpusScreen()
+        self.push_screen(screen)
+        screen.call_after_refresh(screen.show, self.store)
+
+    def redraw_fleet(self, force: bool = False) -> float | None:
+        """The table (or the engine opened from it) when something new came in; the seconds it took."""
+        if isinstance(self.screen, EngineScreen | GpusScreen):
+            self.screen.show(self.store)
+            return None
+        engines = self.fleet.engines if self.fleet else None
+        seen = (engines.reads if engines else 0, id(self.store.gpu))
+        fresh = seen != self._fleet_drawn
+        if not (fresh or force):
+            return None
+        self._fleet_drawn = seen
+        return self._main.query_one(FleetView).show(self.store, self._fleet_status(), fresh)
+
     # ---- drawing ------------------------------------------------------------------------
-    def redraw(self) -> None:
+    def redraw(self, force: bool = False) -> None:
+        if self.config.fleet_table:
+            if not self.paused and hasattr(self, "_main"):
+                self.redraw_fleet(force)
+            return
         for slot in self.slots:
             if slot.manager is not None:
                 status = slot.manager.poll_status()  # cheap: no HTTP; notices a crash
@@ -544,6 +638,10 @@ class EnginetopApp(App[None]):
                         markers=markers, throttle_spans=spans)
 
     def _subtitle(self) -> str:
+        fleet = self.config.fleet
+        if self.config.fleet_table and fleet is not None:
+            state = "PAUSED" if self.paused else f"refreshing every {fleet.refresh_s:g}s"
+            return f"fleet view — {state}"
         names = ", ".join(s.target.name for s in self.slots) or "no engines"
         every = self.config.poll_interval_s
         state = "PAUSED (still recording)" if self.paused else f"polling every {every:g}s"

@@ -29,6 +29,39 @@ def _add_target_args(parser: argparse.ArgumentParser) -> None:
                         help="read engine NAME's API key from environment variable VAR")
 
 
+def _add_fleet_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--prometheus", metavar="URL",
+                        help="read every engine (vLLM, SGLang, llama.cpp) and dcgm-exporter GPU that this "
+                             "Prometheus scrapes, e.g. http://prom:9090: the fleet view")
+    parser.add_argument("--match", metavar="SELECTOR",
+                        help="only the engines these label matchers select, e.g. '{job=~\"vllm.*\"}'")
+    parser.add_argument("--prometheus-key-file", metavar="PATH",
+                        help="bearer token for a protected Prometheus, read from PATH (never shown)")
+    parser.add_argument("--dcgm", action="append", metavar="URL",
+                        help="read GPUs straight from this dcgm-exporter, e.g. http://node:9400/metrics "
+                             "(repeatable; no Prometheus needed)")
+
+
+def fleet_options(args: argparse.Namespace):
+    """FleetOptions from --prometheus/--dcgm (None when neither is given); the key file is read here."""
+    from tui.fleet.options import DEFAULT_REFRESH_S, FleetOptions
+    from tui.secrets import read_api_key
+
+    if not (args.prometheus or args.dcgm):
+        if args.match or args.prometheus_key_file:
+            raise TargetError("--match and --prometheus-key-file need --prometheus URL")
+        return None
+    for url in [args.prometheus or "http://x", *(args.dcgm or [])]:
+        if not url.startswith(("http://", "https://")):
+            raise TargetError(f"expected an http(s) URL, got {url!r}")
+    refresh = getattr(args, "refresh", None) or DEFAULT_REFRESH_S
+    if refresh <= 0:
+        raise TargetError("--refresh must be a positive number of seconds")
+    return FleetOptions(prometheus=args.prometheus, match=args.match, refresh_s=refresh,
+                        token=read_api_key(args.prometheus_key_file) if args.prometheus_key_file else None,
+                        dcgm=list(args.dcgm or []), timeout_s=min(5.0, max(1.0, refresh)))
+
+
 DEMO_PROFILES = {"llama": ["demo-cpu-threads2"], "both": ["demo-cpu-threads2", "demo-vllm-gemma"]}
 
 
@@ -44,7 +77,11 @@ def add_dashboard_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keep-engines", action="store_true",
                         help="leave the engines enginetop started running when it quits")
     parser.add_argument("--interval", type=float, default=1.0, help="engine poll interval, seconds")
-    parser.add_argument("--horizon", type=float, default=300.0, help="seconds of history on the plots")
+    parser.add_argument("--horizon", type=float, default=None,
+                        help="seconds of history on the plots (default 300; 1800 in the fleet view)")
+    _add_fleet_args(parser)
+    parser.add_argument("--refresh", type=float, default=None, metavar="SECONDS",
+                        help="how often the fleet view asks Prometheus / dcgm-exporter (default 5)")
     parser.add_argument("--probe-every", type=float, default=None, metavar="SECONDS",
                         help="probe every watched engine this often (default: only on key f; engines "
                              "enginetop starts are probed every 10 s)")
@@ -88,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     snap.add_argument("--interval", type=float, default=1.0, help="seconds between the two readings")
     snap.add_argument("--timeout", type=float, default=2.0, help="per-request timeout, seconds")
     snap.add_argument("--json", action="store_true", help="print JSON (the only format for now)")
+    _add_fleet_args(snap)
     snap.set_defaults(func=cmd_snapshot)
 
     for module_name in SUBCOMMAND_MODULES:
@@ -104,10 +142,22 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_snapshot(args: argparse.Namespace) -> int:
     from tui.snapshot import EXIT_ENGINE_DOWN, any_engine_down, take_snapshot
 
-    if not args.engine:
-        print("enginetop snapshot: give at least one --engine NAME=URL", file=sys.stderr)
+    fleet = fleet_options(args)
+    if not args.engine and fleet is None:
+        print("enginetop snapshot: give at least one --engine NAME=URL, or --prometheus URL / --dcgm URL",
+              file=sys.stderr)
         return 2
     targets = build_targets(args.engine, args.api_key_file, args.api_key_env)
+    if fleet is not None:
+        from tui.fleet.snapshot import take_fleet_snapshot
+
+        snapshot = asyncio.run(take_fleet_snapshot(fleet, targets, interval=args.interval,
+                                                   timeout=args.timeout))
+        print(json.dumps(snapshot, indent=2))
+        if snapshot.get("error"):
+            print(f"enginetop snapshot: {snapshot['error']}", file=sys.stderr)
+            return 1
+        return EXIT_ENGINE_DOWN if any_engine_down(snapshot) else 0
     snapshot = asyncio.run(take_snapshot(targets, interval=args.interval, timeout=args.timeout))
     print(json.dumps(snapshot, indent=2))
     return EXIT_ENGINE_DOWN if any_engine_down(snapshot) else 0
@@ -123,8 +173,16 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     from tui.probe.sweep import SweepConfig, parse_levels
 
     targets = build_targets(args.engine, args.api_key_file, args.api_key_env)
+    fleet = fleet_options(args)
     names = list(args.profile or [])
-    if args.demo or not (targets or names):
+    fleet_table = fleet is not None and fleet.prometheus is not None
+    if fleet_table and (targets or names or args.demo):
+        print("enginetop: --prometheus shows the fleet table; watch single engines without it",
+              file=sys.stderr)
+        return 2
+    if args.horizon is None:
+        args.horizon = 1800.0 if fleet_table else 300.0
+    if args.demo or not (targets or names or fleet):
         names += DEMO_PROFILES[args.demo or "llama"]
     loaded = load_profiles()
     try:
@@ -152,7 +210,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         probe_workload=args.probe_workload, probe_max_tokens=args.probe_max_tokens, sweep=sweep,
         ttft_gap_factor=args.ttft_gap_factor,
         poll_interval_s=args.interval, horizon_s=args.horizon, screenshot_dir=args.screenshots,
-        bandwidth_bps=bandwidth, model_bytes=model_bytes)
+        bandwidth_bps=bandwidth, model_bytes=model_bytes, fleet=fleet)
     if not args.no_record:
         from tui.recording_cli import open_recorder
 

@@ -1,7 +1,8 @@
 """`enginetop rules -o FILE`: one file of Prometheus alerting rule groups, one group per area that has some.
 
-Providers are modules with `rule_group() -> dict`; an area not in this checkout (the fleet's, for one) is
-skipped. Options reach the providers whose rule_group takes them by that keyword. The file is JSON, which
+Providers are modules with `rule_group() -> dict`: the probe exporter's series (tui.exporter.rules) and the
+fleet's engines and GPUs as their own exporters report them (tui.fleet.alerts). Options reach the
+providers whose rule_group takes them by that keyword. The file is JSON, which
 is YAML (Prometheus reads it as a rule file; `promtool check rules FILE` checks it): PyYAML is not a
 dependency, and adding one to write one file is not worth it.
 """
@@ -22,13 +23,7 @@ PROVIDERS = ("tui.exporter.rules", "tui.fleet.alerts")
 def rule_groups(**options: Any) -> list[dict[str, Any]]:
     groups = []
     for name in PROVIDERS:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            # Only a provider that is not there is skipped; a provider with a broken import is an error.
-            if exc.name is None or not name.startswith(exc.name):
-                raise
-            continue
+        module = importlib.import_module(name)
         accepted = inspect.signature(module.rule_group).parameters
         groups.append(module.rule_group(**{k: v for k, v in options.items() if k in accepted}))
     return groups
@@ -40,8 +35,10 @@ def render(groups: list[dict[str, Any]]) -> str:
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("rules", help="write Prometheus alerting rules for enginetop's series",
-                              description="Write example alerting rules (probe TTFT p90, probe failures, "
-                                          "an engine down by probe, stale probes) as one rule file.")
+                              description="Write alerting rules as one rule file: on the probe exporter's "
+                                          "series (TTFT p90, failures, an engine down by probe, stale "
+                                          "probes) and on the fleet's engines and GPUs (stalled, KV "
+                                          "cache full, queue growing, throttled GPU with tok/s down).")
     p.add_argument("-o", "--output", type=Path, default=None, metavar="FILE",
                    help="write here (default: standard output)")
     p.add_argument("--ttft-p90", type=float, default=2.0, metavar="SECONDS",
@@ -50,13 +47,15 @@ def register(subparsers: Any) -> None:
                    help="the exporter's --probe-every, which sizes the windows (default 30)")
     p.add_argument("--failure-share", type=float, default=0.2, metavar="SHARE",
                    help="alert when more than this share of an engine's probes fail (default 0.2)")
+    p.add_argument("--match", default=None, metavar="SELECTOR",
+                   help="limit the fleet rules to these engines' series, e.g. '{job=~\"vllm.*\"}'")
     p.set_defaults(func=cmd_rules)
 
 
 def cmd_rules(args: argparse.Namespace) -> int:
     try:
         text = render(rule_groups(ttft_p90_s=args.ttft_p90, probe_every_s=args.probe_every,
-                                  failure_share=args.failure_share))
+                                  failure_share=args.failure_share, match=args.match))
     except ValueError as exc:
         print(f"enginetop rules: {exc}", file=sys.stderr)
         return 2

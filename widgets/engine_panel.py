@@ -74,7 +74,14 @@ def render_engine(state: EngineState, status: EngineStatus | None = None,
     if sample.health_reason:
         health.append(f"  {sample.health_reason}", style="")
     grid.add_row("health", health)
+    if sample.stale:
+        grid.add_row("", Text("stale: the last good values (the source did not answer)", style="bold yellow"))
+    for alert in sample.alerts:
+        grid.add_row("ALERT", Text(alert, style="bold white on red"))
     grid.add_row("url", sample.url)
+    if sample.job is not None:  # read through Prometheus: the labels that tell it apart
+        where = f"job {sample.job}, instance {sample.instance}, node {sample.host or NA}"
+        grid.add_row("scraped", where + "".join(f", {k} {v}" for k, v in sample.labels))
     # llama-server names the model by its file path: the file name is what tells models apart
     grid.add_row("model", sample.model.rsplit("/", 1)[-1] if sample.model else NA)
     if sample.metrics_error:

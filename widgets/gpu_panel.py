@@ -31,6 +31,8 @@ def render_gpus(report: GpuReport | None) -> Group | Text:
     if not report.gpus:
         return Text("NVML found no GPU", style="dim")
     parts = []
+    if report.error:
+        parts.append(Text(report.error, style="bold yellow"))
     if report.driver_version:
         parts.append(Text(f"driver {report.driver_version}", style="dim"))
     parts.extend(_render_gpu(g) for g in report.gpus)
@@ -39,7 +41,10 @@ def render_gpus(report: GpuReport | None) -> Group | Text:
 
 def _render_gpu(g: GpuSample) -> Group:
     grid = Rows()
-    title = Text(f"[{g.index}] {g.name or 'GPU'}", style="bold")
+    where = f"{g.host} " if g.host else ""
+    title = Text(f"{where}[{g.index}] {g.name or 'GPU'}", style="bold")
+    if g.stale:
+        title.append("  stale", style="bold yellow")
     if g.error:
         return Group(title, Text(g.error, style="bold red"))
     if g.throttled:
@@ -55,6 +60,8 @@ def _render_gpu(g: GpuSample) -> Group:
         bw = f"{g.mem_bw_gbps:.0f} GB/s"
         if g.mem_bw_pct is not None:
             bw += f" ({g.mem_bw_pct:.0f}% of {num(g.peak_bw_gbps, '{:.0f}')} GB/s, {g.mem_bw_source})"
+    if g.mem_bw_gbps is None and g.mem_bw_pct is not None:  # dcgm: the share of cycles DRAM was busy
+        bw = f"DRAM active {g.mem_bw_pct:.0f}% ({g.mem_bw_source})"
     grid.add_row("mem bw", bw)
     grid.add_row("power", f"{num(g.power_w, '{:.0f}')} / {num(g.power_limit_w, '{:.0f} W')}"
                  f"   temp {num(g.temp_c, '{:.0f} °C')}")
@@ -63,6 +70,8 @@ def _render_gpu(g: GpuSample) -> Group:
     used, total = g.vram_used_bytes, g.vram_total_bytes
     frac = used / total if used is not None and total else None
     grid.add_row("VRAM", f"{bar(frac)} {gib(used)} / {gib(total)}")
+    if g.xid_error:
+        grid.add_row("XID", Text(f"last XID error {g.xid_error}", style="bold red"))
     for p in g.processes:
         who = p.engine or "other"
         grid.add_row("", f"pid {p.pid} ({who}) {gib(p.used_bytes)}")

@@ -15,11 +15,12 @@ class MachineSource:
     """Reads the GPUs every `gpu_interval_s` and the host every `host_interval_s` (a multiple of the GPU
     interval in practice). The GPU panel maps GPU processes to engines through the process trees of the
     host sampler's walk, so the newest host sample is kept for the GPU reads between two host reads.
-    `engine_pids` (called in the thread) says which PID is which engine's."""
+    `engine_pids` (called in the thread) says which PID is which engine's. No `gpu`: the GPUs come from
+    another source (dcgm-exporter, tui.fleet.dcgm)."""
 
     name = "GPU and host"
 
-    def __init__(self, gpu: GpuSampler, host: HostSampler, engine_pids: Callable[[], dict[str, int]],
+    def __init__(self, gpu: GpuSampler | None, host: HostSampler, engine_pids: Callable[[], dict[str, int]],
                  gpu_interval_s: float = 1.0, host_interval_s: float = 2.0) -> None:
         self.gpu, self.host, self.engine_pids = gpu, host, engine_pids
         self.interval_s = min(gpu_interval_s, host_interval_s)
@@ -30,7 +31,7 @@ class MachineSource:
     async def read(self) -> list[HostSample | GpuReport]:
         now = time.monotonic()
         # a little early counts as due: the feed wakes on the shorter interval, never exactly on time
-        gpu = now >= self._next_gpu - 0.05
+        gpu = self.gpu is not None and now >= self._next_gpu - 0.05
         host = now >= self._next_host - 0.05
         if gpu:
             self._next_gpu = now + self.gpu_interval_s
@@ -45,7 +46,7 @@ class MachineSource:
         if host:
             self._trees = self.host.sample(self.engine_pids())
             samples.append(self._trees)
-        if gpu:
+        if gpu and self.gpu is not None:
             trees = self._trees
             pids = {m.engine: set(m.pids) for m in trees.engines} if trees else {}
             samples.append(self.gpu.sample(pids))

@@ -80,6 +80,13 @@ class EngineSample:
     # Figures a source computed itself (Prometheus' rates and quantiles): the store shows them as they are
     # instead of deriving them from successive readings. None for engines polled directly.
     stats: EngineStats | None = None
+    # Engines read through a Prometheus (tui.fleet): the scrape labels that tell them apart, the node
+    job: str | None = None
+    instance: str | None = None
+    host: str | None = None
+    labels: tuple[tuple[str, str], ...] = ()  # model_name, engine (data-parallel rank) where present
+    stale: bool = False  # the source could not refresh it: these are the last good values
+    alerts: tuple[str, ...] = ()  # what is wrong beyond health, in words (tui.fleet.alerts)
 
 
 THROTTLE_REASON_WORDS: dict[int, str] = {
@@ -129,6 +136,8 @@ class GpuSample:
     processes: tuple[GpuProcess, ...] = ()
     error: str | None = None  # e.g. "GPU is lost"
     host: str | None = None  # the node it is in, for GPUs read remotely (dcgm-exporter); None = this machine
+    xid_error: int | None = None  # the last XID error dcgm-exporter saw (0 = none)
+    stale: bool = False  # the source could not refresh it: these are the last good values
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +148,7 @@ class GpuReport:
     gpus: tuple[GpuSample, ...] = ()
     driver_version: str | None = None
     unavailable: str | None = None  # one line for the panel when NVML cannot be used at all
+    error: str | None = None  # a remote source's trouble; GPUs it could not refresh are marked stale
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,383 @@
+"""The fleet view against a real Prometheus scraping a SYNTHETIC fleet (tests/synthetic_fleet.py): 210
+engines of the three dialects (vLLM with new and pre-0.11 names) and 52 dcgm-exporter GPUs on 13 nodes, all
+on loopback with the real metric names and labels. The synthetic counters move at known rates, so every
+figure Prometheus computes for the table can be checked against what the engine was made to do.
+
+One Prometheus (1 s scrapes, enginetop's alert rules loaded) serves the whole module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from prom_proxy import PromProxy
+from prometheus_server import running_prometheus
+from synthetic_fleet import ITL_BOUNDS, ITL_CDF, TTFT_BOUNDS, TTFT_CDF, make_fleet
+
+from tui.app import AppConfig, EnginetopApp
+from tui.fleet.alerts import KV_SATURATED, STALLED, rule_group
+from tui.fleet.dcgm import DcgmDirectSource, DcgmPrometheusSource
+from tui.fleet.options import FleetOptions
+from tui.fleet.prometheus import PromError, PrometheusClient
+from tui.fleet.source import FleetSource
+from tui.lifecycle.process import free_port
+from tui.screens.fleet import EngineScreen, FleetView, GpusScreen
+
+N_ENGINES, N_NODES, GPUS_PER_NODE = 210, 13, 4
+RATE_TOLERANCE = 0.03  # counters move linearly; what is left is scrape-time jitter over a 10 s window
+
+
+def plain(content) -> str:
+    """The characters of what a panel last drew (a Text, or Groups of them)."""
+    if hasattr(content, "renderables"):
+        return "\n".join(plain(part) for part in content.renderables)
+    return content.plain
+
+
+def expected_quantile(q: float, bounds, cdf) -> float:
+    """histogram_quantile's linear interpolation inside the bucket where the quantile falls."""
+    lower, below = 0.0, 0.0
+    for bound, frac in zip(bounds, cdf, strict=True):
+        if frac >= q:
+            return lower + (bound - lower) * (q - below) / (frac - below)
+        lower, below = bound, frac
+    raise AssertionError("quantile beyond the last finite bucket")
+
+
+@pytest.fixture(scope="module")
+def fleet_prom(tmp_path_factory):
+    fleet = make_fleet(N_ENGINES, N_NODES, GPUS_PER_NODE)
+    fleet.vanish_after_s = 14.0
+    fleet.spawn()  # its own process: the scrapes must not slow the app under test
+    rules = tmp_path_factory.mktemp("rules") / "enginetop-rules.json"
+    rules.write_text(json.dumps({"groups": [rule_group()]}))
+    try:
+        with running_prometheus({}, scrapes=fleet.scrapes(1.0), rule_files=[rules]) as prom:
+            prom.wait_for("up", min_series=N_ENGINES + N_NODES)
+            # a rate over a window the series started in is extrapolated from less: wait for full windows
+            time.sleep(12)
+            yield fleet, prom, rules
+    finally:
+        fleet.stop()
+
+
+async def read(prom_url: str, match: str | None = None, **kw) -> tuple[FleetSource, dict]:
+    client = PrometheusClient(prom_url, **kw)
+    source = FleetSource(client, match)
+    try:
+        samples = await source.read()
+    finally:
+        await client.aclose()
+    return source, {s.name: s for s in samples}
+
+
+async def test_every_synthetic_engine_is_found_with_prometheus_figures_matching_its_rates(fleet_prom):
+    fleet, prom, _ = fleet_prom
+    source, samples = await read(prom.url)
+    assert source.error is None
+    assert len(samples) == N_ENGINES
+    ttft50 = expected_quantile(0.5, TTFT_BOUNDS, TTFT_CDF)
+    ttft90 = expected_quantile(0.9, TTFT_BOUNDS, TTFT_CDF)
+    itl50 = expected_quantile(0.5, ITL_BOUNDS, ITL_CDF)
+    for e in fleet.engines:
+        s = samples[e.instance]
+        assert (s.job, s.instance, s.host) == (e.job, e.instance, e.instance.split(":")[0])
+        if e.kind in ("flapping", "stalled", "vanishing", "queue"):
+            continue
+        assert s.health == "up", (e, s.health_reason)
+        assert s.reading.dialect == e.dialect.removesuffix("-old")
+        assert s.stats.gen_tps == pytest.approx(e.gen_rate, rel=RATE_TOLERANCE), e
+        assert s.reading.running == e.running and s.reading.waiting == e.waiting
+        if e.dialect == "llamacpp":
+            # llama.cpp counts prompt tokens without the cached ones: processed = computed + cached
+            assert s.stats.prompt_processed_tps == pytest.approx(e.prompt_rate, rel=RATE_TOLERANCE)
+            assert s.model is None and s.reading.kv_cache_usage is None and s.stats.ttft_p50_s is None
+        else:
+            assert s.stats.prompt_processed_tps == pytest.approx(e.prompt_rate, rel=RATE_TOLERANCE)
+            assert s.reading.kv_cache_usage == pytest.approx(e.kv)
+            assert s.model == e.model
+            assert s.stats.ttft_p50_s == pytest.approx(ttft50, rel=1e-6)
+            assert s.stats.ttft_p90_s == pytest.approx(ttft90, rel=1e-6)
+            # the pre-0.11 time_per_output_token_seconds counts as ITL; gpu_cache_usage_perc as KV
+            assert s.stats.itl_p50_s == pytest.approx(itl50, rel=1e-6)
+        assert s.stats.prefix_cache_hit_rate == pytest.approx(0.4, rel=RATE_TOLERANCE)
+
+
+async def test_queries_per_refresh_do_not_grow_with_the_fleet(fleet_prom):
+    _, prom, _ = fleet_prom
+    whole, all_samples = await read(prom.url)
+    few, few_samples = await read(prom.url, match='{instance=~"synthetic-node-0[12]:.*"}')
+    assert len(all_samples) == N_ENGINES and 0 < len(few_samples) < 40
+    assert whole.queries_per_read == few.queries_per_read
+    assert whole.queries_per_read <= 20
+
+
+async def test_a_bad_selector_shows_prometheus_own_error_and_keeps_nothing_fake(fleet_prom):
+    _, prom, _ = fleet_prom
+    bad = 'job=~"("'
+    source, samples = await read(prom.url, match=bad)
+    assert samples == {}
+    direct = httpx.post(f"{prom.url}/api/v1/query", data={"query": f"up{{{bad}}}"}).json()
+    assert direct["status"] == "error"
+    assert source.error_kind == "bad_query"
+    assert f"{direct['errorType']}: " in source.error
+    # Prometheus' words, verbatim (its message names the whole expression it parsed, so compare the end)
+    assert direct["error"].split(": ")[-1] in source.error
+
+
+async def test_prometheus_going_away_leaves_the_last_values_marked_stale(fleet_prom):
+    fleet, _, _ = fleet_prom
+    engine = fleet.engines[10]
+    assert engine.dialect == "vllm"
+    # a Prometheus of its own, stopped in the middle of the test
+    static = [{"targets": [f"127.0.0.1:{fleet.port}"],
+               "labels": {"__metrics_path__": f"/engine/{engine.index}/metrics", "instance": "only-one:1"}}]
+    with running_prometheus({}, scrapes=[{"job_name": "small", "scrape_interval": "1s",
+                                          "static_configs": static}]) as small:
+        small.wait_for("rate(vllm:generation_tokens_total[5s]) > 0")
+        client = PrometheusClient(small.url, timeout=2.0)
+        source = FleetSource(client)
+        [good] = await source.read()
+        assert good.health == "up" and not good.stale and good.stats.gen_tps is not None
+    [stale] = await source.read()
+    await client.aclose()
+    assert stale.stale and source.error_kind == "down"
+    assert "refused the connection" in stale.metrics_error
+    assert stale.stats == good.stats and stale.reading == good.reading  # the last good values, kept
+
+
+async def test_401_not_ready_and_timeout_each_say_what_happened(fleet_prom):
+    _, prom, _ = fleet_prom
+    proxy = PromProxy(prom.url, token="s3cret-token")
+    try:
+        source, samples = await read(proxy.url)
+        assert samples == {} and source.error_kind == "auth"
+        assert "needs a token" in source.error and "--prometheus-key-file" in source.error
+        source, samples = await read(proxy.url, token="wrong")
+        assert source.error_kind == "auth" and "refused" in source.error and "wrong" not in source.error
+        source, samples = await read(proxy.url, token="s3cret-token")
+        assert source.error is None and len(samples) == N_ENGINES
+        client = PrometheusClient(proxy.url, token="s3cret-token", timeout=4.0)
+        source = FleetSource(client)
+        await source.read()
+        assert source.error is None, source.error
+        proxy.mode = "not_ready"
+        stale = await source.read()
+        assert source.error_kind == "not_ready" and "503" in source.error
+        assert len(stale) == N_ENGINES and all(s.stale for s in stale)
+        with pytest.raises(PromError) as exc:
+            await client.ready()
+        assert exc.value.kind == "not_ready"
+        proxy.mode, proxy.stall_s = "stall", 6.0
+        await source.read()
+        assert source.error_kind == "timeout" and "within 4s" in source.error
+        proxy.mode = "pass"
+        fresh = await source.read()
+        assert source.error is None and not any(s.stale for s in fresh)
+        await client.aclose()
+    finally:
+        proxy.stop()
+
+
+async def test_a_flapping_target_reads_down_with_prometheus_own_last_error(fleet_prom):
+    fleet, prom, _ = fleet_prom
+    flapping = next(e for e in fleet.engines if e.kind == "flapping")
+    client = PrometheusClient(prom.url)
+    source = FleetSource(client)
+    seen = set()
+    deadline = time.monotonic() + 15
+    try:
+        while time.monotonic() < deadline and seen != {"up", "down"}:
+            s = {x.name: x for x in await source.read()}[flapping.instance]
+            seen.add(s.health)
+            if s.health == "down":
+                assert "500" in s.health_reason and "Prometheus cannot scrape it" in s.health_reason
+            await asyncio.sleep(1.0)
+    finally:
+        await client.aclose()
+    assert seen == {"up", "down"}
+
+
+async def test_a_series_that_disappears_leaves_the_engine_listed_with_that_figure_na(fleet_prom):
+    fleet, _, _ = fleet_prom
+    prom = fleet_prom[1]
+    gone = next(e for e in fleet.engines if e.kind == "vanishing")
+    while time.monotonic() - fleet.started < fleet.vanish_after_s + 6:  # its gauges stop, then go stale
+        await asyncio.sleep(1)
+    _, samples = await read(prom.url)
+    s = samples[gone.instance]
+    assert s.health == "up" and s.reading.running is None and s.reading.waiting is None
+    assert s.stats.gen_tps == pytest.approx(gone.gen_rate, rel=RATE_TOLERANCE)
+
+
+async def test_remote_gpus_through_prometheus_and_directly_decode_the_same(fleet_prom):
+    fleet, prom, _ = fleet_prom
+    client = PrometheusClient(prom.url)
+    [via_prom] = await DcgmPrometheusSource(client).read()
+    await client.aclose()
+    direct_source = DcgmDirectSource([fleet.dcgm_url(n) for n in range(N_NODES)])
+    [direct] = await direct_source.read()
+    assert len(via_prom.gpus) == len(direct.gpus) == N_NODES * GPUS_PER_NODE
+    for a, b in zip(via_prom.gpus, direct.gpus, strict=True):
+        assert (a.host, a.index, a.uuid) == (b.host, b.index, b.uuid)
+        assert (a.util_gpu_pct, a.power_w, a.clock_event_mask, a.mem_bw_pct) == \
+            (b.util_gpu_pct, b.power_w, b.clock_event_mask, b.mem_bw_pct)
+    by = {(g.host, g.index): g for g in via_prom.gpus}
+    for sg in fleet.gpus:
+        g = by[(sg.host, sg.gpu)]  # `Hostname` on even nodes, `hostname` on odd ones: both read
+        assert g.util_gpu_pct == sg.util and g.temp_c == sg.temp and g.name == "NVIDIA H200"
+        assert g.clock_event_mask == sg.mask  # the old field name on nodes 2, 6, 10 too
+        assert g.throttled == bool(sg.mask & 0xFC)
+        assert g.xid_error == sg.xid
+        assert (g.mem_bw_pct is None) == (sg.node == 4)  # the blank sentinel reads n/a
+    throttled = by[("synthetic-node-03", 0)]
+    assert throttled.throttle_reasons == ("power cap", "thermal slowdown (SW)")  # 0x24, as the local panel
+    assert by[("synthetic-node-00", 0)].vram_used_bytes == 120000 * 2**20
+
+    # one exporter stops answering: its node's GPUs stay, marked stale, and the message names it
+    dead = f"http://127.0.0.1:{free_port()}/metrics"
+    direct_source.urls.append(dead)
+    [partial] = await direct_source.read()
+    assert "refused the connection" in partial.error and dead in partial.error
+    assert len(partial.gpus) == N_NODES * GPUS_PER_NODE and not any(g.stale for g in partial.gpus)
+    direct_source.urls = [dead]
+    [all_dead] = await direct_source.read()
+    assert all(g.stale for g in all_dead.gpus) and "refused" in all_dead.error
+    await direct_source.aclose()
+
+
+async def test_alert_rules_load_into_prometheus_and_fire_on_the_stalled_and_full_engines(fleet_prom):
+    fleet, prom, rules = fleet_prom
+    check = subprocess.run(["promtool", "check", "rules", str(rules)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "SUCCESS: 4 rules found" in check.stdout
+    groups = httpx.get(f"{prom.url}/api/v1/rules").json()["data"]["groups"]
+    [group] = [g for g in groups if g["name"] == "enginetop-fleet"]
+    assert all(r["health"] == "ok" for r in group["rules"]), [(r["name"], r.get("lastError")) for r in
+                                                                group["rules"]]
+    stalled = next(e for e in fleet.engines if e.kind == "stalled")
+    full = next(e for e in fleet.engines if e.kind == "kv_full")
+    deadline = time.monotonic() + 20
+    firing: dict[str, set[str]] = {}
+    while time.monotonic() < deadline:
+        alerts = httpx.get(f"{prom.url}/api/v1/alerts").json()["data"]["alerts"]
+        firing = {}
+        for a in alerts:
+            firing.setdefault(a["labels"]["alertname"], set()).add(a["labels"]["instance"])
+        if stalled.instance in firing.get("EngineStalled", ()) and full.instance in firing.get(
+                "EngineKVCacheFull", ()):
+            break
+        time.sleep(1)
+    assert firing.get("EngineStalled") == {stalled.instance}  # pending or firing: `for` counts down
+    assert firing.get("EngineKVCacheFull") == {full.instance}
+
+
+async def test_in_app_alerts_come_from_the_same_figures(fleet_prom):
+    fleet, prom, _ = fleet_prom
+    stalled = next(e for e in fleet.engines if e.kind == "stalled")
+    full = next(e for e in fleet.engines if e.kind == "kv_full")
+    source, samples = await read(prom.url)
+    s, f = samples[stalled.instance], samples[full.instance]
+    assert s.reading.running == stalled.running and s.stats.gen_tps == 0  # Prometheus' own figures
+    assert s.alerts == () and f.alerts == ()  # not yet: the condition must hold for 60 s / 5 min
+    later = time.monotonic() + 301
+    assert STALLED in source.alerts.update(s.name, later, "up", s.reading, s.stats, False)
+    assert KV_SATURATED in source.alerts.update(f.name, later, "up", f.reading, f.stats, False)
+    healthy = samples[fleet.engines[20].instance]
+    assert source.alerts.update(healthy.name, later, "up", healthy.reading, healthy.stats, True) == ()
+
+
+def test_snapshot_prints_the_fleet_with_todays_keys_plus_job_instance_host(fleet_prom):
+    fleet, prom, _ = fleet_prom
+    proc = subprocess.run([sys.executable, "-m", "tui", "snapshot", "--json", "--prometheus", prom.url],
+                          capture_output=True, text=True, timeout=60)
+    out = json.loads(proc.stdout)
+    assert len(out["engines"]) == N_ENGINES and len(out["gpus"]) == N_NODES * GPUS_PER_NODE
+    any_down = any(e["health"] == "down" for e in out["engines"].values())
+    assert proc.returncode == (3 if any_down else 0), proc.stderr
+    e = fleet.engines[20]
+    row = out["engines"][e.instance]
+    for key in ("url", "dialect", "health", "model", "running", "waiting", "kv_cache_usage", "gen_tps",
+                "prompt_processed_tps", "ttft_p50_s", "itl_p50_s", "generation_tokens_total", "interval_s",
+                "job", "instance", "host"):
+        assert key in row, key
+    assert (row["job"], row["instance"], row["host"]) == (e.job, e.instance, e.instance.split(":")[0])
+    assert row["gen_tps"] == pytest.approx(e.gen_rate, rel=RATE_TOLERANCE)
+    gpu = out["gpus"][0]
+    for key in ("util_gpu_pct", "power_w", "temp_c", "sm_clock_mhz", "mem_clock_mhz", "throttle_reasons",
+                "throttled", "host"):
+        assert key in gpu, key
+    direct = subprocess.run([sys.executable, "-m", "tui", "snapshot", "--json", "--dcgm", fleet.dcgm_url(3)],
+                            capture_output=True, text=True, timeout=60)
+    gpus = json.loads(direct.stdout)["gpus"]
+    assert direct.returncode == 0 and [g["host"] for g in gpus] == ["synthetic-node-03"] * GPUS_PER_NODE
+    assert gpus[0]["throttle_reasons"] == ["power cap", "thermal slowdown (SW)"] and gpus[0]["throttled"]
+    down = subprocess.run([sys.executable, "-m", "tui", "snapshot", "--json", "--prometheus",
+                           f"http://127.0.0.1:{free_port()}"], capture_output=True, text=True, timeout=60)
+    assert down.returncode == 1 and "refused the connection" in down.stderr
+
+
+async def test_the_table_filters_sorts_opens_an_engine_back_filled_and_returns(fleet_prom):
+    fleet, prom, _ = fleet_prom
+    app = EnginetopApp(AppConfig(fleet=FleetOptions(prometheus=prom.url, refresh_s=2.0), horizon_s=1800.0,
+                                 redraw_interval_s=0.5))
+    app_started = time.monotonic()
+    async with app.run_test(size=(220, 60)) as pilot:
+        view = app.screen.query_one(FleetView)
+        deadline = time.monotonic() + 20
+        while view.table.row_count < N_ENGINES and time.monotonic() < deadline:
+            await pilot.pause(0.3)
+        assert view.table.row_count == N_ENGINES
+        rates = [r.values[5] for r in view.table.rows if r.values[5] is not None]
+        assert rates == sorted(rates, reverse=True)  # busiest first by default
+        await pilot.press(*"node-03 vllm")
+        await pilot.pause(0.3)
+        expect = [e for e in fleet.engines if e.node == 3 and e.job == "vllm"]
+        assert view.table.row_count == len(expect) > 0
+        names = {r.name for r in view.table.rows}
+        assert names == {e.instance for e in expect}
+        await pilot.press("ctrl+r")
+        await pilot.pause(0.3)
+        rates = [r.values[5] for r in view.table.rows if r.values[5] is not None]
+        assert rates == sorted(rates)
+        picked = view.table.selected
+        await pilot.press("enter")
+        assert isinstance(app.screen, EngineScreen) and app.screen.engine_name == picked
+        deadline = time.monotonic() + 15
+        while app.screen.backfill and time.monotonic() < deadline:
+            await pilot.pause(0.3)
+        assert app.screen.backfill == ""
+        points = app.store.engines[picked].series["gen_tps"].points
+        assert points[0][0] < app_started - 5  # history from before the app started, from query_range
+        throttle = app.screen.throttle.points
+        assert throttle and all(v == 1.0 for _, v in throttle)  # node 3's GPUs are throttled (0x24)
+        await pilot.press("escape")
+        await pilot.pause(0.2)
+        assert app.screen.query_one(FleetView) is view
+        await pilot.press("ctrl+g")  # every remote GPU, node by node
+        await pilot.pause(0.3)
+        assert isinstance(app.screen, GpusScreen)
+        text = plain(app.screen.query_one("#fleet-gpus")._last)
+        assert text.count("NVIDIA H200") == N_NODES * GPUS_PER_NODE and "THROTTLED" in text
+        await pilot.press("escape")
+
+
+async def test_dcgm_alone_feeds_the_dashboards_gpu_panel_without_prometheus(fleet_prom):
+    fleet, _, _ = fleet_prom
+    app = EnginetopApp(AppConfig(fleet=FleetOptions(dcgm=[fleet.dcgm_url(3), fleet.dcgm_url(4)],
+                                                    refresh_s=1.0), redraw_interval_s=0.5))
+    async with app.run_test(size=(200, 60)) as pilot:
+        deadline = time.monotonic() + 10
+        while (app.store.gpu is None or not app.store.gpu.gpus) and time.monotonic() < deadline:
+            await pilot.pause(0.3)
+        await pilot.pause(0.6)
+        assert {g.host for g in app.store.gpu.gpus} == {"synthetic-node-03", "synthetic-node-04"}
+        text = plain(app.screen.query_one("#gpu")._last)
+        assert "synthetic-node-03 [0] NVIDIA H200  THROTTLED: power cap, thermal slowdown (SW)" in text
+        assert "synthetic-node-04 [0]" in text

@@ -1,0 +1,74 @@
+"""The fleet's pure parts: engine names, Prometheus' special values, dcgm's blanks, the command line's
+refusals. (Everything that talks to Prometheus is tested against a real one: test_fleet_synthetic.py.)"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tui.fleet.dcgm import is_blank
+from tui.fleet.prometheus import _duration_s, value
+from tui.fleet.source import engine_names, host_of
+
+
+def test_names_are_the_instance_unless_two_jobs_share_it_or_it_serves_several_engines() -> None:
+    keys = [("vllm", "node-1:8000", "llama-70b", "0"), ("vllm", "node-1:8000", "llama-70b", "1"),
+            ("sglang", "node-2:30000", "qwen", ""), ("a", "node-3:80", "", ""), ("b", "node-3:80", "", ""),
+            ("vllm", "node-4:8000", "m1", "0"), ("vllm", "node-4:8000", "m2", "0")]
+    names = engine_names(keys)
+    assert names[keys[0]] == "node-1:8000 dp0" and names[keys[1]] == "node-1:8000 dp1"
+    assert names[keys[2]] == "node-2:30000"
+    assert (names[keys[3]], names[keys[4]]) == ("a/node-3:80", "b/node-3:80")
+    assert (names[keys[5]], names[keys[6]]) == ("node-4:8000 m1", "node-4:8000 m2")
+    assert len(set(names.values())) == len(keys)
+    assert host_of("node-7:9400") == "node-7" and host_of("[::1]:8000") == "::1" and host_of("node") == "node"
+
+
+def test_nan_and_infinities_read_as_not_available() -> None:
+    assert [value(v) for v in ("NaN", "+Inf", "-Inf", "1.5", "0", None, "x")] == \
+        [None, None, None, 1.5, 0.0, None, None]
+    assert [_duration_s(t) for t in ("15s", "1m", "1m30s", "500ms", "", "x")] == [15, 60, 90, 0.5, None, None]
+
+
+def test_dcgm_blank_sentinels_read_as_not_available() -> None:
+    assert is_blank(9223372036854775794.0) and is_blank(float(2**63 - 16)) and is_blank(140737488355328.0)
+    assert not is_blank(700.0) and not is_blank(141000.0 * 1024)  # a large framebuffer in MiB is a value
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tui", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_the_command_line_refuses_what_cannot_work() -> None:
+    lone = run("--match", '{job="x"}')
+    assert lone.returncode == 2 and "need --prometheus" in lone.stderr
+    mixed = run("--prometheus", "http://127.0.0.1:9", "--engine", "a=http://127.0.0.1:8080")
+    assert mixed.returncode == 2 and "fleet table" in mixed.stderr
+    missing = run("--prometheus", "http://127.0.0.1:9", "--prometheus-key-file", "/nonexistent/key")
+    assert missing.returncode == 2 and "/nonexistent/key does not exist" in missing.stderr
+    snap = run("snapshot", "--json")
+    assert snap.returncode == 2 and "--prometheus URL" in snap.stderr
+
+
+def test_in_app_alerts_need_their_condition_to_hold_for_the_stated_time() -> None:
+    from tui.fleet.alerts import QUEUE_GROWING, STALLED, THROTTLED_DROP, AlertTracker
+    from tui.sources.samples import EngineReading, EngineStats
+
+    tracker = AlertTracker()
+
+    def at(t: float, running=1.0, waiting=0.0, gen=50.0, throttled=False) -> tuple[str, ...]:
+        return tracker.update("e", t, "up", EngineReading("vllm", running=running, waiting=waiting),
+                              EngineStats(gen_tps=gen), throttled)
+
+    assert at(0, gen=0) == () and at(59, gen=0) == ()
+    assert STALLED in at(60, gen=0)
+    assert at(61) == ()  # a token came: no longer stalled
+    tracker = AlertTracker()
+    grow = [at(100 + 10 * i, waiting=5 + i) for i in range(31)]  # 5 minutes of a queue that keeps growing
+    assert QUEUE_GROWING not in grow[20] and QUEUE_GROWING in grow[30]
+    assert at(420, waiting=0) == ()  # the queue emptied
+    tracker = AlertTracker()
+    for i in range(10):
+        assert at(i * 5, gen=100.0, throttled=True) == ()  # throttled, but as fast as ever
+    assert THROTTLED_DROP in at(55, gen=40.0, throttled=True)
+    assert at(60, gen=40.0, throttled=False) == ()  # slower, but no throttled GPU under it

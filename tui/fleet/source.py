@@ -1,0 +1,190 @@
+"""Engines read through Prometheus as one feed source: a fixed set of queries a refresh, whatever the fleet.
+
+Each read asks, all at once: which engines exist (discovery over the last 15 min, so one that died stays
+listed as down), `up`, and one query per figure (tui.fleet.queries). Engines are told apart by (job,
+instance, model_name, engine); their name is the instance, prefixed by the job when two jobs share an
+instance, with the model and data-parallel rank added only where one instance serves several.
+
+When Prometheus cannot answer, every engine keeps its last good values, marked stale, with the reason
+(tui.fleet.prometheus.PromError) as its metrics error; nothing raises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any
+
+from tui.fleet.alerts import AlertTracker
+from tui.fleet.prometheus import Labels, PromError, PrometheusClient, Target
+from tui.fleet.queries import KEY_LABELS, FleetQueries, Windows, window
+from tui.sources.samples import Dialect, EngineReading, EngineSample, EngineStats, GpuReport
+
+Key = tuple[str, str, str, str]  # job, instance, model_name, engine
+TARGETS_REFRESH_S = 60.0  # scrape intervals and target health: refetched sooner when a target is down
+
+STAT_FIGURES = ("gen_tps", "prompt_processed_tps", "prompt_computed_tps", "prefix_cache_hit_rate",
+                "ttft_p50_s", "ttft_p90_s", "itl_p50_s", "itl_p90_s")
+READING_FIGURES = ("running", "waiting", "kv_cache_usage", "generation_tokens_total",
+                   "prompt_tokens_processed_total")
+
+
+def key_of(labels: Labels) -> Key:
+    # spelt out: called for every series of every figure, a generator here was the refresh's top cost
+    get = labels.get
+    return get("job", ""), get("instance", ""), get("model_name", ""), get("engine", "")
+
+
+assert KEY_LABELS == ("job", "instance", "model_name", "engine")
+
+
+def host_of(instance: str) -> str:
+    """The node part of an instance: `node-7:8000` -> `node-7`, `[::1]:80` -> `::1`."""
+    host = instance.rsplit(":", 1)[0] if instance.count(":") == 1 or instance.startswith("[") else instance
+    return host.strip("[]")
+
+
+def engine_names(keys: list[Key]) -> dict[Key, str]:
+    """Readable, unique names: the instance; job/instance when two jobs share it; + model, + dp rank."""
+    jobs_per_instance: dict[str, set[str]] = {}
+    per_target: dict[tuple[str, str], list[Key]] = {}
+    for k in keys:
+        jobs_per_instance.setdefault(k[1], set()).add(k[0])
+        per_target.setdefault((k[0], k[1]), []).append(k)
+    names = {}
+    for k in keys:
+        job, instance, model, rank = k
+        name = f"{job}/{instance}" if len(jobs_per_instance[instance]) > 1 else instance
+        siblings = per_target[(job, instance)]
+        if len({s[2] for s in siblings}) > 1 and model:
+            name += f" {model}"
+        if len({s[3] for s in siblings}) > 1 and rank:
+            name += f" dp{rank}"
+        names[k] = name
+    return names
+
+
+class FleetSource:
+    """Every engine a Prometheus scrapes (narrowed by `match`), as EngineSamples with Prometheus' figures."""
+
+    name = "prometheus"
+
+    def __init__(self, client: PrometheusClient, match: str | None = None, interval_s: float = 5.0,
+                 gpus: Callable[[], GpuReport | None] | None = None) -> None:
+        self.client = client
+        self.match = match
+        self.interval_s = interval_s
+        self.queries = FleetQueries(match)
+        self.alerts = AlertTracker()
+        self.gpus = gpus  # the node GPUs (for the throttled-GPU alert); None = no GPU source
+        self.error: str | None = None  # the last refresh's trouble, None when it went fine
+        self.error_kind: str | None = None
+        self.last_ok: float | None = None  # time.monotonic() of the last good refresh
+        self.reads = 0  # refreshes done, good or not (the table redraws when it moves)
+        self.queries_per_read: int | None = None  # API calls of the last refresh, whatever the fleet size
+        self.engines: dict[str, tuple[Key, Dialect]] = {}  # name -> key and dialect
+        self._last: dict[str, EngineSample] = {}
+        self._targets: dict[tuple[str, str], Target] = {}
+        self._targets_at = float("-inf")
+
+    @property
+    def labels_of(self) -> dict[str, Labels]:
+        return {name: dict(zip(KEY_LABELS, key, strict=True)) for name, (key, _) in self.engines.items()}
+
+    async def read(self) -> list[EngineSample]:
+        self.reads += 1
+        before = self.client.calls
+        try:
+            return await self._read()
+        except PromError as exc:
+            self.error, self.error_kind = exc.message, exc.kind
+            return self._stale(exc.message)
+        finally:
+            self.queries_per_read = self.client.calls - before
+
+    def _stale(self, why: str) -> list[EngineSample]:
+        now, wall = time.monotonic(), time.time()
+        out = []
+        for name, last in self._last.items():
+            out.append(dataclasses.replace(last, t=now, wall=wall, stale=True, metrics_error=why))
+            self._last[name] = out[-1]
+        return out
+
+    async def _refresh_targets(self, force: bool) -> None:
+        now = time.monotonic()
+        if not force and now - self._targets_at < TARGETS_REFRESH_S:
+            return
+        self._targets = {(t.job, t.instance): t for t in await self.client.targets()}
+        self._targets_at = now
+        intervals = [t.scrape_interval_s for t in self._targets.values() if t.scrape_interval_s]
+        scrape = max(intervals) if intervals else 15.0
+        # Grafana's $__rate_interval: at least four scrapes in a rate window; latencies over a longer one
+        self.queries.windows = Windows(rate=window(max(4 * scrape, 10.0)),
+                                       latency=window(max(4 * scrape, 60.0)))
+
+    async def _read(self) -> list[EngineSample]:
+        await self._refresh_targets(force=not self._targets)
+        figures = self.queries.figures()
+        names = ["discovery", "up", *figures]
+        exprs = [self.queries.discovery(), self.queries.up(), *figures.values()]
+        answers = await asyncio.gather(*(self.client.query(e) for e in exprs), return_exceptions=True)
+        for answer in answers:
+            if isinstance(answer, BaseException):
+                raise answer
+        results: dict[str, Any] = dict(zip(names, answers, strict=True))
+        up = {(labels.get("job", ""), labels.get("instance", "")): v for labels, v in results["up"]}
+        if any(v == 0 for v in up.values()):
+            await self._refresh_targets(force=True)  # lastError of the targets that are down now
+        found: dict[Key, Dialect] = {}
+        for labels, _ in results["discovery"]:
+            found[key_of(labels)] = labels.get("dialect", "unknown")  # type: ignore[assignment]
+        by_figure = {f: {key_of(labels): v for labels, v in results[f]} for f in figures}
+        names_by_key = engine_names(sorted(found))
+        now, wall = time.monotonic(), time.time()
+        gpu_report = self.gpus() if self.gpus else None
+        samples = []
+        self.engines = {}
+        for key, name in names_by_key.items():
+            dialect = found[key]
+            self.engines[name] = (key, dialect)
+            job, instance, model, rank = key
+            stats = EngineStats(**{f: by_figure[f].get(key) for f in STAT_FIGURES})
+            reading = EngineReading(dialect=dialect, **{f: by_figure[f].get(key) for f in READING_FIGURES})
+            health, reason = self._health(up, job, instance)
+            host = host_of(instance)
+            target = self._targets.get((job, instance))
+            url = target.scrape_url.rsplit("/", 1)[0] if target and target.scrape_url else f"http://{instance}"
+            labels = tuple((k, v) for k, v in (("model_name", model), ("engine", rank)) if v)
+            alerts = self.alerts.update(name, now, health, reading, stats, _node_throttled(gpu_report, host))
+            sample = EngineSample(
+                name=name, url=url, t=now, wall=wall, health=health, health_reason=reason,
+                model=model or None, reading=reading if health == "up" else None, stats=stats,
+                job=job, instance=instance, host=host, labels=labels, alerts=alerts)
+            samples.append(sample)
+        self._last = {s.name: s for s in samples}
+        self.error = self.error_kind = None
+        if self.client.warnings:
+            self.error = "Prometheus warned: " + "; ".join(self.client.warnings)
+            self.error_kind = "warning"
+            self.client.warnings = []
+        self.last_ok = now
+        return samples
+
+    def _health(self, up: dict[tuple[str, str], float | None], job: str,
+                instance: str) -> tuple[str, str | None]:
+        value = up.get((job, instance))
+        if value == 1:
+            return "up", None
+        target = self._targets.get((job, instance))
+        if value is None:
+            return "down", "no longer scraped by Prometheus (the target is gone from its configuration)"
+        error = target.last_error if target and target.last_error else "the last scrape failed"
+        return "down", f"Prometheus cannot scrape it: {error}"
+
+
+def _node_throttled(report: GpuReport | None, host: str) -> bool:
+    if report is None:
+        return False
+    return any(g.throttled and not g.stale for g in report.gpus if g.host == host)

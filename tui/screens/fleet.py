@@ -1,0 +1,233 @@
+"""The fleet screens: the table of every engine a Prometheus knows (FleetView, the main screen in fleet
+mode) and one engine opened from it (EngineScreen: the column-and-plots view, `escape` back).
+
+Typing filters (every word must match engine, job, model, host, status or alert text); up/down/page keys
+move in the table (or a click), enter opens the engine under the cursor; ctrl+s sorts by the next
+column, ctrl+r reverses; escape clears the filter.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.message import Message
+from textual.screen import Screen
+from textual.widgets import Footer, Header, Input, Static
+
+from tui.sources.samples import GpuReport
+from tui.store import Series, Store
+from widgets.engine_panel import EnginePanel
+from widgets.fleet_table import COLUMNS, FleetTable, build_rows, order
+from widgets.gpu_panel import GpuPanel
+from widgets.plots import PlotData, TimePlot
+
+
+@dataclass
+class FleetStatus:
+    """The line above the table: where the figures come from and what went wrong, if anything."""
+
+    source: str
+    error: str | None = None
+    gpu_error: str | None = None
+    last_ok_age_s: float | None = None
+    queries: int | None = None
+
+
+class FleetView(Vertical):
+    BINDINGS = [
+        Binding("down", "cursor(1)", "down", show=False),
+        Binding("up", "cursor(-1)", "up", show=False),
+        Binding("pagedown", "cursor(20)", "page down", show=False),
+        Binding("pageup", "cursor(-20)", "page up", show=False),
+        Binding("ctrl+s", "sort(1)", "Sort by next column"),
+        Binding("ctrl+r", "reverse", "Reverse order"),
+        Binding("escape", "clear_filter", "Clear filter"),
+        Binding("ctrl+g", "app.fleet_gpus", "All GPUs"),
+    ]
+    DEFAULT_CSS = """
+    FleetView { height: 1fr; }
+    FleetView > #fleet-status { height: auto; padding: 0 1; }
+    FleetView > Input { height: 3; }
+    """
+
+    class Open(Message):
+        def __init__(self, name: str) -> None:
+            super().__init__()
+            self.name = name
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="fleet-status")
+        # no blinking cursor: a blink is a repaint twice a second, for ever, with nothing new to show
+        typed = Input(placeholder="type to filter: engine, job, model, host, status", id="fleet-filter")
+        typed.cursor_blink = False
+        yield typed
+        yield FleetTable(id="fleet-table")
+
+    def on_mount(self) -> None:
+        self.query_one(Input).focus()
+
+    @property
+    def table(self) -> FleetTable:
+        return self.query_one(FleetTable)
+
+    _rows: list = []  # the last rows built from the store: a key press re-filters them, never rebuilds
+    _n_gpus = 0
+    _status_line: Text | None = None
+
+    def show(self, store: Store, status: FleetStatus, fresh: bool = True) -> float:
+        """Redraw; `fresh`: the store has new samples (else only the filter or the order changed).
+        Returns the seconds it took."""
+        started = time.perf_counter()
+        if fresh or not self._rows:
+            gpus = store.gpu.gpus if store.gpu else ()
+            self._rows, self._n_gpus = build_rows(store.engines, gpus), len(gpus)
+        rows = self._rows
+        table = self.table
+        shown = order(rows, table.sort_column, table.sort_reverse, self.query_one(Input).value)
+        table.show(shown)
+        line = self._status(status, rows, len(shown), self._n_gpus)
+        if line != self._status_line:  # an update re-lays out the screen (the line's height may change)
+            self._status_line = line
+            self.query_one("#fleet-status", Static).update(line)
+        return time.perf_counter() - started
+
+    def _status(self, status: FleetStatus, rows, shown: int, n_gpus: int) -> Text:
+        down = sum(1 for r in rows if r.values[0] == "down")
+        alerts = sum(1 for r in rows if r.values[0] == "alert")
+        line = Text(f"{status.source}  ", style="bold")
+        line.append(f"{len(rows)} engines ({shown} shown), {down} down, {alerts} alerting, {n_gpus} GPUs")
+        sort = COLUMNS[self.table.sort_column].label
+        line.append(f"   sorted by {sort} {'↓' if self.table.sort_reverse else '↑'}", style="dim")
+        if status.queries is not None:
+            line.append(f"   {status.queries} queries/refresh", style="dim")
+        for error in (status.error, status.gpu_error):
+            if error:
+                age = f" (values {status.last_ok_age_s:.0f} s old)" if status.last_ok_age_s else ""
+                line.append(f"\n{error}{age}", style="bold yellow")
+        return line
+
+    def refresh_order(self) -> None:
+        redraw = getattr(self.app, "redraw", None)
+        if redraw is not None:
+            redraw(force=True)
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        self.refresh_order()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        name = self.table.selected
+        if name is not None:
+            self.post_message(self.Open(name))
+
+    def action_cursor(self, delta: int) -> None:
+        self.table.move(delta)
+
+    def action_sort(self, step: int) -> None:
+        table = self.table
+        table.sort_column = (table.sort_column + step) % len(COLUMNS)
+        self.refresh_order()
+
+    def action_reverse(self) -> None:
+        self.table.sort_reverse = not self.table.sort_reverse
+        self.refresh_order()
+
+    def action_clear_filter(self) -> None:
+        self.query_one(Input).value = ""
+
+
+class GpusScreen(Screen[None]):
+    """Every remote GPU (dcgm-exporter, through Prometheus or --dcgm), node by node; `escape` back."""
+
+    BINDINGS = [Binding("escape", "app.pop_screen", "Back to the fleet")]
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with VerticalScroll():
+            yield GpuPanel(id="fleet-gpus")
+        yield Footer()
+
+    def show(self, store: Store) -> None:
+        self.query_one(GpuPanel).show(store.gpu)
+
+
+class EngineScreen(Screen[None]):
+    """One engine of the fleet in the column-and-plots view, its node's GPUs below; plots back-filled."""
+
+    BINDINGS = [Binding("escape", "app.pop_screen", "Back to the fleet")]
+    DEFAULT_CSS = """
+    EngineScreen > #engine-top { height: auto; }
+    EngineScreen #engine-top > EnginePanel { width: 1fr; }
+    EngineScreen #engine-top > GpuPanel { width: 1fr; }
+    EngineScreen > #engine-plots { height: 1fr; min-height: 12; }
+    EngineScreen #engine-plots > TimePlot { width: 1fr; }
+    """
+
+    def __init__(self, name: str, horizon_s: float) -> None:
+        super().__init__()
+        self.engine_name = name
+        self.horizon_s = horizon_s
+        self.backfill: str = "back-filling the last 30 minutes from Prometheus…"
+        self.throttle = Series(horizon_s, 3600, peak=True)  # this node's GPUs only
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with Horizontal(id="engine-top"):
+            yield EnginePanel(self.engine_name, id="fleet-engine")
+            yield GpuPanel(id="fleet-gpu")
+        with Horizontal(id="engine-plots"):
+            yield TimePlot(id="fleet-plot-gen")
+            yield TimePlot(id="fleet-plot-ttft")
+        yield Footer()
+
+    def show(self, store: Store) -> None:
+        state = store.engines.get(self.engine_name)
+        if state is None:
+            return
+        self.query_one(EnginePanel).show(state)
+        host = state.sample.host if state.sample else None
+        report = store.gpu
+        node = [g for g in report.gpus if g.host == host] if report else []
+        panel = self.query_one(GpuPanel)
+        panel.border_title = f"GPUs of {host}" if host else "GPUs"
+        if report is not None and not node:
+            panel.show(GpuReport(t=report.t, unavailable=f"no dcgm-exporter series for node {host}"))
+        else:
+            panel.show(GpuReport(t=report.t, gpus=tuple(node), error=report.error) if report else None)
+        now = time.monotonic()
+        if report is not None and node:
+            self.throttle.add(report.t, 1.0 if any(g.throttled for g in node) else 0.0)
+        spans = _spans(self.throttle, now - self.horizon_s)
+        spans = [(a - now, b - now) for a, b in spans]
+        for plot_id, key, title, unit in (
+                ("#fleet-plot-gen", "gen_tps", "generation tok/s (Prometheus)", "tok/s"),
+                ("#fleet-plot-ttft", "ttft_p50_s", "TTFT p50 (Prometheus)", "seconds")):
+            plot = self.query_one(plot_id, TimePlot)
+            if not plot.due(now, self.horizon_s, (len(spans), self.backfill)):
+                continue  # a plotext rebuild is the costliest thing here: only when the lines moved
+            points = state.series[key].since(now - self.horizon_s)
+            data = PlotData(title=f"{title} — {self.backfill}" if self.backfill else title, ylabel=unit,
+                            horizon_s=self.horizon_s,
+                            lines={self.engine_name: ([t - now for t, _ in points], [v for _, v in points])},
+                            throttle_spans=spans)
+            plot.show(data, now)
+
+
+def _spans(series: Series, t0: float) -> list[tuple[float, float]]:
+    spans: list[tuple[float, float]] = []
+    start = None
+    last = t0
+    for t, v in series.since(t0):
+        if v and start is None:
+            start = t
+        elif not v and start is not None:
+            spans.append((start, t))
+            start = None
+        last = t
+    if start is not None:
+        spans.append((start, last))
+    return spans

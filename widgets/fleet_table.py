@@ -1,0 +1,231 @@
+"""The fleet table: one row per engine, its node's GPUs beside it. Rows are built here from the store's
+samples (pure functions, no Textual), drawn by FleetTable (a DataTable) which keeps the cursor on the same
+engine across refreshes, sorts by any column and filters by a typed text."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from rich.console import RenderableType
+from rich.text import Text
+from textual import events
+from textual.widget import Widget
+
+from tui.sources.samples import EngineSample, GpuSample
+from tui.store import EngineState
+from widgets.fmt import NA, ms, num, pct
+
+HEALTH_STYLE = {"up": "green", "loading": "yellow", "starting": "yellow", "down": "bold red"}
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    label: str
+    value: Callable[[EngineSample, EngineState, list[GpuSample]], object]  # what it sorts by
+    text: Callable[[object], str]
+
+
+def _stat(attr: str):
+    return lambda s, st, g: getattr(st.stats, attr)
+
+
+def _reading(attr: str):
+    return lambda s, st, g: getattr(s.reading, attr) if s.reading else None
+
+
+def _gpu_mean(attr: str):
+    def value(s, st, gpus):
+        vals = [getattr(g, attr) for g in gpus if getattr(g, attr) is not None]
+        return sum(vals) / len(vals) if vals else None
+    return value
+
+
+def _gpu_max(attr: str):
+    def value(s, st, gpus):
+        vals = [getattr(g, attr) for g in gpus if getattr(g, attr) is not None]
+        return max(vals) if vals else None
+    return value
+
+
+def _throttle(s, st, gpus) -> str:
+    words = sorted({w for g in gpus if g.throttled for w in g.throttle_reasons if w != "idle"})
+    return ", ".join(words)
+
+
+def _status(s: EngineSample, st, g) -> str:
+    if s.stale:
+        return "stale"
+    if s.alerts:
+        return "alert"
+    return s.health
+
+
+COLUMNS = (
+    Column("status", _status, str),
+    Column("engine", lambda s, st, g: s.name, str),
+    Column("job", lambda s, st, g: s.job or "", str),
+    Column("model", lambda s, st, g: (s.model or "").rsplit("/", 1)[-1], lambda v: v or NA),
+    Column("host", lambda s, st, g: s.host or "", str),
+    Column("gen tok/s", _stat("gen_tps"), lambda v: num(v)),
+    Column("prompt tok/s", _stat("prompt_processed_tps"), lambda v: num(v)),
+    Column("TTFT p50", _stat("ttft_p50_s"), lambda v: ms(v)),
+    Column("TTFT p90", _stat("ttft_p90_s"), lambda v: ms(v)),
+    Column("ITL p50", _stat("itl_p50_s"), lambda v: ms(v)),
+    Column("run", _reading("running"), lambda v: num(v, "{:.0f}")),
+    Column("wait", _reading("waiting"), lambda v: num(v, "{:.0f}")),
+    Column("KV", _reading("kv_cache_usage"), lambda v: pct(v)),
+    Column("prefix hit", _stat("prefix_cache_hit_rate"), lambda v: pct(v)),
+    Column("GPU util", _gpu_mean("util_gpu_pct"), lambda v: num(v, "{:.0f}%")),
+    Column("GPU W", lambda s, st, g: sum(x.power_w for x in g if x.power_w is not None) if g else None,
+           lambda v: num(v, "{:.0f}")),
+    Column("GPU °C", _gpu_max("temp_c"), lambda v: num(v, "{:.0f}")),
+    Column("throttle", _throttle, lambda v: v or ""),
+    Column("alerts / why", lambda s, st, g: "; ".join(s.alerts) or (s.health_reason or "") or (
+        s.metrics_error or ""), str),
+)
+STATUS_STYLE = {**HEALTH_STYLE, "stale": "bold yellow", "alert": "bold white on red"}
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    name: str
+    values: tuple[object, ...]
+    cells: tuple[Text | str, ...]
+    haystack: str  # what a typed filter matches, lower case
+
+
+def gpus_by_host(gpus: Iterable[GpuSample]) -> dict[str, list[GpuSample]]:
+    out: dict[str, list[GpuSample]] = {}
+    for g in gpus:
+        out.setdefault(g.host or "", []).append(g)
+    return out
+
+
+def build_rows(engines: dict[str, EngineState], gpus: Iterable[GpuSample]) -> list[Row]:
+    by_host = gpus_by_host(gpus)
+    rows = []
+    for name, state in engines.items():
+        s = state.sample
+        if s is None:
+            continue
+        node = by_host.get(s.host or "", [])
+        values = tuple(c.value(s, state, node) for c in COLUMNS)
+        cells: list[Text | str] = [c.text(v) for c, v in zip(COLUMNS, values, strict=True)]
+        status = values[0]
+        cells[0] = Text(str(status), style=STATUS_STYLE.get(str(status), ""))
+        if values[17]:
+            cells[17] = Text(str(cells[17]), style="bold red")
+        if s.alerts or s.health != "up":
+            cells[18] = Text(str(cells[18]), style="red")
+        haystack = " ".join(str(v) for v in values[:5] if v).lower() + f" {status} " + str(values[18]).lower()
+        rows.append(Row(name, values, tuple(cells), haystack))
+    return rows
+
+
+def order(rows: list[Row], column: int, reverse: bool, text: str) -> list[Row]:
+    """Rows matching every word typed, sorted by `column` (n/a last whichever the direction)."""
+    words = text.lower().split()
+    kept = [r for r in rows if all(w in r.haystack for w in words)] if words else list(rows)
+    present = [r for r in kept if r.values[column] not in (None, "")]
+    missing = [r for r in kept if r.values[column] in (None, "")]
+    numeric = all(isinstance(r.values[column], int | float) for r in present)
+    key = (lambda r: r.values[column]) if numeric else (lambda r: str(r.values[column]).lower())
+    present.sort(key=key, reverse=reverse)
+    return present + sorted(missing, key=lambda r: r.name)
+
+
+WIDTHS = (6, 24, 8, 14, 18, 9, 12, 8, 8, 8, 4, 4, 6, 10, 8, 6, 6, 22, 200)
+
+
+class FleetTable(Widget, can_focus=True):
+    """Draws only the rows in view (a rich Table of ~screen-height rows), so filtering, sorting and
+    scrolling cost the same with 500 engines as with 50; the cursor stays on the engine it was on."""
+
+    DEFAULT_CSS = "FleetTable { height: 1fr; }"
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.rows: list[Row] = []
+        self.cursor = 0
+        self.top = 0
+        self.sort_column = 5  # generation tok/s, busiest first
+        self.sort_reverse = True
+
+    @property
+    def row_count(self) -> int:
+        return len(self.rows)
+
+    @property
+    def selected(self) -> str | None:
+        return self.rows[self.cursor].name if 0 <= self.cursor < len(self.rows) else None
+
+    def _visible(self) -> int:
+        return max(1, self.size.height - 1)  # one line of header
+
+    def show(self, rows: list[Row]) -> None:
+        keep = self.selected
+        if [r.cells for r in rows] == [r.cells for r in self.rows] and \
+                [r.name for r in rows] == [r.name for r in self.rows]:
+            return
+        self.rows = rows
+        names = [r.name for r in rows]
+        self.cursor = names.index(keep) if keep in names else min(self.cursor, max(0, len(rows) - 1))
+        self._scroll()
+        self.refresh()
+
+    def move(self, delta: int) -> None:
+        if self.rows:
+            self.cursor = max(0, min(len(self.rows) - 1, self.cursor + delta))
+            self._scroll()
+            self.refresh()
+
+    def _scroll(self) -> None:
+        visible = self._visible()
+        if self.cursor < self.top:
+            self.top = self.cursor
+        elif self.cursor >= self.top + visible:
+            self.top = self.cursor - visible + 1
+        self.top = max(0, min(self.top, max(0, len(self.rows) - visible)))
+
+    def on_click(self, event: events.Click) -> None:
+        row = self.top + event.y - 1
+        if 0 <= row < len(self.rows) and event.y >= 1:
+            self.cursor = row
+            self.refresh()
+
+    def on_resize(self) -> None:
+        self._scroll()
+
+    def render(self) -> RenderableType:
+        """Lines of fixed-width cells as one Text: a rich Table would be measured and re-rendered by the
+        compositor many times a frame, which costs ~100x more for the same picture."""
+        if not self.rows:
+            return Text("no engine matches the filter", style="dim")
+        width = self.size.width or 200
+        out = Text(no_wrap=True, overflow="ellipsis")
+        header = [c.label + (("↓" if self.sort_reverse else "↑") if i == self.sort_column else "")
+                  for i, c in enumerate(COLUMNS)]
+        self._line(out, [Text(h, style="bold") for h in header], width)
+        end = min(self.top + self._visible(), len(self.rows))
+        for i in range(self.top, end):
+            out.append("\n")
+            cells = [c if isinstance(c, Text) else Text(c) for c in self.rows[i].cells]
+            start = len(out)
+            self._line(out, cells, width)
+            if i == self.cursor:
+                out.stylize("reverse", start, len(out))
+        return out
+
+    @staticmethod
+    def _line(out: Text, cells: list[Text], width: int) -> None:
+        used = 0
+        for cell, w in zip(cells, WIDTHS, strict=True):
+            w = min(w, max(0, width - used - 1))
+            if w <= 0:
+                break
+            piece = cell.copy()
+            piece.truncate(w, overflow="ellipsis", pad=True)
+            out.append_text(piece)
+            out.append(" ")
+            used += w + 1
