@@ -236,3 +236,31 @@ async def test_probes_never_overlap_on_an_engine_and_are_spread() -> None:
     # The second engine starts part of a slot after the first, not at the same instant.
     first = {name: min(r.sent_at for r in seen if r.engine == name) for name in ("a", "b")}
     assert first["b"] - first["a"] >= schedule.slot_s / 2 * (1 - schedule.jitter) - 0.02
+
+
+def test_a_profile_is_probed_at_its_url_with_its_key_file_and_the_key_never_shown(tmp_path: Path,
+                                                                                    monkeypatch) -> None:
+    key = "exporter-profile-s3cret"
+    with running(default=Scenario(require_key=key, per_token_delay_s=0.001)) as server:
+        profiles = tmp_path / "config" / "enginetop" / "profiles"
+        profiles.mkdir(parents=True)
+        (tmp_path / "key").write_text(key + "\r\n")  # as a user's editor may save it
+        (profiles / "keyed.toml").write_text(
+            'name = "keyed"\nengine = "llama.cpp"\nargv = ["llama-server", "--port", "${PORT}"]\n'
+            f'host = "127.0.0.1"\nport = {server.port}\napi_key_file = "{tmp_path / "key"}"\n')
+        monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+        exp = Exporter("--profile", "keyed", "--probe-every", "0.5", "--max-tokens", "8")
+        try:
+            body = exp.wait_for(lambda b: (value(b, "enginetop_probe_succeeded_total", engine="keyed",
+                                                 workload="short") or 0) >= 1)
+            assert value(body, "enginetop_probe_up", engine="keyed") == 1
+            assert key not in body
+            chats = [r for r in server.requests if r.path.endswith("/completions")]
+            sent = [r.headers.get("authorization") for r in chats]
+            assert sent and all(a == f"Bearer {key}" for a in sent)
+            unknown = enginetop("exporter", "--profile", "no-such-profile")
+            assert unknown.returncode == 2 and "no-such-profile" in unknown.stderr
+            assert "Traceback" not in unknown.stderr
+        finally:
+            rc, err = exp.stop()
+        assert rc == 0 and key not in err
