@@ -155,3 +155,15 @@ def test_tab_command_carries_the_dashboard_options_and_no_secret() -> None:
     again = build_parser().parse_args(command.split()[3:])
     for dest in ("engine", "api_key_file", "probe_every", "keep_engines", "probe_workload", "interval"):
         assert getattr(again, dest) == getattr(args, dest), dest
+
+
+def test_refuses_to_start_an_engine_per_browser_tab() -> None:
+    # Every tab runs its own dashboard: one that starts engines would start one per tab, on the same port.
+    for argv in ([], ["--demo", "llama"]):
+        proc = enginetop("web", *argv)
+        assert proc.returncode == 2, proc.stderr
+        assert "once per browser tab" in proc.stderr and "enginetop up demo-cpu-threads2" in proc.stderr
+    proc = enginetop("web", "--profile", "demo-cpu-threads1")
+    assert proc.returncode == 2
+    assert "no engine of this profile is running" in proc.stderr
+    assert "enginetop up demo-cpu-threads1" in proc.stderr and "Traceback" not in proc.stderr

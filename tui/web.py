@@ -77,12 +77,25 @@ def _check(args: argparse.Namespace) -> Listen:
             raise ValueError(f"--engine {parsed.name}: user:password@ in the URL would be on every browser "
                              "tab's command line; put a key in a file and give --api-key-file NAME=PATH")
     build_targets(args.engine, args.api_key_file, args.api_key_env)  # a missing key file: said once, here
+    watches = args.engine or args.profile or getattr(args, "prometheus", None) or getattr(args, "dcgm", None)
+    if getattr(args, "demo", None) or not watches:  # with nothing to watch, the dashboard starts the demo
+        raise ValueError("--demo would start the demo engines once per browser tab: start them once with "
+                         "`enginetop up demo-cpu-threads2` (and demo-vllm-gemma), then "
+                         "`enginetop web --profile demo-cpu-threads2 ...`")
     if args.profile:
+        from tui.lifecycle.process import pid_alive
         from tui.lifecycle.profiles import load_profiles
+        from tui.lifecycle.state import read_state
 
         loaded = load_profiles()
         for name in args.profile:
             loaded.get(name)
+            record = read_state(name)
+            # Every tab's dashboard attaches to the engine `enginetop up` started; with none running, each
+            # tab would start its own on the same port.
+            if record is None or not pid_alive(record["pid"], record.get("create_time")):
+                raise ValueError(f"--profile {name}: no engine of this profile is running; start it once "
+                                 f"with `enginetop up {name}` and every browser tab attaches to it")
     check_free(listen)
     return listen
 
