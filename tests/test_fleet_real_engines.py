@@ -16,7 +16,9 @@ A missing engine fails (conftest), never skips.
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -24,9 +26,11 @@ from prometheus_server import running_prometheus
 
 from tui.fleet.prometheus import PrometheusClient
 from tui.fleet.source import FleetSource
+from tui.record.reader import Recording
 from tui.sources.metrics import parse_reading
 from tui.sources.rates import histogram_quantile
 
+ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.engine
 RATE_TOLERANCE = 0.35
 Q_TOL = 0.05
@@ -80,7 +84,7 @@ async def settle(prom, url: str) -> tuple:
         await asyncio.sleep(0.5)
 
 
-async def test_llama_server_through_prometheus_matches_its_own_metrics(llama_server):
+async def test_llama_server_through_prometheus_matches_its_own_metrics(llama_server, tmp_path):
     with running_prometheus({"llama": [f"127.0.0.1:{llama_server.port}"]}) as prom:
         prom.wait_for("llamacpp:tokens_predicted_total")
         task = asyncio.create_task(load(llama_server.url, 14))
@@ -101,6 +105,21 @@ async def test_llama_server_through_prometheus_matches_its_own_metrics(llama_ser
         assert sample.reading.running == now.running == 0
         # llama.cpp has no histograms and no KV gauge: n/a through Prometheus too, never 0
         assert sample.stats.ttft_p50_s is None and sample.reading.kv_cache_usage is None
+
+        # `enginetop record --prometheus`: the same fleet samples, figures and labels, kept in a recording
+        out = tmp_path / "fleet.enginetop.sqlite"
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "tui", "record", "--prometheus", prom.url, "--refresh", "1",
+            "--duration", "5", "-o", str(out), cwd=ROOT, stderr=asyncio.subprocess.PIPE)
+        _, err = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode == 0, err.decode()
+        assert f"recording the fleet in {prom.url}" in err.decode()
+        recorded = [r.item for r in Recording(out).rows() if r.kind == "engine"]
+        assert len(recorded) >= 3
+        last = recorded[-1]
+        assert last.instance == f"127.0.0.1:{llama_server.port}" and last.health == "up"
+        assert last.stats is not None and last.reading.dialect == "llamacpp"
+        assert last.reading.generation_tokens_total == now.generation_tokens_total  # idle since settle()
 
 
 async def test_vllm_through_prometheus_matches_its_own_metrics(vllm_server):

@@ -20,7 +20,7 @@ import pytest
 
 from tui.lifecycle import process
 from tui.lifecycle.engine import EngineInstance, launch_instance, stop_instance
-from tui.lifecycle.process import free_port, pid_alive
+from tui.lifecycle.process import free_port, launch, pid_alive, stop_group
 from tui.lifecycle.profiles import Profile, resolve
 from tui.lifecycle.switch import EngineManager
 
@@ -138,3 +138,28 @@ def test_pid_of_a_seen_child_reused_by_a_stranger_is_left_alone(
     time.sleep(0.3)
     assert stranger.poll() is None and pid_alive(stranger.pid)
 
+
+
+# On SIGTERM: a thread goes on cleaning up while the main thread exits, as llama-server's shutdown does.
+# /proc then shows the group leader as a zombie although the process still runs.
+MAIN_THREAD_EXITS_FIRST = r'''
+import ctypes, signal, threading, time
+def on_term(*_):
+    threading.Thread(target=time.sleep, args=(1.5,)).start()
+    ctypes.CDLL(None).pthread_exit(None)
+signal.signal(signal.SIGTERM, on_term)
+print("ready", flush=True)
+time.sleep(60)
+'''
+
+
+def test_stop_waits_until_our_child_has_really_exited(tmp_path: Path) -> None:
+    launched = launch([sys.executable, "-c", MAIN_THREAD_EXITS_FIRST], tmp_path / "child.log")
+    deadline = time.monotonic() + 10
+    while "ready" not in (tmp_path / "child.log").read_text():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    started = time.monotonic()
+    assert stop_group(launched) == "terminated"
+    assert not launched.alive()  # reaped: not merely a zombie-looking leader with a thread still running
+    assert time.monotonic() - started >= 1.0

@@ -14,7 +14,7 @@ from tui.record.schema import RecordingError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from tui.cli import _add_target_args
+    from tui.cli import _add_fleet_args, _add_target_args
 
     rec = sub.add_parser("record", help="record engines, GPU and host headless (no terminal needed) "
                                         "until SIGTERM/SIGINT")
@@ -23,6 +23,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                      help="start (or attach to) this profile's engine, record it, stop it at the end "
                           "(repeatable)")
     rec.add_argument("--keep-engines", action="store_true", help="leave the engines started here running")
+    _add_fleet_args(rec)
+    rec.add_argument("--refresh", type=float, default=None, metavar="SECONDS",
+                     help="how often Prometheus / dcgm-exporter are read (default 5)")
     rec.add_argument("-o", "--out", type=Path, help="the recording (default: a new file in the data dir)")
     rec.add_argument("--interval", type=float, default=1.0, help="engine poll interval, seconds")
     rec.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
@@ -75,16 +78,19 @@ def cmd_record(args: argparse.Namespace) -> int:
     def say(line: str) -> None:
         print(f"enginetop record: {line}", file=sys.stderr, flush=True)
 
+    from tui.cli import fleet_options
     from tui.lifecycle.profiles import ProfileError, load_profiles
+    from tui.targets import TargetError
 
-    targets = build_targets(args.engine, args.api_key_file, args.api_key_env)
     try:
+        targets = build_targets(args.engine, args.api_key_file, args.api_key_env)
+        fleet_opts = fleet_options(args)
         profiles = [load_profiles().get(name) for name in args.profile or []]
-    except ProfileError as exc:
+    except (ProfileError, TargetError, OSError, ValueError) as exc:
         say(str(exc))
         return 2
-    if not targets and not profiles:
-        say("give at least one --engine NAME=URL or --profile NAME")
+    if not targets and not profiles and fleet_opts is None:
+        say("give at least one --engine NAME=URL, --profile NAME or --prometheus URL")
         return 2
     try:
         recorder = open_recorder(args.out, [*targets, *profile_targets(profiles)], args, say)
@@ -99,9 +105,14 @@ def cmd_record(args: argparse.Namespace) -> int:
             if target is None:
                 return 1
             targets.append(target)
+        fleet = None
+        if fleet_opts is not None:
+            from tui.fleet.options import make_sources
+
+            fleet = make_sources(fleet_opts, lambda: None)
         why = asyncio.run(record(targets, recorder, interval_s=args.interval, say=say,  # type: ignore[arg-type]
                                  duration_s=args.duration, line_every_s=args.status_every,
-                                 managers=managers))
+                                 managers=managers, fleet=fleet))
     finally:
         for manager in managers:
             if not args.keep_engines:

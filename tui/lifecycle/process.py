@@ -233,9 +233,18 @@ class OwnedGroup:
         self._wait_gone(5.0)
         return "killed"
 
+    def _gone(self) -> bool:
+        if self.proc is not None:
+            with _SIGNAL_LOCK:
+                # Our own child is gone once reaped: a leader whose main thread has returned reads as a
+                # zombie in /proc while its other threads still run (llama-server cleaning up on SIGTERM).
+                if self.proc.poll() is None:
+                    return False
+        return not self.members()
+
     def _wait_gone(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
-        while self.members():
+        while not self._gone():
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.05)

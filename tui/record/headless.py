@@ -104,8 +104,9 @@ async def record(targets: list[EngineTarget], recorder: Recorder, *, interval_s:
                  gpu: GpuSampler | None = None, host: HostSampler | None = None,
                  say: Callable[[str], None] = print, line_every_s: float = 60.0,
                  store: Store | None = None, duration_s: float | None = None,
-                 managers: Sequence[Any] = ()) -> str:
-    """Record until SIGTERM/SIGINT (or `duration_s`); returns why it stopped."""
+                 managers: Sequence[Any] = (), fleet: Any = None) -> str:
+    """Record until SIGTERM/SIGINT (or `duration_s`); returns why it stopped. `fleet`
+    (tui.fleet.options.FleetSources): Prometheus and dcgm-exporter sources, fed and recorded the same way."""
     store = store or Store()
     store.listeners.append(recorder)
     transports = Transports()
@@ -113,6 +114,8 @@ async def record(targets: list[EngineTarget], recorder: Recorder, *, interval_s:
     host = host or HostSampler()
     sources: list[Source] = [EngineSource(t, transports, interval_s) for t in targets]
     sources.append(MachineSource(gpu, host, LocalPids(targets), interval_s, 2 * interval_s))
+    if fleet is not None:
+        sources.extend(fleet.all())
     stop = asyncio.Event()
     why = ["duration reached"]
     loop = asyncio.get_running_loop()
@@ -131,7 +134,10 @@ async def record(targets: list[EngineTarget], recorder: Recorder, *, interval_s:
     feed = asyncio.create_task(Feed(store, sources, on_error=on_error).run())
     watch = asyncio.create_task(_watch_managers(managers, recorder, say))
     started = time.monotonic()
-    say(f"recording {', '.join(t.name for t in targets)} to {recorder.path} (pid {os.getpid()})")
+    what = [t.name for t in targets]
+    if fleet is not None and fleet.client is not None:
+        what.append(f"the fleet in {fleet.client.shown}")
+    say(f"recording {', '.join(what) or 'GPUs'} to {recorder.path} (pid {os.getpid()})")
     try:
         while not stop.is_set():
             timeout = line_every_s
@@ -144,8 +150,11 @@ async def record(targets: list[EngineTarget], recorder: Recorder, *, interval_s:
                 break
             if stop.is_set() or (duration_s is not None and time.monotonic() - started >= duration_s):
                 break
-            ups = ", ".join(f"{n}: {s.sample.health if s.sample else 'no answer'}"
-                            for n, s in store.engines.items())
+            health = [s.sample.health if s.sample else "no answer" for s in store.engines.values()]
+            if len(health) <= 8:
+                ups = ", ".join(f"{n}: {h}" for n, h in zip(store.engines, health, strict=True))
+            else:  # a fleet: counts, not 500 names a minute
+                ups = ", ".join(f"{health.count(h)} {h}" for h in sorted(set(health)))
             say(f"{recorder.rows} rows, {_size(recorder.path) / 1e6:.2f} MB in {recorder.path} after "
                 f"{(time.monotonic() - started) / 60:.0f} min; {ups}")
     finally:
@@ -157,5 +166,7 @@ async def record(targets: list[EngineTarget], recorder: Recorder, *, interval_s:
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.remove_signal_handler(sig)
         await transports.aclose()
+        if fleet is not None:
+            await fleet.aclose()
         await asyncio.to_thread(gpu.close)
     return why[0]
