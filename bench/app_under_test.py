@@ -10,6 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.fake_pynvml import FakeNvml, h200
 from tui.app import AppConfig, EnginetopApp
+from tui.record.writer import Recorder
 from tui.sources.gpu import GpuSampler
 from tui.targets import build_targets
 
@@ -17,9 +18,17 @@ from tui.targets import build_targets
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--engine", action="append", required=True)
+    parser.add_argument("--record", type=Path, default=None, help="record as the dashboard does by default")
     args = parser.parse_args()
-    config = AppConfig(targets=build_targets(args.engine), gpu_sampler=lambda: GpuSampler(FakeNvml([h200()])))
-    EnginetopApp(config).run(headless=True, size=(200, 60))
+    targets = build_targets(args.engine)
+    config = AppConfig(targets=targets, gpu_sampler=lambda: GpuSampler(FakeNvml([h200()])))
+    if args.record is not None:
+        config.recorder = Recorder(args.record, {t.name: t.url for t in targets})
+    try:
+        EnginetopApp(config).run(headless=True, size=(200, 60))
+    finally:
+        if config.recorder is not None:
+            config.recorder.close()
 
 
 if __name__ == "__main__":

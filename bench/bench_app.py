@@ -1,9 +1,10 @@
 """The dashboard's own cost: 4 engines polled at 1 Hz, NVML at 1 Hz, default redraw rate, 60 s a run.
 
-Two runs, one after the other:
+Three runs, one after the other:
 - typical: two real llama-servers (the demo model) and two loopback servers replaying a real vLLM 0.32
   /metrics capture (614 lines, tests/data/metrics/vllm_cpu_0.32_real.txt);
-- heavy: one real llama-server and three loopback servers replaying the 3,012-line vLLM 0.33 body.
+- heavy: one real llama-server and three loopback servers replaying the 3,012-line vLLM 0.33 body;
+- typical again, with the session recorded (tui.record) as the dashboard does unless --no-record.
 Loopback servers also answer /health and /v1/models. The app runs headless in a child process (fake
 NVML with one H200, since this machine has no GPU); its CPU time and RSS are read from outside. CPU time
 is the scheduler's own count (/proc/PID/task/*/schedstat, nanoseconds); the 10 ms clock-tick figure
@@ -18,6 +19,7 @@ import argparse
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -87,7 +89,8 @@ def cpu_ns(pid: int) -> dict[int, int]:
     return runs
 
 
-def measure(seconds: float, llamas: int, body: Path, replays: int) -> tuple[float, float, float, float, int]:
+def measure(seconds: float, llamas: int, body: Path, replays: int,
+            record: Path | None = None) -> tuple[float, float, float, float, int]:
     """(CPU s by the scheduler's clock, CPU s in clock ticks, wall s, peak RSS bytes, body lines) of the
     app watching `llamas` real llama-servers and `replays` loopback servers replaying `body`."""
     global VLLM_BODY
@@ -108,6 +111,8 @@ def measure(seconds: float, llamas: int, body: Path, replays: int) -> tuple[floa
         argv = [sys.executable, str(ROOT / "bench/app_under_test.py")]
         for e in engines:
             argv += ["--engine", e]
+        if record is not None:
+            argv += ["--record", str(record)]
         app = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE)
         proc = psutil.Process(app.pid)
@@ -137,9 +142,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=60)
     args = parser.parse_args()
-    runs = [("typical", 2, DATA / "vllm_cpu_0.32_real.txt", 2), ("heavy", 1, DATA / "vllm_0_33.txt", 3)]
-    for label, llamas, body, replays in runs:
-        cpu, ticks, wall, rss, lines = measure(args.seconds, llamas, body, replays)
+    typical = DATA / "vllm_cpu_0.32_real.txt"
+    runs = [("typical", 2, typical, 2, False), ("heavy", 1, DATA / "vllm_0_33.txt", 3, False),
+            ("typical, recording on (the dashboard's default)", 2, typical, 2, True)]
+    for label, llamas, body, replays, record in runs:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "bench.enginetop.sqlite" if record else None
+            cpu, ticks, wall, rss, lines = measure(args.seconds, llamas, body, replays, out)
         print(f"{label}: {llamas} real llama-server(s) + {replays} replays of a {lines}-line vLLM /metrics, "
               f"NVML (fake H200) 1 Hz, redraw every 2 s (the default)")
         print(f"  app CPU over {wall:.0f} s: {cpu:.3f} s = {100 * cpu / wall:.2f}% of one core (target < 1% "

@@ -62,6 +62,13 @@ def _fields(cls: type) -> tuple[tuple[str, Any, Any], ...]:
 
 
 def encode(obj: Any, secrets: tuple[str, ...] = ()) -> Any:
+    kind = type(obj)
+    # Numbers first: a vLLM reading is mostly histogram buckets, and this runs for every value of every
+    # sample (the recorder's CPU budget, bench/bench_app.py).
+    if kind is float or kind is int or obj is None or kind is bool:
+        return obj
+    if kind is tuple or kind is list:
+        return [encode(v, secrets) for v in obj]
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         out = {}
         for name, _, default in _fields(type(obj)):
