@@ -313,3 +313,51 @@ async def test_server_closing_mid_response(fake: Fake, transport_kind: str) -> N
     assert sample.metrics_error.startswith(
         f"127.0.0.1:{fake.port}/metrics closed the connection or sent a malformed response: "
     )
+
+
+# ---- EngineSource: the one poller of the dashboard's columns and of `enginetop record` ----------------------
+async def test_engine_source_asks_models_and_health_only_now_and_then(fake: Fake) -> None:
+    from tui.sources.engine_source import EngineSource
+    from tui.sources.keepalive import Transports
+
+    healthy(fake)
+    transports = Transports()
+    source = EngineSource(EngineTarget("e1", fake.url), transports, interval_s=1.0)
+    try:
+        for _ in range(4):
+            [sample] = await source.read()
+            assert sample.health == "up" and sample.model == "Qwen/Qwen3-8B"
+    finally:
+        await transports.aclose()
+    # 4 polls: /health and /v1/models once (then every 5 s and 30 s), /metrics every time
+    assert len(fake.seen_auth) == 6
+
+
+async def test_engine_source_drops_the_answer_of_an_engine_switched_away_meanwhile(fake: Fake) -> None:
+    import asyncio
+
+    from tui.sources.engine_source import EngineSource
+    from tui.sources.keepalive import Transports
+
+    healthy(fake, Route(200, VLLM_BODY, delay=0.5))
+    transports = Transports()
+    source = EngineSource(EngineTarget("old", fake.url), transports, interval_s=1.0)
+    try:
+        reading = asyncio.create_task(source.read())
+        await asyncio.sleep(0.2)
+        source.target = EngineTarget("new", fake.url)
+        assert await reading == []  # the old engine's answer must not land in the new column
+        [sample] = await source.read()
+        assert sample.name == "new"
+    finally:
+        await transports.aclose()
+
+
+def test_local_pids_finds_who_listens_on_a_loopback_engine_and_skips_remote_ones(fake: Fake) -> None:
+    import os
+
+    from tui.sources.engine_source import LocalPids
+
+    pids = LocalPids([EngineTarget("here", fake.url), EngineTarget("far", "http://10.9.9.9:8000")])
+    assert list(pids.watched) == ["here"]
+    assert pids() == {"here": os.getpid()}  # the fake server runs in this process

@@ -20,7 +20,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from urllib.parse import urlparse
 
 from textual.app import App, ComposeResult
 from textual.binding import Binding
@@ -34,7 +33,6 @@ from tui.feed import Feed, Source
 from tui.fleet.backfill import backfill_engine, backfill_throttle
 from tui.fleet.options import FleetOptions, FleetSources, make_sources
 from tui.fleet.prometheus import PromError
-from tui.lifecycle.process import pid_alive
 from tui.lifecycle.profiles import Profile, ProfileError, resolve
 from tui.lifecycle.switch import EngineManager, EngineStatus, StepEvent, SwitchResult
 from tui.probe.results import DEFAULT_TTFT_GAP_FACTOR, ProbeResult
@@ -49,12 +47,12 @@ from tui.screens.help import HelpScreen
 from tui.screens.logs import LogScreen
 from tui.screens.sweep import SweepScreen
 from tui.screens.switch import ConfirmSwitch, SwitchProgress
-from tui.sources.engine import EngineTarget, poll_engine
+from tui.sources.engine import EngineTarget
+from tui.sources.engine_source import EngineSource, LocalPids
 from tui.sources.gpu import GpuSampler
-from tui.sources.host import HostSampler, pids_listening
+from tui.sources.host import HostSampler
 from tui.sources.keepalive import Transports
 from tui.sources.machine import MachineSource
-from tui.sources.samples import EngineSample
 from tui.store import EngineState, Store
 from widgets.engine_panel import EnginePanel
 from widgets.gpu_panel import GpuPanel
@@ -64,27 +62,29 @@ from widgets.probe_panel import ProbePanel
 
 log = logging.getLogger(__name__)
 
-LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", "0.0.0.0"}
-MODEL_REFRESH_S = 30.0
-HEALTH_REFRESH_S = 5.0  # while /metrics answers; any failure asks /health at once
-PID_RESCAN_S = 30.0  # who listens on a watched port: a walk of every socket, and engines seldom move
 QUIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
 @dataclass
 class Slot:
-    """One engine column. `target.name` is the store key: a switch gives the slot a new name, so the
-    plots keep the old configuration's line beside the new one."""
+    """One engine column, polled by its `source`. `target.name` is the store key: a switch gives the slot a
+    new name, so the plots keep the old configuration's line beside the new one."""
 
     index: int
-    target: EngineTarget
+    source: EngineSource
     manager: EngineManager | None = None  # set when enginetop drives this engine through profiles
     profile: Profile | None = None
     status: EngineStatus | None = None
     failure: str | None = None  # why the last start/switch failed, until the next one succeeds
     probe_every_s: float | None = None
-    model_asked: float = 0.0  # when the poller last asked /v1/models, and /health
-    health_asked: float = 0.0
+
+    @property
+    def target(self) -> EngineTarget:
+        return self.source.target
+
+    @target.setter
+    def target(self, target: EngineTarget) -> None:
+        self.source.target = target
 
 
 @dataclass
@@ -158,19 +158,21 @@ class EnginetopApp(App[None]):
         self._transports = Transports()  # keep-alive connections to every engine asked directly
         self._gpu = config.gpu_sampler()
         self._host = config.host_sampler()
-        self._local_pids: dict[str, int] = {}  # watched engines on this machine, found by port
-        self._next_pid_scan = 0.0
         self._model_bytes: dict[str, float | None] = {}
         self.fleet: FleetSources | None = None
         if config.fleet is not None:
             self.fleet = make_sources(config.fleet, lambda: self.store.gpu)
         self._fleet_drawn: tuple = ()
         self.slots: list[Slot] = []
+        every = config.poll_interval_s
         for target in config.targets:
-            self.slots.append(Slot(len(self.slots), target, probe_every_s=config.probe_every_s))
+            self.slots.append(Slot(len(self.slots), EngineSource(target, self._transports, every),
+                                   probe_every_s=config.probe_every_s))
         for profile in config.profiles:
-            self.slots.append(Slot(len(self.slots), self._profile_target(profile), EngineManager(
-                gpu=self._gpu.sample), profile, probe_every_s=config.probe_every_managed_s))
+            source = EngineSource(self._profile_target(profile), self._transports, every, launched_by_us=True)
+            self.slots.append(Slot(len(self.slots), source, EngineManager(gpu=self._gpu.sample), profile,
+                                   probe_every_s=config.probe_every_managed_s))
+        self._local_pids = LocalPids(config.targets)  # watched engines on this machine, found by port
         for slot in self.slots:
             self.store.engine(slot.target.name, slot.target.url)
 
@@ -240,7 +242,7 @@ class EnginetopApp(App[None]):
         """The one polling loop (tui.feed): a source per engine column, each read in its own task so a slow
         engine delays nobody but itself, and one for NVML and psutil (they block: one thread hop)."""
         config = self.config
-        sources: list[Source] = [_SlotSource(self, slot) for slot in self.slots]
+        sources: list[Source] = [slot.source for slot in self.slots]
         if self.fleet is not None:
             sources.extend(self.fleet.all())  # Prometheus and dcgm-exporter read the remote GPUs
         if not config.fleet_table:
@@ -251,52 +253,14 @@ class EnginetopApp(App[None]):
     async def _sample_loop(self) -> None:
         await self._feed().run()
 
-    async def _poll_engine(self, slot: Slot) -> EngineSample | None:
-        started = time.monotonic()
-        target = slot.target  # a switch replaces it
-        last = self.store.engines[target.name].sample
-        known = None  # ask /v1/models again after any trouble, and every MODEL_REFRESH_S anyway
-        if last is not None and last.health == "up" and started - slot.model_asked < MODEL_REFRESH_S:
-            known = last.model
-        if known is None:
-            slot.model_asked = started
-        # A dead vLLM engine core still serves /metrics, so /health is asked now and then; llama-server
-        # answers both from one HTTP server (503 on every path while loading), so /metrics says it all.
-        llama = last is not None and last.reading is not None and last.reading.dialect == "llamacpp"
-        check_health = known is None or (not llama and started - slot.health_asked >= HEALTH_REFRESH_S)
-        if check_health:
-            slot.health_asked = started
-        sample = await poll_engine(self._transports.for_url(target.url), target,
-                                   timeout=min(2.0, self.config.poll_interval_s * 2),
-                                   launched_by_us=slot.manager is not None, known_model=known,
-                                   check_health=check_health)
-        return sample if target is slot.target else None  # switched meanwhile: the old engine's answer
-
     def _engine_pids(self) -> dict[str, int]:
-        """In the machine source's thread. Finding who listens on a watched port walks every socket, so it
-        is done rarely (engines seldom move)."""
-        now = time.monotonic()
-        if now >= self._next_pid_scan:
-            self._next_pid_scan = now + PID_RESCAN_S
-            self._find_local_engine_pids()
-        pids = dict(self._local_pids)
+        """In the machine source's thread: the watched engines found by port, and the ones we launched."""
+        pids = self._local_pids()
         for slot in self.slots:
             current = slot.manager.current if slot.manager else None
             if current is not None and current.pid is not None:
                 pids[slot.target.name] = current.pid
         return pids
-
-    def _find_local_engine_pids(self) -> None:
-        watched = {}
-        for slot in self.slots:
-            parsed = urlparse(slot.target.url)
-            if slot.manager is None and parsed.hostname in LOCAL_HOSTS and parsed.port:
-                watched[slot.target.name] = (None, parsed.port)
-        known = self._local_pids
-        if all(name in known and pid_alive(known[name]) for name in watched):
-            return  # every watched engine's process is still there: walking every socket would find the same
-        found = pids_listening(list(watched.values())) if watched else {}
-        self._local_pids = {name: found[addr] for name, addr in watched.items() if addr in found}
 
     # ---- probes ---------------------------------------------------------------------------
     async def _probe(self, slot: Slot) -> None:
@@ -711,16 +675,3 @@ class EnginetopApp(App[None]):
         and its result says so); called after the app exits (it blocks)."""
         return [slot.manager.shutdown() for slot in self.slots if slot.manager is not None]
 
-
-class _SlotSource:
-    """One engine column as a feed source: the column's target changes on a switch, so it is read anew
-    each time."""
-
-    def __init__(self, app: EnginetopApp, slot: Slot) -> None:
-        self.app, self.slot = app, slot
-        self.name = f"engine {slot.index}"
-        self.interval_s = app.config.poll_interval_s
-
-    async def read(self) -> list[EngineSample]:
-        sample = await self.app._poll_engine(self.slot)
-        return [sample] if sample is not None else []

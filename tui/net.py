@@ -18,6 +18,7 @@ import ipaddress
 import json
 import ssl
 import urllib.request
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -25,9 +26,47 @@ import httpx
 
 LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost"}
 DEFAULT_PORTS = {"http": 80, "https": 443}
+MAX_HEAD_BYTES = 64 * 1024  # a response head (status line and headers) larger than this is refused
 
 _ssl_context: ssl.SSLContext | None = None
 
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where an http(s) URL connects: the one parser of the hand-made HTTP/1.1 clients (the poller's
+    keep-alive pool and the probe's exchange)."""
+
+    scheme: str
+    host: str
+    port: int
+
+    @classmethod
+    def of(cls, url: str) -> Origin:
+        """Raises ValueError, with the URL shown without credentials."""
+        parts = urlsplit(url)
+        if parts.scheme not in DEFAULT_PORTS or not parts.hostname:
+            raise ValueError(f"not an http:// or https:// URL: {public_url(url)}")
+        try:
+            port = parts.port or DEFAULT_PORTS[parts.scheme]
+        except ValueError:
+            raise ValueError(f"not a valid port in {public_url(url)}") from None
+        return cls(parts.scheme, parts.hostname, port)
+
+    @property
+    def authority(self) -> str:
+        """host[:port] for the Host header and URLs: the port only when it is not the default."""
+        return self.hostport.rpartition(":")[0] if self.port == DEFAULT_PORTS[self.scheme] else self.hostport
+
+    @property
+    def hostport(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+def request_target(url: str) -> str:
+    """The path and query of `url`, as the request line carries them."""
+    parts = urlsplit(url)
+    return (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
 
 def ssl_context() -> ssl.SSLContext:
     """The trust every enginetop client has for https engines, as httpx gives it with trust_env=False:

@@ -28,9 +28,7 @@ from urllib.parse import unquote, urlsplit
 
 import h11
 
-from tui.net import DEFAULT_PORTS, proxy_for, public_url, ssl_context
-
-MAX_HEAD_BYTES = 64 * 1024
+from tui.net import MAX_HEAD_BYTES, Origin, proxy_for, public_url, request_target, ssl_context
 
 # Called with each piece of decoded body and its arrival time (time.monotonic()); True stops reading.
 Sink = Callable[[bytes, float], bool]
@@ -54,27 +52,11 @@ class Phases:
     sent_at: float | None = None  # the request went out (after any proxy CONNECT and TLS)
 
 
-@dataclass(frozen=True)
-class _Origin:
-    scheme: str
-    host: str
-    port: int
-
-    @classmethod
-    def of(cls, url: str) -> _Origin:
-        parts = urlsplit(url)
-        if parts.scheme not in DEFAULT_PORTS or not parts.hostname:
-            raise HttpFailure("url", f"not an http:// or https:// URL: {public_url(url)}")
-        return cls(parts.scheme, parts.hostname, parts.port or DEFAULT_PORTS[parts.scheme])
-
-    @property
-    def authority(self) -> str:
-        """host[:port] for the Host header and URLs: the port only when it is not the default."""
-        return self.hostport.rpartition(":")[0] if self.port == DEFAULT_PORTS[self.scheme] else self.hostport
-
-    @property
-    def hostport(self) -> str:
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+def _origin(url: str) -> Origin:
+    try:
+        return Origin.of(url)
+    except ValueError as exc:
+        raise HttpFailure("url", str(exc)) from None
 
 
 class _Response(asyncio.Protocol):
@@ -249,14 +231,13 @@ class Exchange:
     async def open(self, url: str, headers: dict[str, str], content: bytes, connect_s: float) -> None:
         """Connect (through the environment's proxy when tui.net says so), set up TLS, send the request."""
         loop = asyncio.get_running_loop()
-        origin = _Origin.of(url)
-        parts = urlsplit(url)
-        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        origin = _origin(url)
+        path = request_target(url)
         proxy = proxy_for(url)
         if proxy and urlsplit(proxy).scheme != "http":
             raise HttpFailure("proxy", f"the proxy {public_url(proxy)} is not http://: the probe client "
                                        "speaks only to http:// proxies (add the engine's host to NO_PROXY)")
-        hop = _Origin.of(proxy) if proxy else origin
+        hop = _origin(proxy) if proxy else origin
         proto = self._proto = _Response(loop, self.read_s)
         began = time.monotonic()
         try:
@@ -281,7 +262,7 @@ class Exchange:
         self.phases.sent_at = time.monotonic()
         proto.send("POST", path, fields, content)
 
-    async def _tunnel(self, proto: _Response, origin: _Origin, auth: str | None) -> _Response:
+    async def _tunnel(self, proto: _Response, origin: Origin, auth: str | None) -> _Response:
         """CONNECT through the proxy; the protocol that reads the engine's answer on the tunnel."""
         fields = [("Host", origin.hostport)] + ([("Proxy-Authorization", auth)] if auth else [])
         proto.send("CONNECT", origin.hostport, fields)
@@ -297,7 +278,7 @@ class Exchange:
         self._proto = fresh
         return fresh
 
-    async def _start_tls(self, loop: asyncio.AbstractEventLoop, proto: _Response, origin: _Origin,
+    async def _start_tls(self, loop: asyncio.AbstractEventLoop, proto: _Response, origin: Origin,
                          timeout_s: float) -> None:
         assert proto.transport is not None
         began = time.monotonic()

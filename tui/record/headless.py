@@ -14,40 +14,16 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from tui.feed import Feed, Source
-from tui.net import is_loopback_host
 from tui.record.writer import Recorder
-from tui.sources.engine import EngineTarget, poll_engine
+from tui.sources.engine import EngineTarget
+from tui.sources.engine_source import EngineSource, LocalPids
 from tui.sources.gpu import GpuSampler
-from tui.sources.host import HostSampler, pids_listening
+from tui.sources.host import HostSampler
 from tui.sources.keepalive import Transports
 from tui.sources.machine import MachineSource
-from tui.sources.samples import EngineSample
 from tui.store import Store
-
-MODEL_REFRESH_S = 30.0
-
-
-class EngineSource:
-    """One engine polled directly, as the dashboard polls it (the model asked now and then)."""
-
-    def __init__(self, target: EngineTarget, transports: Transports, interval_s: float) -> None:
-        self.target, self.transports, self.interval_s = target, transports, interval_s
-        self.name = f"engine {target.name}"
-        self._model: str | None = None
-        self._model_asked = 0.0
-
-    async def read(self) -> list[EngineSample]:
-        now = time.monotonic()
-        known = self._model if now - self._model_asked < MODEL_REFRESH_S else None
-        if known is None:
-            self._model_asked = now
-        sample = await poll_engine(self.transports.for_url(self.target.url), self.target,
-                                   timeout=min(2.0, self.interval_s * 2), known_model=known)
-        self._model = sample.model if sample.health == "up" else None
-        return [sample]
 
 
 def secrets_of(targets: list[EngineTarget]) -> tuple[str, ...]:
@@ -57,27 +33,6 @@ def secrets_of(targets: list[EngineTarget]) -> tuple[str, ...]:
         if t.basic_auth:
             out.append(t.basic_auth[1])
     return tuple(s for s in out if s)
-
-
-class LocalPids:
-    """Which local process serves each loopback engine (for its RSS), looked up now and then: walking
-    every socket is not free, and engines seldom move."""
-
-    def __init__(self, targets: list[EngineTarget], every_s: float = 30.0) -> None:
-        self.watched = {}
-        for t in targets:
-            parts = urlsplit(t.url)
-            if is_loopback_host(parts.hostname) and parts.port:
-                self.watched[t.name] = (None, parts.port)
-        self.every_s, self._next, self._pids = every_s, 0.0, {}
-
-    def __call__(self) -> dict[str, int]:
-        now = time.monotonic()
-        if self.watched and now >= self._next:
-            self._next = now + self.every_s
-            found = pids_listening(list(self.watched.values()))
-            self._pids = {n: found[a] for n, a in self.watched.items() if a in found}
-        return dict(self._pids)
 
 
 async def _watch_managers(managers: Sequence[Any], recorder: Recorder, say: Callable[[str], None]) -> None:

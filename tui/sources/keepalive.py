@@ -14,15 +14,11 @@ from __future__ import annotations
 import asyncio
 import socket
 import zlib
-from urllib.parse import urlsplit
 
 import h11
 import httpx
 
-from tui.net import DEFAULT_PORTS, proxy_for, ssl_context
-
-Origin = tuple[str, str, int]  # scheme, host, port
-MAX_HEAD_BYTES = 64 * 1024
+from tui.net import MAX_HEAD_BYTES, Origin, proxy_for, request_target, ssl_context
 
 
 class _Connection(asyncio.Protocol):
@@ -147,18 +143,12 @@ class KeepAlivePool:
     async def get(self, url: str, headers: dict[str, str], cap: int) -> tuple[int, bytes, bool]:
         """(status, body, over_cap). Raises httpx's exceptions; the caller bounds the time
         (asyncio.timeout), and a cancelled GET drops its connection."""
-        parts = urlsplit(url)
-        if parts.scheme not in DEFAULT_PORTS or not parts.hostname:
-            raise httpx.UnsupportedProtocol(f"not an http(s) URL: {url}")
         try:
-            port = parts.port or DEFAULT_PORTS[parts.scheme]
+            origin = Origin.of(url)
         except ValueError as exc:
             raise httpx.InvalidURL(str(exc)) from None
-        origin = (parts.scheme, parts.hostname, port)
-        host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
-        authority = host if port == DEFAULT_PORTS[parts.scheme] else f"{host}:{port}"
-        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        sent = [("Host", authority), ("Accept", "*/*"), ("Accept-Encoding", "identity"),
+        target = request_target(url)
+        sent = [("Host", origin.authority), ("Accept", "*/*"), ("Accept-Encoding", "identity"),
                 *headers.items()]
         idle = self._idle.setdefault(origin, [])
         while idle:
@@ -190,12 +180,11 @@ class KeepAlivePool:
         return result
 
     async def _connect(self, origin: Origin) -> _Connection:
-        scheme, host, port = origin
         loop = asyncio.get_running_loop()
-        tls = ssl_context() if scheme == "https" else None
+        tls = ssl_context() if origin.scheme == "https" else None
         try:
-            _, conn = await loop.create_connection(_Connection, host, port, ssl=tls,
-                                                   server_hostname=host if tls else None)
+            _, conn = await loop.create_connection(_Connection, origin.host, origin.port, ssl=tls,
+                                                   server_hostname=origin.host if tls else None)
         except OSError as exc:
             raise httpx.ConnectError(str(exc) or type(exc).__name__) from None
         return conn

@@ -1,0 +1,87 @@
+"""An engine polled directly, as a feed source (tui.feed), and which local process serves it.
+
+The dashboard's columns and `enginetop record` both poll through `EngineSource`, so what is recorded
+headless is exactly what the dashboard would have shown. Nothing here imports Textual.
+"""
+
+from __future__ import annotations
+
+import time
+from urllib.parse import urlsplit
+
+from tui.lifecycle.process import pid_alive
+from tui.net import is_loopback_host
+from tui.sources.engine import EngineTarget, poll_engine
+from tui.sources.host import pids_listening
+from tui.sources.keepalive import Transports
+from tui.sources.samples import EngineSample
+
+MODEL_REFRESH_S = 30.0
+HEALTH_REFRESH_S = 5.0  # while /metrics answers; any failure asks /health at once
+PID_RESCAN_S = 30.0  # who listens on a watched port: a walk of every socket, and engines seldom move
+
+
+class EngineSource:
+    """One engine. `target` may be replaced while it runs (a profile switch gives the column a new engine);
+    an answer from the engine it replaced is dropped."""
+
+    def __init__(self, target: EngineTarget, transports: Transports, interval_s: float = 1.0,
+                 launched_by_us: bool = False) -> None:
+        self.target = target
+        self.transports = transports
+        self.interval_s = interval_s
+        self.launched_by_us = launched_by_us  # a refused connection then reads "starting", not "down"
+        self.name = f"engine {target.name}"
+        self._last: EngineSample | None = None
+        self._model_asked = 0.0
+        self._health_asked = 0.0
+
+    async def read(self) -> list[EngineSample]:
+        started = time.monotonic()
+        target = self.target
+        last = self._last if self._last is not None and self._last.name == target.name else None
+        known = None  # ask /v1/models again after any trouble, and every MODEL_REFRESH_S anyway
+        if last is not None and last.health == "up" and started - self._model_asked < MODEL_REFRESH_S:
+            known = last.model
+        if known is None:
+            self._model_asked = started
+        # A dead vLLM engine core still serves /metrics, so /health is asked now and then; llama-server
+        # answers both from one HTTP server (503 on every path while loading), so /metrics says it all.
+        llama = last is not None and last.reading is not None and last.reading.dialect == "llamacpp"
+        check_health = known is None or (not llama and started - self._health_asked >= HEALTH_REFRESH_S)
+        if check_health:
+            self._health_asked = started
+        sample = await poll_engine(self.transports.for_url(target.url), target,
+                                   timeout=min(2.0, self.interval_s * 2), launched_by_us=self.launched_by_us,
+                                   known_model=known, check_health=check_health)
+        if target is not self.target:
+            return []  # switched meanwhile: the old engine's answer
+        self._last = sample
+        return [sample]
+
+
+def is_local(url: str) -> bool:
+    host = urlsplit(url).hostname
+    return is_loopback_host(host) or host == "0.0.0.0"
+
+
+class LocalPids:
+    """Which local process serves each watched loopback engine (for its RSS). Finding it walks every socket,
+    so it is looked up again only every `every_s`, and not even then while every process found is alive."""
+
+    def __init__(self, targets: list[EngineTarget], every_s: float = PID_RESCAN_S) -> None:
+        self.watched = {t.name: (None, urlsplit(t.url).port) for t in targets
+                        if is_local(t.url) and urlsplit(t.url).port}
+        self.every_s = every_s
+        self._next = 0.0
+        self._pids: dict[str, int] = {}
+
+    def __call__(self) -> dict[str, int]:
+        now = time.monotonic()
+        if self.watched and now >= self._next:
+            self._next = now + self.every_s
+            known = self._pids
+            if not all(name in known and pid_alive(known[name]) for name in self.watched):
+                found = pids_listening(list(self.watched.values()))
+                self._pids = {n: found[a] for n, a in self.watched.items() if a in found}
+        return dict(self._pids)
