@@ -8,7 +8,7 @@ both names; the blank sentinel). Counters move with time (value = rate x seconds
 Prometheus' rates are known exactly: `SyntheticEngine.gen_rate` is what the fleet must show.
 
 Every engine's instance is `synthetic-node-NN:PORT`, every GPU's host `synthetic-node-NN`, so the word
-"synthetic" is on every row it makes. Special engines: `stalled` (requests running, counter frozen),
+"synthetic" is on every row it makes. Special engines: `stalled` (requests running, counter never moves),
 `kv_full` (KV at 95%), `queue` (waiting grows), `flapping` (its scrape fails every other `flap_s`),
 `vanishing` (its running/waiting series disappear after `vanish_after_s`), `slowing` (generates at its rate
 for `slow_after_s`, then at a tenth of it).
@@ -126,8 +126,8 @@ def _hist(name: str, labels: dict[str, str], bounds, cdf, count: float, mean: fl
 
 def generated(e: SyntheticEngine, age: float, fleet: SyntheticFleet) -> float:
     """The engine's generation counter `age` seconds after the fleet started."""
-    if e.kind == "stalled":
-        return e.gen_rate * min(age, 5.0)
+    if e.kind == "stalled":  # stalled before the fleet started: Prometheus never sees it move
+        return e.gen_rate * 5.0
     if e.kind == "slowing" and age > fleet.slow_after_s:
         return e.gen_rate * (fleet.slow_after_s + 0.1 * (age - fleet.slow_after_s))
     return e.gen_rate * age
@@ -219,7 +219,7 @@ class SyntheticFleet:
     engines: list[SyntheticEngine] = field(default_factory=list)
     gpus: list[SyntheticGpu] = field(default_factory=list)
     vanish_after_s: float = 1e9
-    slow_after_s: float = 30.0  # the slowing engines generate at a tenth of their rate after this
+    slow_after_s: float = 20.0  # the slowing engines generate at a tenth of their rate after this
     flap_s: float = 4.0  # the flapping engine's scrapes fail every other period of this many seconds
     started: float = field(default_factory=time.monotonic)
     port: int = 0
