@@ -253,54 +253,6 @@ async def test_remote_gpus_through_prometheus_and_directly_decode_the_same(fleet
     await direct_source.aclose()
 
 
-def alerting(prom) -> dict[str, set[str]]:
-    """Prometheus' pending and firing alerts: alert name -> instances."""
-    out: dict[str, set[str]] = {}
-    for a in httpx.get(f"{prom.url}/api/v1/alerts").json()["data"]["alerts"]:
-        out.setdefault(a["labels"]["alertname"], set()).add(a["labels"]["instance"])
-    return out
-
-
-def built_to_alert(fleet) -> dict[str, set[str]]:
-    """The engines made to set off each rule (tests/synthetic_fleet.make_fleet), by instance."""
-    def kind(k: str) -> set[str]:
-        return {e.instance for e in fleet.engines if e.kind == k}
-    # a slowing engine alerts where one of its GPUs is throttled: node 3's (0x24) and pod a's GPU (0x8, by
-    # pod); node 5's (idle + clocks setting + display bits only) and pod b's (host network on node 7) do not
-    slowed = {e.instance for e in fleet.engines if e.kind == "slowing" and (e.node == 3 or e.pod_address)}
-    return {"EngineStalled": kind("stalled"), "EngineKVCacheFull": kind("kv_full"),
-            "EngineQueueGrowing": kind("queue"), "EngineThrottledGpuSlow": slowed}
-
-
-# Rules need history. Measured (activeAt against the fleet's start): stalled and KV full at 6 s (the stalled
-# engine's counter never moves, so its 1m rate is 0 from the second scrape), the queue at 28 s (deriv over
-# two 15 s subquery points), the throttled slow engines at 76 s: a 1m rate only reaches an engine's real
-# rate once the series is a minute old, so the 10-minute mean it is compared with starts low.
-RULES_READY_S = 80.0
-
-
-async def test_alert_rules_load_into_prometheus_and_fire_on_exactly_the_engines_built_for_them(fleet_prom):
-    fleet, prom, rules = fleet_prom
-    check = subprocess.run(["promtool", "check", "rules", str(rules)], capture_output=True, text=True)
-    assert check.returncode == 0, check.stdout + check.stderr
-    assert "SUCCESS: 4 rules found" in check.stdout
-    groups = httpx.get(f"{prom.url}/api/v1/rules").json()["data"]["groups"]
-    [group] = [g for g in groups if g["name"] == "enginetop-fleet"]
-    assert all(r["health"] == "ok" for r in group["rules"]), [(r["name"], r.get("lastError")) for r in
-                                                                group["rules"]]
-    expected = built_to_alert(fleet)
-    assert all(expected.values()) and len(expected["EngineThrottledGpuSlow"]) == 2
-    deadline = max(time.monotonic() + 20, fleet.started + RULES_READY_S + 30)
-    firing: dict[str, set[str]] = {}
-    while time.monotonic() < deadline:
-        firing = alerting(prom)
-        if all(firing.get(name, set()) >= instances for name, instances in expected.items()):
-            break
-        time.sleep(1)
-    # pending or firing (`for` counts down), on exactly those engines and nowhere else
-    assert firing == expected, (firing, expected)
-
-
 async def test_in_app_alerts_come_from_the_same_figures(fleet_prom):
     fleet, prom, _ = fleet_prom
     stalled = next(e for e in fleet.engines if e.kind == "stalled")
@@ -408,55 +360,6 @@ async def test_dcgm_alone_feeds_the_dashboards_gpu_panel_without_prometheus(flee
         text = plain(app.screen.query_one("#gpu")._last)
         assert "synthetic-node-03 [0] NVIDIA H200  THROTTLED: power cap, thermal slowdown (SW)" in text
         assert "synthetic-node-04 [0]" in text
-
-
-IN_APP = {STALLED: "EngineStalled", KV_SATURATED: "EngineKVCacheFull", QUEUE_GROWING: "EngineQueueGrowing",
-          THROTTLED_DROP: "EngineThrottledGpuSlow"}
-# Enough history for the in-app alerts, which judge FleetSource's own figures (a 10 s rate window at these
-# 1 s scrapes): requests running and 0 tok/s for 60 s (the stalled engine: from its first scrapes, so 60 s
-# after the fleet started, plus a refresh step); the slowing engines on throttled GPUs read under 70% of
-# their mean from about 30 s. KV full and a growing queue need 5 minutes of history, more than this module
-# runs (test_back_fill_reaches_history_from_before_enginetop_started gives them that).
-BACKFILL_READY_S = 65.0
-
-
-def by_alert(samples) -> dict[str, set[str]]:
-    out: dict[str, set[str]] = {}
-    for s in samples:
-        for a in s.alerts:
-            out.setdefault(IN_APP[a], set()).add(s.instance)
-    return out
-
-
-async def test_in_app_alerts_are_back_filled_on_the_first_read_and_agree_with_the_rules(fleet_prom):
-    fleet, prom, _ = fleet_prom
-    await asyncio.sleep(max(0.0, fleet.started + BACKFILL_READY_S + 5 - time.monotonic()))
-    client = PrometheusClient(prom.url)
-    try:
-        [report] = await DcgmPrometheusSource(client).read()
-        fresh = FleetSource(client, interval_s=2.0, gpus=lambda: report)
-        first = await fresh.read()
-        first_calls = fresh.queries_per_read
-        second = await fresh.read()
-        counting = FleetSource(client, interval_s=2.0, gpus=lambda: report)
-        counting.backfilled = True  # as before back-filling: the tracker starts from this read
-        without = await counting.read()
-    finally:
-        await client.aclose()
-    rules = alerting(prom)
-    expected = built_to_alert(fleet)
-    assert fresh.error is None, fresh.error
-    in_app = by_alert(first)
-    # the alerts that would already be showing had enginetop run all along show on its first refresh
-    assert in_app.get("EngineStalled") == expected["EngineStalled"] == rules["EngineStalled"]
-    assert in_app.get("EngineThrottledGpuSlow") == expected["EngineThrottledGpuSlow"] == \
-        rules["EngineThrottledGpuSlow"]
-    # the two 5-minute ones are not due yet in the app; Prometheus shows them pending, and never elsewhere
-    assert in_app.get("EngineKVCacheFull", set()) <= rules["EngineKVCacheFull"]
-    assert in_app.get("EngineQueueGrowing", set()) <= rules["EngineQueueGrowing"]
-    assert by_alert(second) == in_app  # the history is kept, not asked again
-    assert first_calls - fresh.queries_per_read == len(ALERT_FIGURES)  # one range query per figure, once
-    assert by_alert(without) == {}  # what the first refresh showed before: nothing
 
 
 def one_engine(fleet, engine) -> list[dict]:
@@ -620,3 +523,103 @@ async def test_back_fill_reaches_history_from_before_enginetop_started(fleet_pro
     assert samples[full.instance].alerts == (KV_SATURATED,)  # 10 minutes above 90%
     assert samples[twin].alerts == ()  # 4 minutes and the few seconds since: not yet 5
     assert samples[queue.instance].alerts == (QUEUE_GROWING,)
+
+
+# Last in the module: the rules need 80 s of the fleet's history, which the tests above mostly fill
+def alerting(prom) -> dict[str, set[str]]:
+    """Prometheus' pending and firing alerts: alert name -> instances."""
+    out: dict[str, set[str]] = {}
+    for a in httpx.get(f"{prom.url}/api/v1/alerts").json()["data"]["alerts"]:
+        out.setdefault(a["labels"]["alertname"], set()).add(a["labels"]["instance"])
+    return out
+
+
+def built_to_alert(fleet) -> dict[str, set[str]]:
+    """The engines made to set off each rule (tests/synthetic_fleet.make_fleet), by instance."""
+    def kind(k: str) -> set[str]:
+        return {e.instance for e in fleet.engines if e.kind == k}
+    # a slowing engine alerts where one of its GPUs is throttled: node 3's (0x24) and pod a's GPU (0x8, by
+    # pod); node 5's (idle + clocks setting + display bits only) and pod b's (host network on node 7) do not
+    slowed = {e.instance for e in fleet.engines if e.kind == "slowing" and (e.node == 3 or e.pod_address)}
+    return {"EngineStalled": kind("stalled"), "EngineKVCacheFull": kind("kv_full"),
+            "EngineQueueGrowing": kind("queue"), "EngineThrottledGpuSlow": slowed}
+
+
+# Rules need history. Measured (activeAt against the fleet's start): stalled and KV full at 6 s (the stalled
+# engine's counter never moves, so its 1m rate is 0 from the second scrape), the queue at 28 s (deriv over
+# two 15 s subquery points), the throttled slow engines at 76 s: a 1m rate only reaches an engine's real
+# rate once the series is a minute old, so the 10-minute mean it is compared with starts low.
+RULES_READY_S = 80.0
+
+
+async def test_alert_rules_load_into_prometheus_and_fire_on_exactly_the_engines_built_for_them(fleet_prom):
+    fleet, prom, rules = fleet_prom
+    check = subprocess.run(["promtool", "check", "rules", str(rules)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "SUCCESS: 4 rules found" in check.stdout
+    groups = httpx.get(f"{prom.url}/api/v1/rules").json()["data"]["groups"]
+    [group] = [g for g in groups if g["name"] == "enginetop-fleet"]
+    assert all(r["health"] == "ok" for r in group["rules"]), [(r["name"], r.get("lastError")) for r in
+                                                                group["rules"]]
+    expected = built_to_alert(fleet)
+    assert all(expected.values()) and len(expected["EngineThrottledGpuSlow"]) == 2
+    deadline = max(time.monotonic() + 20, fleet.started + RULES_READY_S + 30)
+    firing: dict[str, set[str]] = {}
+    while time.monotonic() < deadline:
+        firing = alerting(prom)
+        if all(firing.get(name, set()) >= instances for name, instances in expected.items()):
+            break
+        time.sleep(1)
+    # pending or firing (`for` counts down), on exactly those engines and nowhere else
+    assert firing == expected, (firing, expected)
+
+
+IN_APP = {STALLED: "EngineStalled", KV_SATURATED: "EngineKVCacheFull", QUEUE_GROWING: "EngineQueueGrowing",
+          THROTTLED_DROP: "EngineThrottledGpuSlow"}
+# Enough history for the in-app alerts, which judge FleetSource's own figures (a 10 s rate window at these
+# 1 s scrapes): requests running and 0 tok/s for 60 s (the stalled engine: from its first scrapes, so 60 s
+# after the fleet started, plus a refresh step); the slowing engines on throttled GPUs read under 70% of
+# their mean from about 30 s. KV full and a growing queue need 5 minutes of history, more than this module
+# runs (test_back_fill_reaches_history_from_before_enginetop_started gives them that).
+BACKFILL_READY_S = 65.0
+
+
+def by_alert(samples) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for s in samples:
+        for a in s.alerts:
+            out.setdefault(IN_APP[a], set()).add(s.instance)
+    return out
+
+
+async def test_in_app_alerts_are_back_filled_on_the_first_read_and_agree_with_the_rules(fleet_prom):
+    fleet, prom, _ = fleet_prom
+    await asyncio.sleep(max(0.0, fleet.started + BACKFILL_READY_S + 5 - time.monotonic()))
+    client = PrometheusClient(prom.url)
+    try:
+        [report] = await DcgmPrometheusSource(client).read()
+        fresh = FleetSource(client, interval_s=2.0, gpus=lambda: report)
+        first = await fresh.read()
+        first_calls = fresh.queries_per_read
+        second = await fresh.read()
+        counting = FleetSource(client, interval_s=2.0, gpus=lambda: report)
+        counting.backfilled = True  # as before back-filling: the tracker starts from this read
+        without = await counting.read()
+    finally:
+        await client.aclose()
+    rules = alerting(prom)
+    expected = built_to_alert(fleet)
+    assert fresh.error is None, fresh.error
+    in_app = by_alert(first)
+    # the alerts that would already be showing had enginetop run all along show on its first refresh
+    assert in_app.get("EngineStalled") == expected["EngineStalled"] == rules["EngineStalled"]
+    assert in_app.get("EngineThrottledGpuSlow") == expected["EngineThrottledGpuSlow"] == \
+        rules["EngineThrottledGpuSlow"]
+    # the two 5-minute ones are not due yet in the app; Prometheus shows them pending, and never elsewhere
+    assert in_app.get("EngineKVCacheFull", set()) <= rules["EngineKVCacheFull"]
+    assert in_app.get("EngineQueueGrowing", set()) <= rules["EngineQueueGrowing"]
+    assert by_alert(second) == in_app  # the history is kept, not asked again
+    # one range query per figure, on the first read only (both first reads also fetched the targets)
+    assert first_calls - counting.queries_per_read == len(ALERT_FIGURES)
+    assert fresh.queries_per_read <= counting.queries_per_read
+    assert by_alert(without) == {}  # what the first refresh showed before: nothing
