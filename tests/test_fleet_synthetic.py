@@ -22,6 +22,7 @@ from synthetic_fleet import ITL_BOUNDS, ITL_CDF, TTFT_BOUNDS, TTFT_CDF, make_fle
 
 from tui.app import AppConfig, EnginetopApp
 from tui.fleet.alerts import KV_SATURATED, QUEUE_GROWING, STALLED, THROTTLED_DROP, rule_group
+from tui.fleet.backfill import throttle_expr
 from tui.fleet.dcgm import DcgmDirectSource, DcgmPrometheusSource
 from tui.fleet.match import gpus_of
 from tui.fleet.options import FleetOptions
@@ -444,8 +445,13 @@ async def test_gpus_are_matched_to_engines_by_kubernetes_pod_where_both_name_one
     try:
         [report] = await DcgmPrometheusSource(client).read()
         _, samples = await read(prom.url)
+        # the engine view's throttle spans (backfill.throttle_expr) pick the same GPUs: pod a's is throttled
+        # (0x8), pod b's is not, node 7 as a whole is
+        spans = [await client.query(throttle_expr("synthetic-node-07", pod)) for pod in (
+            ("synthetic-llm", "synthetic-vllm-a"), ("synthetic-llm", "synthetic-vllm-b"), None)]
     finally:
         await client.aclose()
+    assert [[v for _, v in answer] for answer in spans] == [[1.0], [0.0], [1.0]]
     pod_a, pod_b = (next(e for e in fleet.engines if e.pod == f"synthetic-vllm-{p}") for p in "ab")
     a, b = samples[pod_a.instance], samples[pod_b.instance]
     # the pod's target labels ride through every figure to the sample

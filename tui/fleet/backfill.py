@@ -33,7 +33,8 @@ def merged(series: Series, older: list[tuple[float, float]]) -> Series:
 def throttle_expr(host: str, pod: tuple[str, str] | None = None) -> str:
     """1 while a GPU of the engine reports a real throttle reason: the GPUs labelled with its (namespace, pod)
     where some are, else its host's (tui.fleet.match); `or` keeps the pod's answer wherever it has one."""
-    one = 'max(floor({{__name__=~"{r}", {m}}} / 4) % 64 > bool 0)'
+    # per GPU first: one exporting both field names would otherwise give two series of the same labels
+    one = 'max(floor(max by (gpu, UUID) ({{__name__=~"{r}", {m}}}) / 4) % 64 > bool 0)'
     by_host = [one.format(r=REASONS, m=f'{label}="{escape(host)}"') for label in ("Hostname", "hostname")]
     by_pod = [one.format(r=REASONS, m=f'{ns}="{escape(pod[0])}", {name}="{escape(pod[1])}"')
               for ns, name in (("namespace", "pod"), ("exported_namespace", "exported_pod"))] if pod else []
