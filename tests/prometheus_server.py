@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -54,11 +55,12 @@ class RunningPrometheus:
 
 
 def scrape_config(jobs: dict[str, Sequence[str]], interval_s: float = 1.0,
-                  rule_files: Sequence[Path] = (), scrapes: Sequence[dict] = ()) -> str:
+                  rule_files: Sequence[Path] = (), scrapes: Sequence[dict] = (),
+                  extra: dict | None = None) -> str:
     """A prometheus.yml (JSON is YAML) scraping `jobs`: job name -> ["host:port", ...] or
     ["host:port/metrics/path", ...]; `scrapes` are whole scrape_configs added as they are (targets with
-    their own labels, e.g. a synthetic fleet's)."""
-    extra = scrapes
+    their own labels, e.g. a synthetic fleet's); `extra` adds top-level sections (e.g. remote_read)."""
+    extra_scrapes = scrapes
     scrapes = []
     for job, targets in jobs.items():
         by_path: dict[str, list[str]] = {}
@@ -70,20 +72,31 @@ def scrape_config(jobs: dict[str, Sequence[str]], interval_s: float = 1.0,
                             "scrape_interval": f"{interval_s:g}s", "scrape_timeout": f"{interval_s:g}s",
                             "static_configs": [{"targets": hosts}]})
     config = {"global": {"scrape_interval": f"{interval_s:g}s", "evaluation_interval": f"{interval_s:g}s"},
-              "scrape_configs": scrapes + list(extra), "rule_files": [str(p) for p in rule_files]}
+              "scrape_configs": scrapes + list(extra_scrapes), "rule_files": [str(p) for p in rule_files],
+              **(extra or {})}
     return json.dumps(config, indent=1)
 
 
 @contextmanager
 def running_prometheus(jobs: dict[str, Sequence[str]], interval_s: float = 1.0,
                        rule_files: Sequence[Path] = (), extra_args: Sequence[str] = (),
-                       timeout: float = 60.0, scrapes: Sequence[dict] = ()) -> Iterator[RunningPrometheus]:
+                       timeout: float = 60.0, scrapes: Sequence[dict] = (),
+                       config: dict | None = None, history: str | None = None) -> Iterator[RunningPrometheus]:
+    """`history`: OpenMetrics text (timestamps in seconds, `# EOF` last) written into the TSDB before it
+    starts, with `promtool tsdb create-blocks-from openmetrics`, so it holds a past the scrapes continue."""
     binary = prometheus_binary()
     work = Path(tempfile.mkdtemp(prefix="enginetop-prom-"))
-    config = work / "prometheus.yml"
-    config.write_text(scrape_config(jobs, interval_s, rule_files, scrapes))
+    if history is not None:
+        (work / "history.om").write_text(history)
+        made = subprocess.run([str(Path(binary).with_name("promtool")), "tsdb", "create-blocks-from",
+                               "openmetrics", str(work / "history.om"), str(work / "tsdb")],
+                              capture_output=True, text=True, timeout=120)
+        if made.returncode != 0:
+            raise RuntimeError(f"promtool could not write the history: {made.stdout}{made.stderr}")
+    config_path = work / "prometheus.yml"
+    config_path.write_text(scrape_config(jobs, interval_s, rule_files, scrapes, config))
     port = free_port()
-    argv = [binary, f"--config.file={config}", f"--storage.tsdb.path={work / 'tsdb'}",
+    argv = [binary, f"--config.file={config_path}", f"--storage.tsdb.path={work / 'tsdb'}",
             f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle", "--log.level=warn",
             *extra_args]
     launched = launch(argv, work / "prometheus.log")
@@ -102,7 +115,7 @@ def running_prometheus(jobs: dict[str, Sequence[str]], interval_s: float = 1.0,
             if time.monotonic() > deadline:
                 raise RuntimeError(f"prometheus not ready at {url} after {timeout:g}s")
             time.sleep(0.2)
-        yield RunningPrometheus(url=url, port=port, config_path=config, launched=launched)
+        yield RunningPrometheus(url=url, port=port, config_path=config_path, launched=launched)
     finally:
         stop_group(launched)
         shutil.rmtree(work, ignore_errors=True)

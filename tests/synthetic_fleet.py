@@ -8,9 +8,15 @@ both names; the blank sentinel). Counters move with time (value = rate x seconds
 Prometheus' rates are known exactly: `SyntheticEngine.gen_rate` is what the fleet must show.
 
 Every engine's instance is `synthetic-node-NN:PORT`, every GPU's host `synthetic-node-NN`, so the word
-"synthetic" is on every row it makes. Special engines: `stalled` (requests running, counter frozen),
+"synthetic" is on every row it makes. Special engines: `stalled` (requests running, counter never moves),
 `kv_full` (KV at 95%), `queue` (waiting grows), `flapping` (its scrape fails every other `flap_s`),
-`vanishing` (its running/waiting series disappear after `vanish_after_s`).
+`vanishing` (its running/waiting series disappear after `vanish_after_s`), `slowing` (generates at its rate
+for `slow_after_s`, then at a tenth of it).
+
+Kubernetes (node 7): two engines carry `namespace`/`pod` target labels as Kubernetes service discovery
+gives them, and node 7's dcgm-exporter labels GPU 0 and 1 with the pod (and container) using each, as
+dcgm-exporter does in Kubernetes. One pod's instance is a pod address (no node name in it), the other runs
+with the node's network (its instance names the node), so only pod matching tells their GPUs apart.
 """
 
 from __future__ import annotations
@@ -55,11 +61,16 @@ class SyntheticEngine:
     running: float
     waiting: float
     kv: float
-    kind: str = ""  # "", "stalled", "kv_full", "queue", "flapping", "vanishing"
+    kind: str = ""  # "", "stalled", "kv_full", "queue", "flapping", "vanishing", "slowing"
     model: str = "synthetic/model-7b"
+    namespace: str = ""  # Kubernetes target labels (service discovery), "" = not in Kubernetes
+    pod: str = ""
+    pod_address: bool = False  # the instance is the pod's address, not the node's name
 
     @property
     def instance(self) -> str:
+        if self.pod_address:
+            return f"synthetic-pod-10-42-{self.node}-{self.index}:{self.port}"
         return f"synthetic-node-{self.node:02d}:{self.port}"
 
     @property
@@ -78,6 +89,8 @@ class SyntheticGpu:
     new_host_label: bool  # `hostname` (late-2026 rename) instead of `Hostname`
     old_reason_name: bool  # DCGM_FI_DEV_CLOCK_THROTTLE_REASONS instead of ..._CLOCKS_EVENT_REASONS
     xid: int = 0
+    namespace: str = ""  # the pod using this GPU, as dcgm-exporter labels it in Kubernetes ("" = none)
+    pod: str = ""
 
     @property
     def host(self) -> str:
@@ -111,11 +124,21 @@ def _hist(name: str, labels: dict[str, str], bounds, cdf, count: float, mean: fl
     return h
 
 
+def generated(e: SyntheticEngine, age: float, fleet: SyntheticFleet) -> float:
+    """The engine's generation counter `age` seconds after the fleet started."""
+    if e.kind == "stalled":  # stalled before the fleet started: Prometheus never sees it move
+        return e.gen_rate * 5.0
+    if e.kind == "slowing" and age > fleet.slow_after_s:
+        return e.gen_rate * (fleet.slow_after_s + 0.1 * (age - fleet.slow_after_s))
+    return e.gen_rate * age
+
+
 def _engine_families(e: SyntheticEngine, age: float, fleet: SyntheticFleet):
-    gen = e.gen_rate * (age if e.kind != "stalled" else min(age, 5.0))
+    gen = generated(e, age, fleet)
     prompt = e.prompt_rate * age
     requests = gen / 100.0
-    waiting = e.waiting + (age / 10.0 if e.kind == "queue" else 0.0)
+    # the queue is long enough (>= 5) from the start and grows 1 every 10 s
+    waiting = e.waiting + (5.0 + age / 10.0 if e.kind == "queue" else 0.0)
     vanished = e.kind == "vanishing" and age > fleet.vanish_after_s
 
     def counter(name: str, value: float, labels: dict[str, str] | None = None):
@@ -174,6 +197,8 @@ def _gpu_families(g: SyntheticGpu):
     labels = {"gpu": str(g.gpu), "UUID": f"GPU-5e3c{g.node:04d}-{g.gpu:04d}",
               "pci_bus_id": f"00000000:{0x19 + g.gpu:02X}:00.0", "device": f"nvidia{g.gpu}",
               "modelName": "NVIDIA H200", host: g.host}
+    if g.pod:
+        labels |= {"namespace": g.namespace, "pod": g.pod, "container": "vllm"}
     reasons = "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS" if g.old_reason_name else \
         "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"
     # node 4's GPUs lack the profiling fields: dcgm exports them as the blank sentinel
@@ -194,6 +219,7 @@ class SyntheticFleet:
     engines: list[SyntheticEngine] = field(default_factory=list)
     gpus: list[SyntheticGpu] = field(default_factory=list)
     vanish_after_s: float = 1e9
+    slow_after_s: float = 20.0  # the slowing engines generate at a tenth of their rate after this
     flap_s: float = 4.0  # the flapping engine's scrapes fail every other period of this many seconds
     started: float = field(default_factory=time.monotonic)
     port: int = 0
@@ -207,8 +233,9 @@ class SyntheticFleet:
         addr = f"127.0.0.1:{self.port}"
         jobs: dict[str, list[dict]] = {}
         for e in self.engines:
+            k8s = {"namespace": e.namespace, "pod": e.pod} if e.pod else {}
             jobs.setdefault(e.job, []).append({"targets": [addr], "labels": {
-                "instance": e.instance, "__metrics_path__": f"/engine/{e.index}/metrics"}})
+                "instance": e.instance, "__metrics_path__": f"/engine/{e.index}/metrics", **k8s}})
         for node in sorted({g.node for g in self.gpus}):
             jobs.setdefault("dcgm", []).append({"targets": [addr], "labels": {
                 "instance": f"synthetic-node-{node:02d}:9400", "__metrics_path__": f"/dcgm/{node}/metrics"}})
@@ -267,7 +294,7 @@ class SyntheticFleet:
         self.port = self.port or free_port()
         n, nodes, gpus, specials = self.spec
         argv = [sys.executable, __file__, str(n), str(nodes), str(gpus), str(int(specials)), str(self.port),
-                repr(self.started), repr(self.vanish_after_s), repr(self.flap_s)]
+                repr(self.started), repr(self.vanish_after_s), repr(self.flap_s), repr(self.slow_after_s)]
         self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -306,12 +333,30 @@ def make_fleet(n_engines: int = 200, n_nodes: int = 13, gpus_per_node: int = 4,
         engines[0].kind, engines[0].running = "stalled", 3.0
         engines[1].kind, engines[1].kv = "kv_full", 0.95
         engines[2].kind = "queue"
-        engines[3].kind = "flapping"
+        # not on node 3: a target that fails every other few seconds has dips in its short-window rates, which
+        # on a throttled node would read as a tok/s drop
+        engines[9].kind = "flapping"
         engines[4].kind = "vanishing"
     gpus = [SyntheticGpu(node=n, gpu=g, util=40.0 + 5 * g + n, power=300.0 + 20 * g, temp=55.0 + n,
                          mask=0x24 if n == 3 else 0x0, new_host_label=n % 2 == 1,
                          old_reason_name=n % 4 == 2, xid=79 if (n, g) == (5, 1) else 0)
             for n in range(n_nodes) for g in range(gpus_per_node)]
+    if specials and n_nodes == 13 and n_engines >= 34 and gpus_per_node >= 2:
+        # Slowing engines for the throttled-GPU alert: on node 3 (power cap + SW thermal: alerts), on node 5
+        # whose GPUs report only bits that are not throttling (idle, clocks setting, display: no alert)
+        engines[16].kind = "slowing"
+        engines[5].kind = "slowing"
+        for g in gpus:
+            if g.node == 5:
+                g.mask = 0x1 | 0x2 | 0x100
+        # Kubernetes on node 7: pod a (instance = pod address) uses GPU 0, HW-slowdown throttled; pod b
+        # (host network: its instance names node 7) uses GPU 1, not throttled. Both slow down: only pod a's
+        # engine alerts, which matching by host alone would get the wrong way round.
+        for e, pod, g in ((engines[7], "synthetic-vllm-a", 0), (engines[33], "synthetic-vllm-b", 1)):
+            e.kind, e.namespace, e.pod, e.pod_address = "slowing", "synthetic-llm", pod, pod.endswith("a")
+            gpu = next(x for x in gpus if (x.node, x.gpu) == (7, g))
+            gpu.namespace, gpu.pod = "synthetic-llm", pod
+            gpu.mask = 0x8 if g == 0 else 0x0
     return SyntheticFleet(engines=engines, gpus=gpus, spec=(n_engines, n_nodes, gpus_per_node, specials))
 
 
@@ -320,6 +365,7 @@ if __name__ == "__main__":  # the child of SyntheticFleet.spawn
     child = make_fleet(n, nodes, per_node, bool(specials))
     child.port, child.started = port, float(sys.argv[6])
     child.vanish_after_s, child.flap_s = float(sys.argv[7]), float(sys.argv[8])
+    child.slow_after_s = float(sys.argv[9])
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})  # the server threads too
     child.start()
     signal.sigwait({signal.SIGTERM, signal.SIGINT})

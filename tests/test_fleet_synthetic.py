@@ -21,11 +21,13 @@ from prometheus_server import running_prometheus
 from synthetic_fleet import ITL_BOUNDS, ITL_CDF, TTFT_BOUNDS, TTFT_CDF, make_fleet
 
 from tui.app import AppConfig, EnginetopApp
-from tui.fleet.alerts import KV_SATURATED, STALLED, rule_group
+from tui.fleet.alerts import KV_SATURATED, QUEUE_GROWING, STALLED, THROTTLED_DROP, rule_group
+from tui.fleet.backfill import throttle_expr
 from tui.fleet.dcgm import DcgmDirectSource, DcgmPrometheusSource
+from tui.fleet.match import gpus_of
 from tui.fleet.options import FleetOptions
 from tui.fleet.prometheus import PromError, PrometheusClient
-from tui.fleet.source import FleetSource
+from tui.fleet.source import ALERT_FIGURES, FleetSource
 from tui.lifecycle.process import free_port
 from tui.screens.fleet import EngineScreen, FleetView, GpusScreen
 
@@ -88,7 +90,7 @@ async def test_every_synthetic_engine_is_found_with_prometheus_figures_matching_
     for e in fleet.engines:
         s = samples[e.instance]
         assert (s.job, s.instance, s.host) == (e.job, e.instance, e.instance.split(":")[0])
-        if e.kind in ("flapping", "stalled", "vanishing", "queue"):
+        if e.kind in ("flapping", "stalled", "vanishing", "queue", "slowing"):
             continue
         assert s.health == "up", (e, s.health_reason)
         assert s.reading.dialect == e.dialect.removesuffix("-old")
@@ -252,37 +254,15 @@ async def test_remote_gpus_through_prometheus_and_directly_decode_the_same(fleet
     await direct_source.aclose()
 
 
-async def test_alert_rules_load_into_prometheus_and_fire_on_the_stalled_and_full_engines(fleet_prom):
-    fleet, prom, rules = fleet_prom
-    check = subprocess.run(["promtool", "check", "rules", str(rules)], capture_output=True, text=True)
-    assert check.returncode == 0, check.stdout + check.stderr
-    assert "SUCCESS: 4 rules found" in check.stdout
-    groups = httpx.get(f"{prom.url}/api/v1/rules").json()["data"]["groups"]
-    [group] = [g for g in groups if g["name"] == "enginetop-fleet"]
-    assert all(r["health"] == "ok" for r in group["rules"]), [(r["name"], r.get("lastError")) for r in
-                                                                group["rules"]]
-    stalled = next(e for e in fleet.engines if e.kind == "stalled")
-    full = next(e for e in fleet.engines if e.kind == "kv_full")
-    deadline = time.monotonic() + 20
-    firing: dict[str, set[str]] = {}
-    while time.monotonic() < deadline:
-        alerts = httpx.get(f"{prom.url}/api/v1/alerts").json()["data"]["alerts"]
-        firing = {}
-        for a in alerts:
-            firing.setdefault(a["labels"]["alertname"], set()).add(a["labels"]["instance"])
-        if stalled.instance in firing.get("EngineStalled", ()) and full.instance in firing.get(
-                "EngineKVCacheFull", ()):
-            break
-        time.sleep(1)
-    assert firing.get("EngineStalled") == {stalled.instance}  # pending or firing: `for` counts down
-    assert firing.get("EngineKVCacheFull") == {full.instance}
-
-
 async def test_in_app_alerts_come_from_the_same_figures(fleet_prom):
     fleet, prom, _ = fleet_prom
     stalled = next(e for e in fleet.engines if e.kind == "stalled")
     full = next(e for e in fleet.engines if e.kind == "kv_full")
-    source, samples = await read(prom.url)
+    client = PrometheusClient(prom.url)
+    source = FleetSource(client)
+    source.backfilled = True  # no history asked: the tracker counts from this read, as it did at first
+    samples = {x.name: x for x in await source.read()}
+    await client.aclose()
     s, f = samples[stalled.instance], samples[full.instance]
     assert s.reading.running == stalled.running and s.stats.gen_tps == 0  # Prometheus' own figures
     assert s.alerts == () and f.alerts == ()  # not yet: the condition must hold for 60 s / 5 min
@@ -381,3 +361,271 @@ async def test_dcgm_alone_feeds_the_dashboards_gpu_panel_without_prometheus(flee
         text = plain(app.screen.query_one("#gpu")._last)
         assert "synthetic-node-03 [0] NVIDIA H200  THROTTLED: power cap, thermal slowdown (SW)" in text
         assert "synthetic-node-04 [0]" in text
+
+
+def one_engine(fleet, engine) -> list[dict]:
+    """Scrape config of a Prometheus of its own for one synthetic engine, labelled as in the fleet."""
+    labels = {"__metrics_path__": f"/engine/{engine.index}/metrics", "instance": engine.instance}
+    return [{"job_name": engine.job, "scrape_interval": "1s",
+             "static_configs": [{"targets": [f"127.0.0.1:{fleet.port}"], "labels": labels}]}]
+
+
+async def test_a_partial_answer_shows_prometheus_warning_and_keeps_the_values_fresh(fleet_prom):
+    """A Prometheus whose remote_read endpoint is dead answers `success` with `warnings` (its fanout storage
+    turns a failed secondary read into a warning): the figures still show, not stale, with the warning."""
+    fleet, _, _ = fleet_prom
+    engine = fleet.engines[10]
+    dead = f"http://127.0.0.1:{free_port()}/api/v1/read"
+    scrapes = one_engine(fleet, engine)
+    with running_prometheus({}, scrapes=scrapes, config={"remote_read": [{"url": dead, "read_recent": True,
+                                                     "remote_timeout": "2s"}]}) as partial:
+        partial.wait_for("rate(vllm:generation_tokens_total[5s]) > 0")
+        time.sleep(10)  # a full 10 s rate window
+        direct = httpx.post(f"{partial.url}/api/v1/query", data={"query": "up"}).json()
+        assert direct["status"] == "success" and direct["warnings"], direct
+        client = PrometheusClient(partial.url)
+        source = FleetSource(client)
+        try:
+            [s] = await source.read()
+        finally:
+            await client.aclose()
+    assert source.error_kind == "warning"
+    assert source.error.startswith("Prometheus warned: ") and direct["warnings"][0] in source.error
+    assert not s.stale and s.health == "up" and s.metrics_error is None
+    assert s.stats.gen_tps == pytest.approx(engine.gen_rate, rel=RATE_TOLERANCE)
+    assert s.reading.running == engine.running
+
+
+async def test_an_execution_error_422_is_shown_verbatim_and_keeps_the_last_values_stale(fleet_prom):
+    """A real 422 from a real Prometheus: one that may load at most 5 samples into a query."""
+    fleet, prom, _ = fleet_prom
+    engine = fleet.engines[10]
+    scrapes = one_engine(fleet, engine)
+    with running_prometheus({}, scrapes=scrapes, extra_args=["--query.max-samples=5"]) as tiny:
+        tiny.wait_for("vllm:num_requests_running")
+        expr = "last_over_time(vllm:generation_tokens_total[1m])"
+        deadline = time.monotonic() + 30
+        while True:  # 1 s scrapes: a minute's window holds more than 5 samples within seconds
+            answer = httpx.post(f"{tiny.url}/api/v1/query", data={"query": expr})
+            if answer.status_code != 200 or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        body = answer.json()
+        assert answer.status_code == 422 and body["errorType"] == "execution", body
+        client = PrometheusClient(tiny.url)
+        with pytest.raises(PromError) as exc:
+            await client.query(expr)
+        await client.aclose()
+        assert exc.value.kind == "bad_query"
+        assert f"answered 422: execution: {body['error']}" in exc.value.message
+
+        # the same Prometheus behind a proxy: the fleet read well through the module's, then this one refuses
+        proxy = PromProxy(prom.url)
+        try:
+            client = PrometheusClient(proxy.url)
+            source = FleetSource(client)
+            good = {s.name: s for s in await source.read()}
+            assert source.error is None and len(good) == N_ENGINES
+            proxy.upstream = tiny.url
+            stale = {s.name: s for s in await source.read()}
+            await client.aclose()
+        finally:
+            proxy.stop()
+    assert source.error_kind == "bad_query" and "answered 422: execution: " in source.error
+    assert body["error"] in source.error  # Prometheus' own words (this limit's message names no query)
+    assert stale.keys() == good.keys()
+    for name, s in stale.items():
+        assert s.stale and s.metrics_error == source.error
+        assert (s.stats, s.reading, s.health) == (good[name].stats, good[name].reading, good[name].health)
+
+
+async def test_gpus_are_matched_to_engines_by_kubernetes_pod_where_both_name_one_else_by_host(fleet_prom):
+    fleet, prom, _ = fleet_prom
+    client = PrometheusClient(prom.url)
+    try:
+        [report] = await DcgmPrometheusSource(client).read()
+        _, samples = await read(prom.url)
+        # the engine view's throttle spans (backfill.throttle_expr) pick the same GPUs: pod a's is throttled
+        # (0x8), pod b's is not, node 7 as a whole is
+        spans = [await client.query(throttle_expr("synthetic-node-07", pod)) for pod in (
+            ("synthetic-llm", "synthetic-vllm-a"), ("synthetic-llm", "synthetic-vllm-b"), None)]
+    finally:
+        await client.aclose()
+    assert [[v for _, v in answer] for answer in spans] == [[1.0], [0.0], [1.0]]
+    pod_a, pod_b = (next(e for e in fleet.engines if e.pod == f"synthetic-vllm-{p}") for p in "ab")
+    a, b = samples[pod_a.instance], samples[pod_b.instance]
+    # the pod's target labels ride through every figure to the sample
+    assert dict(a.labels)["pod"] == "synthetic-vllm-a" and dict(a.labels)["namespace"] == "synthetic-llm"
+    assert a.stats.gen_tps is not None and a.reading.running == pod_a.running
+    node7 = [g for g in report.gpus if g.host == "synthetic-node-07"]
+    assert [(g.index, g.pod, g.namespace) for g in node7] == [
+        (0, "synthetic-vllm-a", "synthetic-llm"), (1, "synthetic-vllm-b", "synthetic-llm"), (2, None, None),
+        (3, None, None)]
+    # pod a's instance is its pod address: the host finds nothing, the pod finds its GPU
+    assert a.host != "synthetic-node-07" and [(g.host, g.index) for g in gpus_of(a, report.gpus)] == [
+        ("synthetic-node-07", 0)]
+    # pod b shares node 7's network: the host would give all four GPUs, the pod gives its own
+    assert b.host == "synthetic-node-07" and [g.index for g in gpus_of(b, report.gpus)] == [1]
+    # engines without a pod: their node's GPUs, as before
+    plain_engine = samples[next(e for e in fleet.engines if e.node == 7 and not e.pod).instance]
+    assert [g.index for g in gpus_of(plain_engine, report.gpus)] == [0, 1, 2, 3]
+    node3 = samples[next(e for e in fleet.engines if e.node == 3 and e.kind == "").instance]
+    assert {(g.host, g.throttled) for g in gpus_of(node3, report.gpus)} == {("synthetic-node-03", True)}
+    # the directly-read exporter labels the same pods
+    direct = DcgmDirectSource([fleet.dcgm_url(7)])
+    [report7] = await direct.read()
+    await direct.aclose()
+    assert [g.index for g in gpus_of(a, report7.gpus)] == [0]
+    assert [g.index for g in gpus_of(b, report7.gpus)] == [1]
+
+
+def openmetrics(series: list[tuple[str, dict[str, str], list[tuple[float, float]]]]) -> str:
+    """OpenMetrics text of (name, labels, [(unix time, value), ...]) for promtool's block import."""
+    lines = []
+    for name, labels, points in series:
+        inner = ",".join(f'{k}="{v}"' for k, v in labels.items())
+        lines += [f"{name}{{{inner}}} {v:g} {t:.3f}" for t, v in points]
+    return "\n".join([*lines, "# EOF", ""])
+
+
+async def test_back_fill_reaches_history_from_before_enginetop_started(fleet_prom):
+    """KV full and a growing queue need 5 minutes of history, more than this module runs: a Prometheus of
+    their own is given 10 minutes of past (promtool writes it into its TSDB before it starts), then scrapes
+    the same synthetic engines on. `kv_full` was at 95% all along; its twin (the same exporter scraped as
+    another instance) only for the last 4 minutes, not enough; `queue` grew all along."""
+    fleet, _, _ = fleet_prom
+    full = next(e for e in fleet.engines if e.kind == "kv_full")
+    queue = next(e for e in fleet.engines if e.kind == "queue")
+    assert full.dialect == queue.dialect == "vllm"
+    twin = "synthetic-node-01:18001"
+    now = time.time()
+    steps = [now - 600 + 2 * k for k in range(299)]  # every 2 s, up to 2 s ago (the scrapes continue)
+    age_now = time.monotonic() - fleet.started
+    waiting_now = queue.waiting + 5 + age_now / 10  # what the queue engine will say when scraped
+    history = []
+    for engine, instance in ((full, full.instance), (full, twin), (queue, queue.instance)):
+        labels = {"job": engine.job, "instance": instance, "model_name": engine.model, "engine": "0"}
+        kv = [(t, 0.95 if instance != twin or t > now - 240 else 0.5) for t in steps]
+        waiting = [(t, 5 + (waiting_now - 5) * (t - steps[0]) / (now - steps[0]) if engine is queue
+                    else engine.waiting) for t in steps]
+        history += [("vllm:num_requests_running", labels, [(t, engine.running) for t in steps]),
+                    ("vllm:num_requests_waiting", labels, waiting), ("vllm:kv_cache_usage_perc", labels, kv)]
+    scrapes = one_engine(fleet, full) + one_engine(fleet, queue)
+    scrapes[0]["static_configs"].append({"targets": [f"127.0.0.1:{fleet.port}"], "labels": {
+        "__metrics_path__": f"/engine/{full.index}/metrics", "instance": twin}})
+    scrapes[1]["job_name"] = "vllm-queue"  # one job per scrape config: named apart, relabelled back
+    scrapes[1]["relabel_configs"] = [{"target_label": "job", "replacement": "vllm"}]
+    with running_prometheus({}, scrapes=scrapes, history=openmetrics(history)) as seeded:
+        seeded.wait_for("up == 1", min_series=3)
+        client = PrometheusClient(seeded.url)
+        source = FleetSource(client, interval_s=2.0)
+        try:
+            samples = {s.name: s for s in await source.read()}
+        finally:
+            await client.aclose()
+    assert source.error is None, source.error
+    assert set(samples) == {full.instance, twin, queue.instance}
+    assert all(s.health == "up" for s in samples.values())
+    assert samples[full.instance].alerts == (KV_SATURATED,)  # 10 minutes above 90%
+    assert samples[twin].alerts == ()  # 4 minutes and the few seconds since: not yet 5
+    assert samples[queue.instance].alerts == (QUEUE_GROWING,)
+
+
+# Last in the module: the rules need 80 s of the fleet's history, which the tests above mostly fill
+def alerting(prom) -> dict[str, set[str]]:
+    """Prometheus' pending and firing alerts: alert name -> instances."""
+    out: dict[str, set[str]] = {}
+    for a in httpx.get(f"{prom.url}/api/v1/alerts").json()["data"]["alerts"]:
+        out.setdefault(a["labels"]["alertname"], set()).add(a["labels"]["instance"])
+    return out
+
+
+def built_to_alert(fleet) -> dict[str, set[str]]:
+    """The engines made to set off each rule (tests/synthetic_fleet.make_fleet), by instance."""
+    def kind(k: str) -> set[str]:
+        return {e.instance for e in fleet.engines if e.kind == k}
+    # a slowing engine alerts where one of its GPUs is throttled: node 3's (0x24) and pod a's GPU (0x8, by
+    # pod); node 5's (idle + clocks setting + display bits only) and pod b's (host network on node 7) do not
+    slowed = {e.instance for e in fleet.engines if e.kind == "slowing" and (e.node == 3 or e.pod_address)}
+    return {"EngineStalled": kind("stalled"), "EngineKVCacheFull": kind("kv_full"),
+            "EngineQueueGrowing": kind("queue"), "EngineThrottledGpuSlow": slowed}
+
+
+# Rules need history. Measured (activeAt against the fleet's start): stalled and KV full at 6 s (the stalled
+# engine's counter never moves, so its 1m rate is 0 from the second scrape), the queue at 28 s (deriv over
+# two 15 s subquery points), the throttled slow engines at 76 s: a 1m rate only reaches an engine's real
+# rate once the series is a minute old, so the 10-minute mean it is compared with starts low.
+RULES_READY_S = 80.0
+
+
+async def test_alert_rules_load_into_prometheus_and_fire_on_exactly_the_engines_built_for_them(fleet_prom):
+    fleet, prom, rules = fleet_prom
+    check = subprocess.run(["promtool", "check", "rules", str(rules)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "SUCCESS: 4 rules found" in check.stdout
+    groups = httpx.get(f"{prom.url}/api/v1/rules").json()["data"]["groups"]
+    [group] = [g for g in groups if g["name"] == "enginetop-fleet"]
+    assert all(r["health"] == "ok" for r in group["rules"]), [(r["name"], r.get("lastError")) for r in
+                                                                group["rules"]]
+    expected = built_to_alert(fleet)
+    assert all(expected.values()) and len(expected["EngineThrottledGpuSlow"]) == 2
+    deadline = max(time.monotonic() + 20, fleet.started + RULES_READY_S + 30)
+    firing: dict[str, set[str]] = {}
+    while time.monotonic() < deadline:
+        firing = alerting(prom)
+        if all(firing.get(name, set()) >= instances for name, instances in expected.items()):
+            break
+        time.sleep(1)
+    # pending or firing (`for` counts down), on exactly those engines and nowhere else
+    assert firing == expected, (firing, expected)
+
+
+IN_APP = {STALLED: "EngineStalled", KV_SATURATED: "EngineKVCacheFull", QUEUE_GROWING: "EngineQueueGrowing",
+          THROTTLED_DROP: "EngineThrottledGpuSlow"}
+# Enough history for the in-app alerts, which judge FleetSource's own figures (a 10 s rate window at these
+# 1 s scrapes): requests running and 0 tok/s for 60 s (the stalled engine: from its first scrapes, so 60 s
+# after the fleet started, plus a refresh step); the slowing engines on throttled GPUs read under 70% of
+# their mean from about 30 s. KV full and a growing queue need 5 minutes of history, more than this module
+# runs (test_back_fill_reaches_history_from_before_enginetop_started gives them that).
+BACKFILL_READY_S = 65.0
+
+
+def by_alert(samples) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for s in samples:
+        for a in s.alerts:
+            out.setdefault(IN_APP[a], set()).add(s.instance)
+    return out
+
+
+async def test_in_app_alerts_are_back_filled_on_the_first_read_and_agree_with_the_rules(fleet_prom):
+    fleet, prom, _ = fleet_prom
+    await asyncio.sleep(max(0.0, fleet.started + BACKFILL_READY_S + 5 - time.monotonic()))
+    client = PrometheusClient(prom.url)
+    try:
+        [report] = await DcgmPrometheusSource(client).read()
+        fresh = FleetSource(client, interval_s=2.0, gpus=lambda: report)
+        first = await fresh.read()
+        first_calls = fresh.queries_per_read
+        second = await fresh.read()
+        counting = FleetSource(client, interval_s=2.0, gpus=lambda: report)
+        counting.backfilled = True  # as before back-filling: the tracker starts from this read
+        without = await counting.read()
+    finally:
+        await client.aclose()
+    rules = alerting(prom)
+    expected = built_to_alert(fleet)
+    assert fresh.error is None, fresh.error
+    in_app = by_alert(first)
+    # the alerts that would already be showing had enginetop run all along show on its first refresh
+    assert in_app.get("EngineStalled") == expected["EngineStalled"] == rules["EngineStalled"]
+    assert in_app.get("EngineThrottledGpuSlow") == expected["EngineThrottledGpuSlow"] == \
+        rules["EngineThrottledGpuSlow"]
+    # the two 5-minute ones are not due yet in the app; Prometheus shows them pending, and never elsewhere
+    assert in_app.get("EngineKVCacheFull", set()) <= rules["EngineKVCacheFull"]
+    assert in_app.get("EngineQueueGrowing", set()) <= rules["EngineQueueGrowing"]
+    assert by_alert(second) == in_app  # the history is kept, not asked again
+    # one range query per figure, on the first read only (both first reads also fetched the targets)
+    assert first_calls - counting.queries_per_read == len(ALERT_FIGURES)
+    assert fresh.queries_per_read <= counting.queries_per_read
+    assert by_alert(without) == {}  # what the first refresh showed before: nothing

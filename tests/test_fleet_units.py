@@ -72,3 +72,35 @@ def test_in_app_alerts_need_their_condition_to_hold_for_the_stated_time() -> Non
         assert at(i * 5, gen=100.0, throttled=True) == ()  # throttled, but as fast as ever
     assert THROTTLED_DROP in at(55, gen=40.0, throttled=True)
     assert at(60, gen=40.0, throttled=False) == ()  # slower, but no throttled GPU under it
+
+
+def test_gpus_of_an_engine_by_pod_where_both_name_one_else_by_host() -> None:
+    from tui.fleet.dcgm import build_report
+    from tui.fleet.match import gpus_of
+    from tui.sources.samples import EngineSample
+
+    def gpu(host: str, index: int, **k8s: str) -> tuple[str, dict[str, str], float]:
+        labels = {"Hostname": host, "gpu": str(index), "UUID": f"{host}-{index}", **k8s}
+        return "DCGM_FI_DEV_GPU_UTIL", labels, 1.0
+
+    report = build_report([
+        gpu("node-1", 0, namespace="llm", pod="a"),
+        # scraped without honor_labels: `pod` is dcgm-exporter's own, the GPU's pod is in exported_pod
+        gpu("node-1", 1, namespace="gpu-operator", pod="dcgm-x", exported_namespace="llm", exported_pod="b"),
+        gpu("node-1", 2),
+        gpu("node-2", 0)])
+
+    def engine(instance: str, **k8s: str) -> EngineSample:
+        return EngineSample(name=instance, url="", t=0.0, wall=0.0, health="up", instance=instance,
+                            host=instance.split(":")[0], labels=tuple(k8s.items()))
+
+    def where(e: EngineSample) -> list[tuple[str | None, int]]:
+        return [(g.host, g.index) for g in gpus_of(e, report.gpus)]
+
+    assert where(engine("10.0.0.7:8000", namespace="llm", pod="a")) == [("node-1", 0)]
+    assert where(engine("node-1:8000", namespace="llm", pod="b")) == [("node-1", 1)]
+    # a pod no GPU names (dcgm-exporter without pod mapping): its host's GPUs; another namespace's "a" too
+    assert where(engine("node-2:8000", namespace="llm", pod="c")) == [("node-2", 0)]
+    assert where(engine("node-2:8000", namespace="other", pod="a")) == [("node-2", 0)]
+    assert where(engine("node-1:8000")) == [("node-1", 0), ("node-1", 1), ("node-1", 2)]
+    assert where(engine("10.0.0.7:8000")) == []

@@ -91,13 +91,31 @@ class AlertTracker:
         return tuple(alerts)
 
 
-def _throttled_nodes() -> str:
-    """1 per node with a GPU reporting a real throttle reason (bits 0x4..0x80 of field 112, either name)."""
-    reasons = '{__name__=~"DCGM_FI_DEV_CLOCKS_EVENT_REASONS|DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"}'
-    node = f'label_replace(label_replace({reasons}, "node", "$1", "Hostname", "(.+)"), ' \
-           '"node", "$1", "hostname", "(.+)")'
+REASONS = "DCGM_FI_DEV_CLOCKS_EVENT_REASONS|DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"
+# Subqueries' resolution: a typical scrape interval. Coarser (1m) left the first points of a new engine's
+# history up to a minute apart, so the tok/s-drop and queue rules needed minutes before they could judge.
+STEP = "15s"
+
+
+def _throttled(by: str, gpus: str) -> str:
+    """1 per `by` group with a GPU reporting a real throttle reason (bits 0x4..0x80 of field 112, either
+    name). The per-GPU max first merges a GPU's old- and new-named series (same labels once the name goes)."""
     assert REAL_THROTTLE_MASK == 0xFC  # bits 2..7: floor(x / 4) % 64 keeps exactly those
-    return f"max by (node) (floor(max by (node, gpu) ({node}) / 4) % 64 > 0)"
+    return f"max by ({by}) (floor(max by ({by}, gpu, UUID) ({gpus}) / 4) % 64 > 0)"
+
+
+def _node_gpus() -> str:
+    """Every GPU's reasons with its node (`Hostname`, or `hostname` since the late-2026 rename) as `node`."""
+    return f'label_replace(label_replace({{__name__=~"{REASONS}"}}, "node", "$1", "Hostname", "(.+)"), ' \
+           '"node", "$1", "hostname", "(.+)")'
+
+
+def _pod_gpus() -> str:
+    """The GPUs dcgm-exporter labels with the pod using them. Scraped without honor_labels, the exporter's
+    pod is in exported_pod / exported_namespace (tui.fleet.dcgm.pod_of): copied over `pod` / `namespace`."""
+    pod = f'{{__name__=~"{REASONS}", pod!=""}}'
+    return f'label_replace(label_replace({pod}, "pod", "$1", "exported_pod", "(.+)"), ' \
+           '"namespace", "$1", "exported_namespace", "(.+)")'
 
 
 def rule_group(match: str | None = None) -> dict:
@@ -107,8 +125,13 @@ def rule_group(match: str | None = None) -> dict:
     gen, running, waiting, kv = f"({f['gen_tps']})", f"({f['running']})", f"({f['waiting']})", \
         f"({f['kv_cache_usage']})"
     on = f"on ({BY})"
-    drop = f"{gen} < {DROP_FRACTION} * avg_over_time({gen}[10m:1m])"
-    by_node = f'label_replace({drop}, "node", "$1", "instance", "(.+):[0-9]+")'
+    drop = f"{gen} < {DROP_FRACTION} * avg_over_time({gen}[10m:{STEP}])"
+    drop = f'label_replace({drop}, "node", "$1", "instance", "(.+):[0-9]+")'
+    # An engine's GPUs, as tui.fleet.match.gpus_of finds them: the ones labelled with its pod where some
+    # are, else those of its node (the host part of its instance)
+    by_pod = f"({drop} and on (namespace, pod) {_throttled('namespace, pod', _pod_gpus())})"
+    by_node = f"(({drop} unless on (namespace, pod) group by (namespace, pod) ({_pod_gpus()})) " \
+              f"and on (node) {_throttled('node', _node_gpus())})"
     labels = {"source": "enginetop"}
 
     def rule(alert: str, expr: str, for_: str, severity: str, summary: str) -> dict:
@@ -122,8 +145,8 @@ def rule_group(match: str | None = None) -> dict:
              "requests are running but no token was generated for a minute (health checks may still pass)"),
         rule("EngineKVCacheFull", f"{kv} > {KV_FULL}", "5m", "warning", "KV cache above 90% for 5 minutes"),
         rule("EngineQueueGrowing",
-             f"{waiting} >= {QUEUE_MIN_WAITING:g} and {on} deriv({waiting}[5m:30s]) > 0", "5m", "warning",
+             f"{waiting} >= {QUEUE_MIN_WAITING:g} and {on} deriv({waiting}[5m:{STEP}]) > 0", "5m", "warning",
              "the queue of waiting requests keeps growing"),
-        rule("EngineThrottledGpuSlow", f"{by_node} and on (node) {_throttled_nodes()}", "2m", "warning",
+        rule("EngineThrottledGpuSlow", f"{by_pod} or {by_node}", "2m", "warning",
              "a GPU on this node is throttled and the engine's tok/s fell below 70% of its 10-minute mean"),
     ]}

@@ -30,10 +30,15 @@ def merged(series: Series, older: list[tuple[float, float]]) -> Series:
     return out
 
 
-def throttle_expr(host: str) -> str:
-    h = escape(host)
-    one = 'max(floor({{__name__=~"{r}", {label}="{h}"}} / 4) % 64 > bool 0)'
-    return " or ".join(one.format(r=REASONS, label=label, h=h) for label in ("Hostname", "hostname"))
+def throttle_expr(host: str, pod: tuple[str, str] | None = None) -> str:
+    """1 while a GPU of the engine reports a real throttle reason: the GPUs labelled with its (namespace, pod)
+    where some are, else its host's (tui.fleet.match); `or` keeps the pod's answer wherever it has one."""
+    # per GPU first: one exporting both field names would otherwise give two series of the same labels
+    one = 'max(floor(max by (gpu, UUID) ({{__name__=~"{r}", {m}}}) / 4) % 64 > bool 0)'
+    by_host = [one.format(r=REASONS, m=f'{label}="{escape(host)}"') for label in ("Hostname", "hostname")]
+    by_pod = [one.format(r=REASONS, m=f'{ns}="{escape(pod[0])}", {name}="{escape(pod[1])}"')
+              for ns, name in (("namespace", "pod"), ("exported_namespace", "exported_pod"))] if pod else []
+    return " or ".join(by_pod + by_host)
 
 
 async def backfill_engine(client: PrometheusClient, queries: FleetQueries, labels: dict[str, str],
@@ -50,8 +55,10 @@ async def backfill_engine(client: PrometheusClient, queries: FleetQueries, label
 
 
 async def backfill_throttle(client: PrometheusClient, host: str, series: Series,
-                            seconds: float = BACKFILL_S, step: float = 10.0) -> Series:
+                            seconds: float = BACKFILL_S, step: float = 10.0,
+                            pod: tuple[str, str] | None = None) -> Series:
+    """`pod`: tui.fleet.match.engine_pod(sample), so the spans are those of the GPUs gpus_of finds."""
     end = time.time()
-    result = await client.query_range(throttle_expr(host), end - seconds, end, step)
+    result = await client.query_range(throttle_expr(host, pod), end - seconds, end, step)
     points = [(to_monotonic(t), v) for _, values in result[:1] for t, v in values if v is not None]
     return merged(series, points)

@@ -99,7 +99,18 @@ def _sample(key: tuple[str, str, str], v: dict, t: float) -> GpuSample:
         vram_total_bytes=int(total * MIB) if total is not None else None,
         clock_event_mask=mask, throttle_reasons=throttle_words(mask) if mask is not None else (),
         throttled=bool(mask is not None and mask & REAL_THROTTLE_MASK),
-        host=host or None, xid_error=int(xid) if xid is not None else None)
+        host=host or None, xid_error=int(xid) if xid is not None else None, **pod_of(labels))
+
+
+def pod_of(labels: Labels) -> dict[str, str | None]:
+    """The pod using the GPU, as dcgm-exporter labels it in Kubernetes. Scraped without honor_labels, the
+    scrape's own target labels (dcgm-exporter's pod) take `pod`/`namespace` and the exporter's move to
+    `exported_pod`/`exported_namespace`: those then are the pod using the GPU."""
+    if labels.get("exported_pod"):
+        pod, namespace = labels.get("exported_pod"), labels.get("exported_namespace")
+    else:
+        pod, namespace = labels.get("pod"), labels.get("namespace")
+    return {"namespace": namespace or None, "pod": pod or None}
 
 
 def parse_exposition(text: str, instance: str = "") -> list[tuple[str, Labels, float | None]]:

@@ -15,7 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 KEY_LABELS = ("job", "instance", "model_name", "engine")
-BY = ", ".join(KEY_LABELS)
+# Kubernetes service discovery's target labels ride along (empty elsewhere): they tell which pod an engine is,
+# so its GPUs can be found by pod where dcgm-exporter labels GPUs with the pod using them (tui.fleet.match)
+K8S_LABELS = ("namespace", "pod")
+BY = ", ".join(KEY_LABELS + K8S_LABELS)
 
 
 def strip_match(match: str | None) -> str:

@@ -7,6 +7,11 @@ instance, with the model and data-parallel rank added only where one instance se
 
 When Prometheus cannot answer, every engine keeps its last good values, marked stale, with the reason
 (tui.fleet.prometheus.PromError) as its metrics error; nothing raises.
+
+The in-app alerts (tui.fleet.alerts.AlertTracker) judge the history of each figure. So that an engine
+stalled for an hour alerts on the first refresh rather than a minute (or five) after enginetop starts, the
+first good read also asks Prometheus for the last 10 minutes of the figures the alerts use (one range query
+per figure for the whole fleet, once) and replays them through the tracker.
 """
 
 from __future__ import annotations
@@ -17,9 +22,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from tui.fleet.alerts import AlertTracker
+from tui.fleet.alerts import DROP_WINDOW_S, AlertTracker
+from tui.fleet.match import GpuMatcher, pod_of_labels
 from tui.fleet.prometheus import Labels, PromError, PrometheusClient, Target
-from tui.fleet.queries import KEY_LABELS, FleetQueries, Windows, window
+from tui.fleet.queries import K8S_LABELS, KEY_LABELS, FleetQueries, Windows, window
 from tui.sources.samples import Dialect, EngineReading, EngineSample, EngineStats, GpuReport
 
 Key = tuple[str, str, str, str]  # job, instance, model_name, engine
@@ -29,6 +35,9 @@ STAT_FIGURES = ("gen_tps", "prompt_processed_tps", "prompt_computed_tps", "prefi
                 "ttft_p50_s", "ttft_p90_s", "itl_p50_s", "itl_p90_s")
 READING_FIGURES = ("running", "waiting", "kv_cache_usage", "generation_tokens_total",
                    "prompt_tokens_processed_total")
+# what the alerts judge, back-filled once over their longest window (the tok/s drop's 10 minutes)
+ALERT_FIGURES = ("running", "waiting", "kv_cache_usage", "gen_tps")
+ALERT_HISTORY_S = DROP_WINDOW_S
 
 
 def key_of(labels: Labels) -> Key:
@@ -88,6 +97,7 @@ class FleetSource:
         self._last: dict[str, EngineSample] = {}
         self._targets: dict[tuple[str, str], Target] = {}
         self._targets_at = float("-inf")
+        self.backfilled = False  # the alerts' history was asked for (on the first good read)
 
     @property
     def labels_of(self) -> dict[str, Labels]:
@@ -125,25 +135,38 @@ class FleetSource:
                                        latency=window(max(4 * scrape, 60.0)))
 
     async def _read(self) -> list[EngineSample]:
-        await self._refresh_targets(force=not self._targets)
+        fresh_targets = not self._targets
+        await self._refresh_targets(force=fresh_targets)
         figures = self.queries.figures()
         names = ["discovery", "up", *figures]
         exprs = [self.queries.discovery(), self.queries.up(), *figures.values()]
-        answers = await asyncio.gather(*(self.client.query(e) for e in exprs), return_exceptions=True)
+        # the alerts' history, asked with the first read's own queries (so it costs no extra round trip)
+        end = time.time()
+        history = [] if self.backfilled else [
+            self.client.query_range(figures[f], end - ALERT_HISTORY_S, end, self.interval_s)
+            for f in ALERT_FIGURES]
+        answers = await asyncio.gather(*(self.client.query(e) for e in exprs), *history,
+                                       return_exceptions=True)
+        answers, history_answers = answers[:len(exprs)], answers[len(exprs):]
         for answer in answers:
             if isinstance(answer, BaseException):
                 raise answer
         results: dict[str, Any] = dict(zip(names, answers, strict=True))
         up = {(labels.get("job", ""), labels.get("instance", "")): v for labels, v in results["up"]}
-        if any(v == 0 for v in up.values()):
+        if any(v == 0 for v in up.values()) and not fresh_targets:
             await self._refresh_targets(force=True)  # lastError of the targets that are down now
         found: dict[Key, Dialect] = {}
+        pods: dict[Key, tuple[tuple[str, str], ...]] = {}
         for labels, _ in results["discovery"]:
-            found[key_of(labels)] = labels.get("dialect", "unknown")  # type: ignore[assignment]
+            key = key_of(labels)
+            found[key] = labels.get("dialect", "unknown")  # type: ignore[assignment]
+            pods[key] = tuple((k, labels[k]) for k in K8S_LABELS if labels.get(k))
         by_figure = {f: {key_of(labels): v for labels, v in results[f]} for f in figures}
         names_by_key = engine_names(sorted(found))
+        backfill_trouble = self._backfill(names_by_key, found, history_answers) if history else None
         now, wall = time.monotonic(), time.time()
         gpu_report = self.gpus() if self.gpus else None
+        gpus = GpuMatcher(g for g in gpu_report.gpus if not g.stale) if gpu_report else None
         samples = []
         self.engines = {}
         for key, name in names_by_key.items():
@@ -156,8 +179,10 @@ class FleetSource:
             host = host_of(instance)
             target = self._targets.get((job, instance))
             url = target.scrape_url.rsplit("/", 1)[0] if target and target.scrape_url else f"http://{instance}"
-            labels = tuple((k, v) for k, v in (("model_name", model), ("engine", rank)) if v)
-            alerts = self.alerts.update(name, now, health, reading, stats, _node_throttled(gpu_report, host))
+            labels = tuple((k, v) for k, v in (("model_name", model), ("engine", rank)) if v) + pods[key]
+            # the engine's GPUs by pod where dcgm-exporter names pods, else by host (tui.fleet.match)
+            throttled = gpus is not None and any(g.throttled for g in gpus.of(host, pod_of_labels(labels)))
+            alerts = self.alerts.update(name, now, health, reading, stats, throttled)
             sample = EngineSample(
                 name=name, url=url, t=now, wall=wall, health=health, health_reason=reason,
                 model=model or None, reading=reading if health == "up" else None, stats=stats,
@@ -165,6 +190,8 @@ class FleetSource:
             samples.append(sample)
         self._last = {s.name: s for s in samples}
         self.error = self.error_kind = None
+        if backfill_trouble:
+            self.error, self.error_kind = backfill_trouble, "warning"
         if self.client.warnings:
             self.error = "Prometheus warned: " + "; ".join(self.client.warnings)
             self.error_kind = "warning"
@@ -184,7 +211,30 @@ class FleetSource:
         return "down", f"Prometheus cannot scrape it: {error}"
 
 
-def _node_throttled(report: GpuReport | None, host: str) -> bool:
-    if report is None:
-        return False
-    return any(g.throttled and not g.stale for g in report.gpus if g.host == host)
+    def _backfill(self, names: dict[Key, str], found: dict[Key, Dialect], answers: list[Any]) -> str | None:
+        """Replay the last 10 minutes of the alerts' figures through the tracker, oldest first, as if
+        enginetop had been reading all along (the GPUs' throttling is judged on the current read only).
+        Asked once: a failure is shown and not retried (the alerts then count from now)."""
+        self.backfilled = True
+        failed = next((a for a in answers if isinstance(a, BaseException)), None)
+        if failed is not None:
+            if not isinstance(failed, PromError):
+                raise failed
+            return f"alert history not back-filled, alerts count from now: {failed.message}"
+        steps: dict[Key, dict[float, dict[str, float | None]]] = {}
+        for figure, series in zip(ALERT_FIGURES, answers, strict=True):
+            for labels, points in series:
+                key = key_of(labels)
+                if key in names:
+                    per_t = steps.setdefault(key, {})
+                    for t, v in points:
+                        per_t.setdefault(t, {})[figure] = v
+        to_monotonic = time.monotonic() - time.time()
+        for key, per_t in steps.items():
+            for t in sorted(per_t):
+                f = per_t[t]
+                reading = EngineReading(dialect=found[key], running=f.get("running"),
+                                        waiting=f.get("waiting"), kv_cache_usage=f.get("kv_cache_usage"))
+                self.alerts.update(names[key], t + to_monotonic, "up", reading,
+                                   EngineStats(gen_tps=f.get("gen_tps")), False)
+        return None

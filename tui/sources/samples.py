@@ -138,6 +138,9 @@ class GpuSample:
     host: str | None = None  # the node it is in, for GPUs read remotely (dcgm-exporter); None = this machine
     xid_error: int | None = None  # the last XID error dcgm-exporter saw (0 = none)
     stale: bool = False  # the source could not refresh it: these are the last good values
+    # the Kubernetes pod using it, as dcgm-exporter labels it there (None elsewhere): tui.fleet.match
+    namespace: str | None = None
+    pod: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
