@@ -315,7 +315,7 @@ async def test_server_closing_mid_response(fake: Fake, transport_kind: str) -> N
     )
 
 
-# ---- EngineSource: the one poller of the dashboard's columns and of `enginetop record` ----------------------
+# ---- EngineSource: the one poller of the dashboard's columns and of `enginetop record` -------------------
 async def test_engine_source_asks_models_and_health_only_now_and_then(fake: Fake) -> None:
     from tui.sources.engine_source import EngineSource
     from tui.sources.keepalive import Transports
