@@ -431,6 +431,7 @@ async def test_a_click_on_a_column_header_sorts_by_it_and_a_second_click_reverse
         await pilot.click("#fleet-table", offset=(header_x(temp), 0))  # a figure: highest first
         await pilot.pause(0.3)
         assert (table.sort_column, table.sort_reverse) == (temp, True)
+        assert "GPU °↓" in screen_text(app)  # a label as wide as its cell gives way to the arrow
         values = [r.values[temp] for r in table.rows if r.values[temp] is not None]
         assert len(values) > N_ENGINES / 2 and values == sorted(values, reverse=True)
         assert len({*values}) == N_NODES  # one per node: not an order the rows had by chance

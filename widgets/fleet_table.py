@@ -232,8 +232,9 @@ class FleetTable(Widget, can_focus=True):
             return Text("no engine matches the filter", style="dim")
         width = self.size.width or 200
         out = Text(no_wrap=True, overflow="ellipsis")
-        header = [c.label + (("↓" if self.sort_reverse else "↑") if i == self.sort_column else "")
-                  for i, c in enumerate(COLUMNS)]
+        header = [c.label for c in COLUMNS]
+        sort = self.sort_column  # its arrow always shows: the label gives way if the cell is too narrow
+        header[sort] = header[sort][:WIDTHS[sort] - 1] + ("↓" if self.sort_reverse else "↑")
         self._line(out, [Text(h, style="bold") for h in header], width)
         end = min(self.top + self._visible(), len(self.rows))
         for i in range(self.top, end):
