@@ -438,6 +438,9 @@ async def test_a_click_on_a_column_header_sorts_by_it_and_a_second_click_reverse
         await pilot.click("#fleet-table", offset=(header_x(engine), 3))  # a row, not the header
         await pilot.pause(0.2)
         assert table.sort_column == temp and table.selected == table.rows[table.top + 2].name
+        clicked = table.selected
+        await pilot.press("enter")  # the click focused the table: enter there opens the engine too
+        assert isinstance(app.screen, EngineScreen) and app.screen.engine_name == clicked
 
 
 async def test_an_engine_opens_in_the_dashboards_own_layout_and_f_probes_it(fleet_prom):
@@ -525,6 +528,15 @@ async def test_a_recorded_fleet_replays_as_the_fleet_table_with_the_same_figures
         text = screen_text(app)
         assert f"replay of {out.name}, recorded from Prometheus {prom.url}" in text
         assert f"{N_ENGINES} engines" in text
+        paused = app.replay.paused
+        await pilot.press(*"node-03 vllm")  # typed keys go to the filter, a space included
+        await pilot.pause(0.3)
+        assert view.query_one(Input).value == "node-03 vllm" and app.replay.paused == paused
+        assert {r.name for r in table.rows} == {n for n, s in last.items() if s.host == "synthetic-node-03"
+                                                and s.job == "vllm"}
+        await pilot.press("escape", "tab", "space")  # in the table (not the filter) space plays / pauses
+        await pilot.pause(0.2)
+        assert app.focused is table and app.replay.paused != paused and table.row_count == N_ENGINES
 
         await pilot.press("enter")  # the engine under the cursor, from the replayed history
         screen = app.screen

@@ -51,6 +51,7 @@ class FleetView(Vertical):
         Binding("ctrl+r", "reverse", "Reverse order"),
         Binding("escape", "clear_filter", "Clear filter"),
         Binding("ctrl+g", "app.fleet_gpus", "All GPUs"),
+        Binding("enter", "open", "Open", show=False),  # with the table focused (a click, tab)
     ]
     DEFAULT_CSS = """
     FleetView { height: 1fr; }
@@ -123,6 +124,9 @@ class FleetView(Vertical):
         self.refresh_order()
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.action_open()
+
+    def action_open(self) -> None:
         name = self.table.selected
         if name is not None:
             self.post_message(self.Open(name))
