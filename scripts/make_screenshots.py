@@ -7,7 +7,8 @@
 - sweep-llama-vllm.svg: the concurrency sweep (key c) on both.
 - fleet-table.svg / fleet-engine.svg: the fleet view (--prometheus) over a real Prometheus scraping the real
   demo llama-server and a labelled SYNTHETIC fleet (200 engines, 52 dcgm GPUs; scripts/demo_fleet.py), then
-  the real llama-server opened from the table (enter), its plots back-filled from query_range.
+  the real llama-server opened from the table (enter) in the dashboard's layout, its plots back-filled from
+  query_range, probed once with f.
 - report.png: the offline HTML report of a real `enginetop ab` of the two CPU demo profiles (2 x 2), in
   headless Chromium with the network off, rendered as tests/test_report.py renders it.
 - recording-report.png: `enginetop report` of a 2-minute recording of a real llama-server under load with
@@ -190,6 +191,9 @@ async def shoot_fleet() -> None:
             await pilot.pause(1)
             await pilot.press("enter")
             await wait(pilot, lambda: isinstance(app.screen, EngineScreen) and not app.screen.backfill, 30)
+            await pilot.press("f")  # a real probe of the real engine, in its panel and on its plots
+            state = app.store.engines[instance]
+            await wait(pilot, lambda: len(state.probes) >= 1, 60)
             await pilot.pause(3)
             app.save_screenshot(filename="fleet-engine.svg", path=str(OUT))
             print(f"wrote {OUT / 'fleet-engine.svg'}")

@@ -16,6 +16,7 @@ A missing engine fails (conftest), never skips.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -23,12 +24,21 @@ from pathlib import Path
 import httpx
 import pytest
 from prometheus_server import running_prometheus
+from screen import screen_text
+from textual.widgets import Input
 
+from tui.app import AppConfig, EnginetopApp
+from tui.engines.llamacpp import demo_argv
+from tui.fleet.options import FleetOptions
 from tui.fleet.prometheus import PrometheusClient
 from tui.fleet.source import FleetSource
+from tui.lifecycle.process import Launched, free_port, launch, stop_group
+from tui.paths import runs_dir
 from tui.record.reader import Recording
+from tui.screens.fleet import EngineScreen, FleetView
 from tui.sources.metrics import parse_reading
 from tui.sources.rates import histogram_quantile
+from widgets.plots import TimePlot
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.engine
@@ -137,3 +147,94 @@ async def test_vllm_through_prometheus_matches_its_own_metrics(vllm_server):
         assert sample.stats.ttft_p50_s == pytest.approx(histogram_quantile(0.5, delta), rel=Q_TOL)
         delta = [(b, a - c) for (b, a), (_, c) in zip(after.itl_buckets, before.itl_buckets, strict=True)]
         assert sample.stats.itl_p50_s == pytest.approx(histogram_quantile(0.5, delta), rel=Q_TOL)
+
+
+def start_keyed_llama(key_file: Path) -> tuple[str, Launched]:
+    """A second real llama-server that wants an API key (read from a file: never on a command line)."""
+    port = free_port()
+    launched = launch(demo_argv(port, "--threads", "1", "--api-key-file", str(key_file)),
+                      runs_dir() / f"test-llama-keyed-{port}.log")
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        assert launched.alive(), "\n".join(launched.log_tail(40))
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return f"127.0.0.1:{port}", launched
+        assert time.monotonic() < deadline, "the keyed llama-server did not become healthy"
+        time.sleep(0.5)
+
+
+async def open_from_table(pilot, app: EnginetopApp, instance: str) -> EngineScreen:
+    view = app.screen.query_one(FleetView)
+    view.query_one(Input).value = ""
+    await pilot.press(*instance)
+    deadline = time.monotonic() + 10
+    while view.table.selected != instance:
+        assert time.monotonic() < deadline, [r.name for r in view.table.rows]
+        await pilot.pause(0.2)
+    await pilot.press("enter")
+    screen = app.screen
+    assert isinstance(screen, EngineScreen) and screen.engine_name == instance
+    return screen
+
+
+async def until(pilot, condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await pilot.pause(0.3)
+
+
+async def test_an_engine_opened_from_the_fleet_table_is_probed_with_f(llama_server, tmp_path):
+    """The real llama-server through a real Prometheus: enter opens it in the column-and-plots view, `f`
+    probes it at the origin Prometheus scrapes, the result is in its probe panel and on its plots. A second
+    real llama-server wants an API key (Prometheus scrapes it with the key): its probe says 401, readably."""
+    key = "sk-fleet-probe-test-5551"
+    key_file = tmp_path / "key"
+    key_file.write_text(key + "\n")
+    keyed, launched = start_keyed_llama(key_file)
+    try:
+        scrapes = [{"job_name": "keyed", "scrape_interval": "1s", "static_configs": [{"targets": [keyed]}],
+                    "authorization": {"type": "Bearer", "credentials_file": str(key_file)}}]
+        with running_prometheus({"llama": [f"127.0.0.1:{llama_server.port}"]}, scrapes=scrapes) as prom:
+            prom.wait_for("llamacpp:tokens_predicted_total", min_series=2)
+            app = EnginetopApp(AppConfig(fleet=FleetOptions(prometheus=prom.url, refresh_s=1.0),
+                                         redraw_interval_s=0.5))
+            async with app.run_test(size=(200, 60)) as pilot:
+                view = app.screen.query_one(FleetView)
+                await until(pilot, lambda: view.table.row_count == 2 and all(
+                    r.values[0] == "up" for r in view.table.rows), 20, "both engines up in the table")
+                name = f"127.0.0.1:{llama_server.port}"
+                screen = await open_from_table(pilot, app, name)
+                await until(pilot, lambda: not screen.backfill, 15, "the back-fill")
+                await pilot.press("f")
+                state = app.store.engines[name]
+                await until(pilot, lambda: state.probes, 90, "a probe result")
+                _, result = state.probes[-1]
+                assert result.ok, result.error
+                assert result.url == llama_server.url and result.token_source == "server"
+                assert result.completion_tokens == app.config.probe_max_tokens
+                await pilot.pause(1.0)
+                text = screen_text(app)
+                assert "median of last 1: decode" in text and f"{name} probe" in text  # panel, plot legend
+                for plot_id, at, value in (("#plot-gen", result.decode_at, result.decode_tps),
+                                           ("#plot-ttft", result.ttft_at, result.ttft_s)):
+                    data, now = screen.query_one(plot_id, TimePlot).shown
+                    xs, ys = data.markers[name]
+                    assert ys == [value] and abs(now + xs[0] - at) < 1e-6, plot_id
+                await pilot.press("escape")
+
+                screen = await open_from_table(pilot, app, keyed)
+                await pilot.press("f")
+                state = app.store.engines[keyed]
+                await until(pilot, lambda: state.probes, 30, "the keyed engine's probe result")
+                _, refused = state.probes[-1]
+                assert not refused.ok and refused.status == 401
+                await pilot.pause(1.0)
+                text = screen_text(app)
+                assert "failed: HTTP 401" in text and "! HTTP 401" in text, text
+                assert "(the engine wants an API key)" in text and key not in text
+                assert app.is_running
+    finally:
+        stop_group(launched)

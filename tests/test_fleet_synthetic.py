@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 import subprocess
 import sys
 import time
@@ -18,7 +19,9 @@ import httpx
 import pytest
 from prom_proxy import PromProxy
 from prometheus_server import running_prometheus
+from screen import screen_text
 from synthetic_fleet import ITL_BOUNDS, ITL_CDF, TTFT_BOUNDS, TTFT_CDF, make_fleet
+from textual.widgets import Input
 
 from tui.app import AppConfig, EnginetopApp
 from tui.fleet.alerts import KV_SATURATED, QUEUE_GROWING, STALLED, THROTTLED_DROP, rule_group
@@ -29,7 +32,15 @@ from tui.fleet.options import FleetOptions
 from tui.fleet.prometheus import PromError, PrometheusClient
 from tui.fleet.source import ALERT_FIGURES, FleetSource
 from tui.lifecycle.process import free_port
+from tui.record.reader import Recording
+from tui.replay_app import ReplayApp, fleet_source
+from tui.screens.dashboard import Dashboard
 from tui.screens.fleet import EngineScreen, FleetView, GpusScreen
+from widgets.engine_panel import EnginePanel
+from widgets.fleet_table import COLUMNS, WIDTHS, build_rows
+from widgets.gpu_panel import GpuPanel
+from widgets.plots import TimePlot
+from widgets.probe_panel import ProbePanel
 
 N_ENGINES, N_NODES, GPUS_PER_NODE = 210, 13, 4
 RATE_TOLERANCE = 0.03  # counters move linearly; what is left is scrape-time jitter over a 10 s window
@@ -629,3 +640,167 @@ async def test_in_app_alerts_are_back_filled_on_the_first_read_and_agree_with_th
     assert first_calls - counting.queries_per_read == len(ALERT_FIGURES)
     assert fresh.queries_per_read <= counting.queries_per_read
     assert by_alert(without) == {}  # what the first refresh showed before: nothing
+# ---- the fleet UI: header clicks, the engine in the dashboard's layout, a fleet recording replayed -----
+
+async def wait_until(pilot, condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await pilot.pause(0.2)
+
+
+def header_x(column: int) -> int:
+    """Where a column's header label starts in the table, plus two characters."""
+    return sum(WIDTHS[:column]) + column + 2
+
+
+async def test_a_click_on_a_column_header_sorts_by_it_and_a_second_click_reverses(fleet_prom):
+    _, prom, _ = fleet_prom
+    app = EnginetopApp(AppConfig(fleet=FleetOptions(prometheus=prom.url, refresh_s=2.0),
+                                 redraw_interval_s=0.5))
+    async with app.run_test(size=(220, 60)) as pilot:
+        view = app.screen.query_one(FleetView)
+        table = view.table
+        await wait_until(pilot, lambda: table.row_count == N_ENGINES, 20, "every engine in the table")
+        engine = [c.label for c in COLUMNS].index("engine")
+        await pilot.click("#fleet-table", offset=(header_x(engine), 0))
+        await pilot.pause(0.3)
+        names = [r.name for r in table.rows]
+        assert (table.sort_column, table.sort_reverse) == (engine, False)
+        assert names == sorted(names, key=str.lower) and len(names) == N_ENGINES
+        assert "engine↑" in screen_text(app)
+        await pilot.click("#fleet-table", offset=(header_x(engine), 0))  # again: the other way round
+        await pilot.pause(0.3)
+        assert table.sort_reverse and [r.name for r in table.rows] == names[::-1]
+        assert "engine↓" in screen_text(app)
+        temp = [c.label for c in COLUMNS].index("GPU °C")
+        await pilot.click("#fleet-table", offset=(header_x(temp), 0))  # a figure: highest first
+        await pilot.pause(0.3)
+        assert (table.sort_column, table.sort_reverse) == (temp, True)
+        assert "GPU °↓" in screen_text(app)  # a label as wide as its cell gives way to the arrow
+        values = [r.values[temp] for r in table.rows if r.values[temp] is not None]
+        assert len(values) > N_ENGINES / 2 and values == sorted(values, reverse=True)
+        assert len({*values}) == N_NODES  # one per node: not an order the rows had by chance
+        await pilot.click("#fleet-table", offset=(header_x(engine), 3))  # a row, not the header
+        await pilot.pause(0.2)
+        assert table.sort_column == temp and table.selected == table.rows[table.top + 2].name
+        clicked = table.selected
+        await pilot.press("enter")  # the click focused the table: enter there opens the engine too
+        assert isinstance(app.screen, EngineScreen) and app.screen.engine_name == clicked
+
+
+async def test_an_engine_opens_in_the_dashboards_own_layout_and_f_probes_it(fleet_prom):
+    fleet, prom, _ = fleet_prom
+    picked = next(e for e in fleet.engines if e.node == 3 and e.dialect == "vllm" and not e.kind)
+    app = EnginetopApp(AppConfig(fleet=FleetOptions(prometheus=prom.url, refresh_s=2.0), horizon_s=1800.0,
+                                 redraw_interval_s=0.5))
+    app_started = time.monotonic()
+    async with app.run_test(size=(200, 60)) as pilot:
+        view = app.screen.query_one(FleetView)
+        await wait_until(pilot, lambda: view.table.row_count == N_ENGINES, 20, "every engine in the table")
+        await pilot.press("f")  # in the table a letter filters: no probe of anything
+        await pilot.pause(0.2)
+        assert view.query_one(Input).value == "f" and not any(s.probes for s in app.store.engines.values())
+        view.query_one(Input).value = ""
+        await pilot.press(*picked.instance)
+        await wait_until(pilot, lambda: view.table.selected == picked.instance, 5, "the engine at the cursor")
+        await pilot.press("enter")
+        screen = app.screen
+        assert isinstance(screen, EngineScreen) and screen.engine_name == picked.instance
+        await wait_until(pilot, lambda: not screen.backfill, 15, "the back-fill")
+        await pilot.pause(0.6)
+        # the main screen's widgets, laid out as there: the column and its probes, both plots, the node's GPUs
+        assert screen.query_one(Dashboard).names == [picked.instance]
+        assert screen.query_one("#engine-0", EnginePanel).engine_name == picked.instance
+        assert screen.query_one("#probes-0", ProbePanel) and not screen.query("#host")
+        assert screen.query_one("#gpu", GpuPanel).border_title == "GPUs of synthetic-node-03"
+        data, now = screen.query_one("#plot-gen", TimePlot).shown
+        xs, ys = data.lines[picked.instance]
+        assert now + xs[0] < app_started - 5  # back-filled from query_range
+        assert ys[-1] == pytest.approx(picked.gen_rate, rel=RATE_TOLERANCE)
+        assert data.throttle_spans  # node 3's GPUs are throttled (0x24)
+        assert screen.query_one("#plot-ttft", TimePlot).shown[0].lines[picked.instance][0]
+        text = screen_text(app)
+        assert "f: probe now" in text and "GPUs of synthetic-node-03" in text
+        assert "synthetic-node-03 [0] NVIDIA H200  THROTTLED: power cap" in text
+        assert "synthetic-node-04" not in text  # only its node's GPUs
+
+        # `f` probes it at the origin Prometheus scrapes; a synthetic exporter has no OpenAI API: it says so
+        await pilot.press("f")
+        state = app.store.engines[picked.instance]
+        await wait_until(pilot, lambda: state.probes, 15, "a probe result")
+        _, result = state.probes[-1]
+        assert result.url == f"http://127.0.0.1:{fleet.port}/engine/{picked.index}"
+        assert not result.ok and result.status == 501
+        await pilot.pause(0.6)
+        text = screen_text(app)
+        assert "failed: HTTP 501" in text and "! HTTP 501: " in text and "Error code: 501" in text
+        assert app.is_running
+        await pilot.press("escape")
+        await pilot.pause(0.2)
+        assert app.screen.query_one(FleetView) is view
+
+
+async def test_a_recorded_fleet_replays_as_the_fleet_table_with_the_same_figures(fleet_prom, tmp_path):
+    _, prom, _ = fleet_prom
+    out = tmp_path / "fleet.enginetop.sqlite"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tui", "record", "--prometheus", prom.url, "--refresh", "1", "--duration", "5",
+        "-o", str(out), stderr=asyncio.subprocess.PIPE)
+    _, err = await asyncio.wait_for(proc.communicate(), 90)
+    assert proc.returncode == 0, err.decode()
+    rec = Recording(out)
+    assert rec.meta["fleet"] == f"Prometheus {prom.url}" and fleet_source(rec) == f"Prometheus {prom.url}"
+    last = {}
+    for row in rec.rows(kinds=("engine",)):
+        last[row.item.name] = row.item
+    assert len(last) == N_ENGINES
+
+    app = ReplayApp(rec, AppConfig(horizon_s=300.0), start=rec.end)
+    async with app.run_test(size=(220, 60)) as pilot:
+        view = app.screen.query_one(FleetView)
+        table = view.table
+        await wait_until(pilot, lambda: table.row_count == N_ENGINES, 10, "the replayed table")
+        assert app.fleet is None and not app.slots  # no Prometheus asked, no engine columns
+        rows = {r.name: r for r in table.rows}
+        assert rows.keys() == last.keys()
+        gpus = app.store.gpu.gpus
+        for expected in build_rows({n: app.store.engines[n] for n in last}, gpus):
+            assert rows[expected.name].cells == expected.cells
+        for name, sample in last.items():
+            values = rows[name].values
+            assert values[5] == sample.stats.gen_tps and values[7] == sample.stats.ttft_p50_s
+            assert values[10] == (sample.reading.running if sample.reading else None)
+        text = screen_text(app)
+        assert f"replay of {out.name}, recorded from Prometheus {prom.url}" in text
+        assert f"{N_ENGINES} engines" in text
+        paused = app.replay.paused
+        await pilot.press(*"node-03 vllm")  # typed keys go to the filter, a space included
+        await pilot.pause(0.3)
+        assert view.query_one(Input).value == "node-03 vllm" and app.replay.paused == paused
+        assert {r.name for r in table.rows} == {n for n, s in last.items() if s.host == "synthetic-node-03"
+                                                and s.job == "vllm"}
+        await pilot.press("escape", "tab", "space")  # in the table (not the filter) space plays / pauses
+        await pilot.pause(0.2)
+        assert app.focused is table and app.replay.paused != paused and table.row_count == N_ENGINES
+
+        await pilot.press("enter")  # the engine under the cursor, from the replayed history
+        screen = app.screen
+        assert isinstance(screen, EngineScreen) and screen.backfill == ""
+        await pilot.pause(0.6)
+        name = screen.engine_name
+        data, now = screen.query_one("#plot-gen", TimePlot).shown
+        assert now == app.replay.now == rec.end
+        xs, ys = data.lines[name]
+        assert len(xs) >= 3 and ys[-1] == last[name].stats.gen_tps
+        await pilot.press("f")  # a replay probes nothing
+        await pilot.pause(0.2)
+        assert not app.store.engines[name].probes and app.is_running
+        await pilot.press("escape")
+
+    # a fleet recording made before the `fleet` meta key: told by its engines' Prometheus labels
+    old = tmp_path / "old.enginetop.sqlite"
+    old.write_bytes(out.read_bytes())
+    with sqlite3.connect(old) as db:
+        db.execute("DELETE FROM meta WHERE key = 'fleet'")
+    assert fleet_source(Recording(old)) == "Prometheus"

@@ -23,7 +23,6 @@ from pathlib import Path
 
 from textual.app import App, ComposeResult
 from textual.binding import Binding
-from textual.containers import Container, Horizontal
 from textual.widgets import Footer, Header
 from textual.worker import Worker, WorkerState
 
@@ -42,6 +41,7 @@ from tui.probe.sweep import SweepConfig
 from tui.probe.workloads import WorkloadParams
 from tui.record.writer import Recorder
 from tui.screens.ab import ABRun, ABScreen, dashboard_arm, start_dashboard_ab
+from tui.screens.dashboard import Column, Dashboard
 from tui.screens.fleet import EngineScreen, FleetStatus, FleetView, GpusScreen
 from tui.screens.help import HelpScreen
 from tui.screens.logs import LogScreen
@@ -55,10 +55,6 @@ from tui.sources.keepalive import Transports
 from tui.sources.machine import MachineSource
 from tui.store import EngineState, Store
 from widgets.engine_panel import EnginePanel
-from widgets.gpu_panel import GpuPanel
-from widgets.host_panel import HostPanel
-from widgets.plots import PlotData, TimePlot
-from widgets.probe_panel import ProbePanel
 
 log = logging.getLogger(__name__)
 
@@ -114,22 +110,15 @@ class AppConfig:
     # The fleet view (--prometheus): a table of every engine Prometheus scrapes instead of engine columns.
     # With only --dcgm, the usual columns with the GPU panel fed by those dcgm-exporters instead of NVML.
     fleet: FleetOptions | None = None
+    fleet_replay: bool = False  # the fleet table, fed by a replayed recording of a Prometheus (no queries)
 
     @property
     def fleet_table(self) -> bool:
-        return self.fleet is not None and self.fleet.prometheus is not None
+        return self.fleet_replay or (self.fleet is not None and self.fleet.prometheus is not None)
 
 
 class EnginetopApp(App[None]):
     TITLE = "enginetop"
-    CSS = """
-    #engines { layout: grid; grid-rows: auto auto; height: auto; }
-    #plots { height: 1fr; min-height: 12; }
-    #plots > TimePlot { width: 1fr; }
-    #bottom { height: auto; }
-    #bottom > GpuPanel { width: 2fr; }
-    #bottom > HostPanel { width: 1fr; }
-    """
     BINDINGS = [
         Binding("q", "quit", "Quit"),
         Binding("p", "toggle_pause", "Pause"),
@@ -183,20 +172,7 @@ class EnginetopApp(App[None]):
             yield FleetView(id="fleet")
             yield Footer()
             return
-        # A grid, engines in the first row and their probes below, one column each: no container per column
-        # (every container is one more widget to paint when a panel beside it changes).
-        with Container(id="engines") as engines:
-            engines.styles.grid_size_columns = max(1, len(self.slots))
-            for slot in self.slots:
-                yield EnginePanel(slot.target.name, id=f"engine-{slot.index}")
-            for slot in self.slots:
-                yield ProbePanel(id=f"probes-{slot.index}")
-        with Horizontal(id="plots"):
-            yield TimePlot(id="plot-gen")
-            yield TimePlot(id="plot-ttft")
-        with Horizontal(id="bottom"):
-            yield GpuPanel(id="gpu")
-            yield HostPanel(id="host")
+        yield Dashboard([slot.target.name for slot in self.slots])
         yield Footer()
 
     def on_mount(self) -> None:
@@ -263,9 +239,7 @@ class EnginetopApp(App[None]):
         return pids
 
     # ---- probes ---------------------------------------------------------------------------
-    async def _probe(self, slot: Slot) -> None:
-        target = slot.target
-
+    async def _probe(self, target: EngineTarget) -> None:
         def keep(result: ProbeResult) -> None:
             self.store.add_probe(target.name, result)
             # A line a probe: the figures outlive the screen (bench/bench_exporter.py reads them to compare
@@ -286,7 +260,7 @@ class EnginetopApp(App[None]):
             if isinstance(self.screen, SweepScreen) or self.ab_running:
                 continue  # a sweep or A/B is measuring: a probe now would add load to what it measures
             if sample is not None and sample.health == "up" and not self.probes.busy(slot.target):
-                await self._probe(slot)
+                await self._probe(slot.target)
 
     @property
     def ab_running(self) -> bool:
@@ -303,13 +277,17 @@ class EnginetopApp(App[None]):
     def action_probe_now(self) -> None:
         if self._ab_measuring():
             return
+        targets = [slot.target for slot in self.slots]
+        if isinstance(self.screen, EngineScreen):  # an engine opened from the fleet table
+            targets = [self._fleet_target(self.screen.engine_name)]
         started = 0
-        for slot in self.slots:
-            if not self.probes.busy(slot.target):
-                self.run_worker(self._probe(slot), name=f"probe {slot.target.name}", group="probe")
+        for target in targets:
+            if not self.probes.busy(target):
+                self.run_worker(self._probe(target), name=f"probe {target.name}", group="probe")
                 started += 1
         if not started:
-            self.notify("a probe is already running on every engine", severity="warning")
+            self.notify("a probe is already running on this engine" if len(targets) == 1 else
+                        "a probe is already running on every engine", severity="warning")
 
     def action_sweep(self) -> None:
         if self._ab_measuring():
@@ -482,20 +460,38 @@ class EnginetopApp(App[None]):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """In the fleet table, typing filters: the single-letter keys of the engine columns are off there
-        (and out of the footer); `q` still quits from an engine opened from the table."""
+        (and out of the footer); `q` still quits from an engine opened from the table, and `f` probes it."""
+        if action == "probe_now" and isinstance(self.screen, EngineScreen):
+            return True
         return not (self.config.fleet_table and action in self.FLEET_OFF)
 
+    def _fleet_target(self, name: str) -> EngineTarget:
+        """An engine of the fleet as a probe reaches it: its OpenAI API at the origin Prometheus scrapes."""
+        state = self.store.engines.get(name)
+        url = state.sample.url if state is not None and state.sample is not None else ""
+        return EngineTarget(name=name, url=url)
+
     def on_fleet_view_open(self, event: FleetView.Open) -> None:
+        screen = EngineScreen(event.name, self.config.horizon_s)
+        self.push_screen(screen)
+        self._backfill(screen)
+        screen.call_after_refresh(self._show_engine, screen)
+
+    def _show_engine(self, screen: EngineScreen) -> None:
+        if screen.is_attached:
+            screen.show(self.store, self.clock(), self.probes.busy(self._fleet_target(screen.engine_name)))
+
+    def _backfill(self, screen: EngineScreen) -> None:
+        """The last 30 minutes of the engine's plots and its node's throttle spans, from query_range."""
         fleet = self.fleet
         if fleet is None or fleet.engines is None or fleet.client is None:
             return
-        screen = EngineScreen(event.name, self.config.horizon_s)
-        self.push_screen(screen)
-        labels = fleet.engines.labels_of.get(event.name)
-        state = self.store.engines.get(event.name)
+        labels = fleet.engines.labels_of.get(screen.engine_name)
+        state = self.store.engines.get(screen.engine_name)
         if labels is None or state is None:
             screen.backfill = "not back-filled: the engine is no longer listed"
             return
+        screen.backfill = "back-filling the last 30 minutes from Prometheus…"
         client, queries = fleet.client, fleet.engines.queries
 
         async def fill() -> None:
@@ -508,11 +504,9 @@ class EnginetopApp(App[None]):
                 screen.backfill = "" if added else "nothing to back-fill: Prometheus has no history for it"
             except PromError as exc:
                 screen.backfill = f"not back-filled: {exc.message}"
-            if screen.is_attached:
-                screen.show(self.store)
+            self._show_engine(screen)
 
-        self.run_worker(fill(), name=f"back-fill {event.name}", group="backfill")
-        screen.call_after_refresh(screen.show, self.store)
+        self.run_worker(fill(), name=f"back-fill {screen.engine_name}", group="backfill")
 
     def _fleet_status(self) -> FleetStatus:
         fleet = self.fleet
@@ -530,13 +524,20 @@ class EnginetopApp(App[None]):
         self.push_screen(screen)
         screen.call_after_refresh(screen.show, self.store)
 
+    def _fleet_seen(self) -> object:
+        """Changes when the fleet's figures may have: the table is rebuilt only then."""
+        engines = self.fleet.engines if self.fleet else None
+        return engines.reads if engines else 0, id(self.store.gpu)
+
     def redraw_fleet(self, force: bool = False) -> float | None:
         """The table (or the engine opened from it) when something new came in; the seconds it took."""
-        if isinstance(self.screen, EngineScreen | GpusScreen):
+        if isinstance(self.screen, EngineScreen):
+            self._show_engine(self.screen)
+            return None
+        if isinstance(self.screen, GpusScreen):
             self.screen.show(self.store)
             return None
-        engines = self.fleet.engines if self.fleet else None
-        seen = (engines.reads if engines else 0, id(self.store.gpu))
+        seen = self._fleet_seen()
         fresh = seen != self._fleet_drawn
         if not (fresh or force):
             return None
@@ -563,43 +564,17 @@ class EnginetopApp(App[None]):
         self._check_recorder()
         if self.paused:
             return
+        columns = []
         for slot in self.slots:
             state = self.store.engines[slot.target.name]
-            self._main.query_one(f"#engine-{slot.index}", EnginePanel).show(
-                state, slot.status, self._roofline(state))
-            self._main.query_one(f"#probes-{slot.index}", ProbePanel).show(
-                [r for _, r in state.probes], self.probes.busy(slot.target), slot.probe_every_s,
-                self.config.ttft_gap_factor)
+            columns.append(Column(state, slot.status, self._roofline(state), self.probes.busy(slot.target),
+                                  slot.probe_every_s))
         now = self.clock()
         horizon = self.config.horizon_s
-        spans = [(a - now, b - now) for a, b in self.store.throttle_spans(now - horizon)]
-        # the newest probe's time, not the count: probes older than the horizon are dropped
-        events = (len(spans), tuple((name, st.probes[-1][0] if st.probes else None)
-                                    for name, st in self.store.engines.items()))
-        gen_plot = self._main.query_one("#plot-gen", TimePlot)
-        if gen_plot.due(now, horizon, events):
-            gen_plot.show(self._plot("generation tok/s: counters (lines), probe decode (x)", "tok/s",
-                                     "gen_tps", lambda r: (r.decode_at, r.decode_tps), now, spans), now)
-        ttft_plot = self._main.query_one("#plot-ttft", TimePlot)
-        if ttft_plot.due(now, horizon, events):
-            ttft_plot.show(self._plot("TTFT p50: histograms (lines), probes (x)", "seconds", "ttft_p50_s",
-                                      lambda r: (r.ttft_at, r.ttft_s), now, spans), now)
-        self._main.query_one("#gpu", GpuPanel).show(self.store.gpu)
-        self._main.query_one("#host", HostPanel).show(self.store.host)
-
-    def _plot(self, title: str, ylabel: str, key: str, probe_value, now: float,
-              spans: list[tuple[float, float]]) -> PlotData:
-        t0 = now - self.config.horizon_s
-        lines, markers = {}, {}
-        for name, state in self.store.engines.items():
-            points = state.series[key].since(t0)
-            lines[name] = ([t - now for t, _ in points], [v for _, v in points])
-            # a marker sits at the instant its figure measured (mid-span), not when the request ended
-            probes = [probe_value(r) for _, r in state.probes]
-            probes = [(at - now, y) for at, y in probes if at is not None and y is not None and at >= t0]
-            markers[name] = ([x for x, _ in probes], [y for _, y in probes])
-        return PlotData(title=title, ylabel=ylabel, horizon_s=self.config.horizon_s, lines=lines,
-                        markers=markers, throttle_spans=spans)
+        store = self.store
+        self._main.query_one(Dashboard).show(columns, store.engines, now, horizon,
+                                             store.throttle_spans(now - horizon), store.gpu, store.host,
+                                             ttft_gap_factor=self.config.ttft_gap_factor)
 
     def _subtitle(self) -> str:
         fleet = self.config.fleet

@@ -212,11 +212,12 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         poll_interval_s=args.interval, horizon_s=args.horizon, screenshot_dir=args.screenshots,
         bandwidth_bps=bandwidth, model_bytes=model_bytes, fleet=fleet)
     if not args.no_record:
-        from tui.recording_cli import open_recorder
+        from tui.recording_cli import fleet_meta, open_recorder
 
         try:
             config.recorder = open_recorder(args.record, [*targets, *(  # type: ignore[assignment]
-                app_target for app_target in _profile_targets(profiles))], args, log.warning)
+                app_target for app_target in _profile_targets(profiles))], args, log.warning,
+                fleet_meta(fleet))
         except Exception as exc:  # sqlite3.Error or OSError: say why, and watch without recording
             print(f"enginetop: not recording: cannot write {args.record or 'the recording'}: {exc}",
                   file=sys.stderr)

@@ -58,7 +58,18 @@ def add_retention_args(parser: argparse.ArgumentParser) -> None:
                         help=f"and the oldest past this total size, GiB (default {KEEP_BYTES / 2**30:g})")
 
 
-def open_recorder(path: Path | None, targets: list, retention: argparse.Namespace, say) -> object:
+def fleet_meta(fleet) -> dict[str, str]:
+    """What a recording says of the fleet it holds (tui.fleet.options.FleetOptions or None): `fleet` names
+    the Prometheus read, and `enginetop replay` shows such a recording as the fleet table."""
+    from tui.net import public_url
+
+    if fleet is None or fleet.prometheus is None:
+        return {}
+    return {"fleet": f"Prometheus {public_url(fleet.prometheus)}"}
+
+
+def open_recorder(path: Path | None, targets: list, retention: argparse.Namespace, say,
+                  meta: dict[str, str] | None = None) -> object:
     """The recorder for a session: `path`, or a new file in the data dir (after pruning old ones)."""
     from tui.record.headless import secrets_of
     from tui.record.retention import default_path, prune, recordings_dir
@@ -68,7 +79,7 @@ def open_recorder(path: Path | None, targets: list, retention: argparse.Namespac
         path = default_path()
         for old in prune(recordings_dir(), retention.keep_days, int(retention.keep_gb * 2**30)):
             say(f"deleted old recording {old} (--keep-days / --keep-gb)")
-    return Recorder(path, {t.name: t.url for t in targets}, secrets_of(targets))
+    return Recorder(path, {t.name: t.url for t in targets}, secrets_of(targets), meta)
 
 
 def cmd_record(args: argparse.Namespace) -> int:
@@ -93,7 +104,8 @@ def cmd_record(args: argparse.Namespace) -> int:
         say("give at least one --engine NAME=URL, --profile NAME or --prometheus URL")
         return 2
     try:
-        recorder = open_recorder(args.out, [*targets, *profile_targets(profiles)], args, say)
+        recorder = open_recorder(args.out, [*targets, *profile_targets(profiles)], args, say,
+                                 fleet_meta(fleet_opts))
     except (OSError, Exception) as exc:  # sqlite3.Error included: a path that cannot be a database
         say(f"cannot record to {args.out}: {exc}")
         return 2

@@ -2,6 +2,8 @@
 
 Only the feed and the clock change: the same store derives the same figures from the recorded readings,
 and the same widgets draw them at the replay cursor. Keys that would act on an engine say this is a replay.
+A recording of a fleet (`enginetop record --prometheus`, or the fleet view recording) replays as the fleet
+table, `enter` opening an engine with the history the recording holds (nothing is asked of Prometheus).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from tui.app import AppConfig, EnginetopApp
 from tui.feed import Feed
 from tui.record.reader import Recording
 from tui.record.replay import ReplaySource, parse_goto
+from tui.screens.fleet import EngineScreen, FleetStatus
 from tui.screens.goto import GotoScreen
 from tui.sources.engine import EngineTarget
 
@@ -44,15 +47,20 @@ class ReplayApp(EnginetopApp):
     def __init__(self, recording: Recording, config: AppConfig | None = None,
                  start: float | None = None) -> None:
         config = config or AppConfig()
-        names = dict(recording.engines)
-        for name in recording.sources("engine"):
-            names.setdefault(name, "")
-        config.targets = [EngineTarget(name=n, url=u) for n, u in names.items()]
+        fleet_from = fleet_source(recording)
+        if fleet_from is not None:  # the table; its engines come and go with the recording
+            config.fleet, config.fleet_replay, config.targets = None, True, []
+        else:
+            names = dict(recording.engines)
+            for name in recording.sources("engine"):
+                names.setdefault(name, "")
+            config.targets = [EngineTarget(name=n, url=u) for n, u in names.items()]
         config.profiles, config.switchable, config.probe_every_s = [], [], None
         config.gpu_sampler = config.host_sampler = _Nothing  # type: ignore[assignment]
         config.recorder = None
         config.redraw_interval_s = min(config.redraw_interval_s, 0.5)
         super().__init__(config)
+        self.fleet_from = fleet_from
         self.recording = recording
         self.replay = ReplaySource(recording, self.store, start=start)
         self.clock = lambda: self.replay.now
@@ -129,11 +137,21 @@ class ReplayApp(EnginetopApp):
     def action_show_log(self) -> None:
         self._replay_only("an engine's log")
 
+    # ---- the fleet table ------------------------------------------------------------------------
+    def _fleet_seen(self) -> object:
+        return self.replay.now, id(self.store.gpu)
+
+    def _fleet_status(self) -> FleetStatus:
+        return FleetStatus(source=f"replay of {self.recording.path.name}, recorded from {self.fleet_from}")
+
+    def _backfill(self, screen: EngineScreen) -> None:
+        """Nothing to ask: the plots show the history the recording holds up to the cursor."""
+
     # ---- drawing -------------------------------------------------------------------------------
-    def redraw(self) -> None:
+    def redraw(self, force: bool = False) -> None:
         for slot in self.slots:  # a crash, a failed start: the column shows what it showed live
             slot.status = self.replay.engine_status(slot.target.name)
-        super().redraw()
+        super().redraw(force)
         self.sub_title = self._subtitle()
         damage = self.recording.damage
         if damage and not self._damage_shown:
@@ -149,6 +167,16 @@ class ReplayApp(EnginetopApp):
         at, length = _hms(replay.now - rec.start), _hms(rec.end - rec.start)
         damaged = " — DAMAGED, shown up to the damage" if rec.damage else ""
         return f"replay {rec.path.name} — {rec.clock(replay.now)} ({at} of {length}) — {state}{damaged}"
+
+
+def fleet_source(recording: Recording) -> str | None:
+    """Where a fleet recording was read from ("Prometheus http://prom:9090"), None for engines polled
+    directly. Recordings made before the `fleet` meta key: engines with a Prometheus job label are a fleet."""
+    if "fleet" in recording.meta:
+        return recording.meta["fleet"] or None
+    for row in recording.rows(kinds=("engine",)):
+        return "Prometheus" if row.item is not None and row.item.job is not None else None
+    return None
 
 
 def _hms(seconds: float) -> str:

@@ -216,19 +216,24 @@ class Store:
     def throttle_spans(self, t0: float) -> list[tuple[float, float]]:
         """Periods (start, end) since t0 in which a GPU reported a real throttle reason; a span still open
         ends at the last report."""
-        spans: list[tuple[float, float]] = []
-        start: float | None = None
-        last_t = t0
-        for t, v in self.throttle.since(t0):
-            if v and start is None:
-                start = t
-            elif not v and start is not None:
-                spans.append((start, t))
-                start = None
-            last_t = t
-        if start is not None:
-            spans.append((start, last_t))
-        return spans
+        return spans(self.throttle, t0)
+
+
+def spans(series: Series, t0: float) -> list[tuple[float, float]]:
+    """Periods (start, end) since t0 in which a 0/1 series was 1; a span still open ends at its last point."""
+    out: list[tuple[float, float]] = []
+    start: float | None = None
+    last_t = t0
+    for t, v in series.since(t0):
+        if v and start is None:
+            start = t
+        elif not v and start is not None:
+            out.append((start, t))
+            start = None
+        last_t = t
+    if start is not None:
+        out.append((start, last_t))
+    return out
 
 
 def _oldest_within(readings: deque[tuple[float, EngineReading]], t0: float) -> tuple[float, EngineReading]:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from rich.console import RenderableType
 from rich.text import Text
 from textual import events
+from textual.message import Message
 from textual.widget import Widget
 
 from tui.sources.samples import EngineSample, GpuSample
@@ -136,6 +137,17 @@ def order(rows: list[Row], column: int, reverse: bool, text: str) -> list[Row]:
 
 
 WIDTHS = (6, 24, 8, 14, 18, 9, 12, 8, 8, 8, 4, 4, 6, 10, 8, 6, 6, 22, 200)
+TEXT_COLUMNS = frozenset((0, 1, 2, 3, 4, 17, 18))  # sorted A to Z first; figures highest first
+
+
+def column_at(x: int) -> int | None:
+    """The column whose cell (or the space after it) is at character `x` of a line."""
+    start = 0
+    for i, w in enumerate(WIDTHS):
+        if start <= x <= start + w:
+            return i
+        start += w + 1
+    return None
 
 
 class FleetTable(Widget, can_focus=True):
@@ -143,6 +155,9 @@ class FleetTable(Widget, can_focus=True):
     scrolling cost the same with 500 engines as with 50; the cursor stays on the engine it was on."""
 
     DEFAULT_CSS = "FleetTable { height: 1fr; }"
+
+    class Sorted(Message):
+        """A click on a header changed the order."""
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
@@ -188,7 +203,20 @@ class FleetTable(Widget, can_focus=True):
             self.top = self.cursor - visible + 1
         self.top = max(0, min(self.top, max(0, len(self.rows) - visible)))
 
+    def sort_by(self, column: int) -> None:
+        """Sort by `column`; by the same column again: the other way round."""
+        if column == self.sort_column:
+            self.sort_reverse = not self.sort_reverse
+        else:
+            self.sort_column, self.sort_reverse = column, column not in TEXT_COLUMNS
+        self.post_message(self.Sorted())
+
     def on_click(self, event: events.Click) -> None:
+        if event.y == 0:  # the header
+            column = column_at(event.x)
+            if column is not None:
+                self.sort_by(column)
+            return
         row = self.top + event.y - 1
         if 0 <= row < len(self.rows) and event.y >= 1:
             self.cursor = row
@@ -204,8 +232,9 @@ class FleetTable(Widget, can_focus=True):
             return Text("no engine matches the filter", style="dim")
         width = self.size.width or 200
         out = Text(no_wrap=True, overflow="ellipsis")
-        header = [c.label + (("↓" if self.sort_reverse else "↑") if i == self.sort_column else "")
-                  for i, c in enumerate(COLUMNS)]
+        header = [c.label for c in COLUMNS]
+        sort = self.sort_column  # its arrow always shows: the label gives way if the cell is too narrow
+        header[sort] = header[sort][:WIDTHS[sort] - 1] + ("↓" if self.sort_reverse else "↑")
         self._line(out, [Text(h, style="bold") for h in header], width)
         end = min(self.top + self._visible(), len(self.rows))
         for i in range(self.top, end):

@@ -73,7 +73,9 @@ def render_probes(results: Sequence[ProbeResult],
     for r in shown:
         label = f"{r.workload}{'' if r.turn is None else f' t{r.turn}'}"
         if not r.ok:
-            table.add_row(label, Text(r.error or "failed", style="red"), "", "", "", "", "")
+            # short here (a long reason would squeeze every column); the latest one's reason is below whole
+            short = f"failed: HTTP {r.status}" if r.status else f"failed: {r.failure or 'error'}"
+            table.add_row(label, Text(short, style="red"), "", "", "", "", "")
             continue
         prefill = num(r.prefill_tps, "{:.0f}")
         if r.prefill_source == "client-lower-bound":
@@ -91,7 +93,12 @@ def render_probes(results: Sequence[ProbeResult],
 
 
 def _warnings(latest: ProbeResult, ttft_gap_factor: float) -> list[Text]:
-    """What the latest probe warns about, in its own words."""
+    """What the latest probe warns about, in its own words; why it failed, whole (the row is cut short)."""
+    if not latest.ok:
+        why = Text(f"! {latest.error or 'failed'}", style="red")
+        if latest.status in (401, 403):
+            why.append(" (the engine wants an API key)")
+        return [why]
     words = [latest.cache_note] if latest.cache_note is not None else []
     if (gap := latest.ttft_gap(ttft_gap_factor)) is not None:
         words.append(gap.text())

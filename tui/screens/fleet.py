@@ -2,8 +2,9 @@
 mode) and one engine opened from it (EngineScreen: the column-and-plots view, `escape` back).
 
 Typing filters (every word must match engine, job, model, host, status or alert text); up/down/page keys
-move in the table (or a click), enter opens the engine under the cursor; ctrl+s sorts by the next
-column, ctrl+r reverses; escape clears the filter.
+move in the table (or a click), enter opens the engine under the cursor; a click on a column's header sorts
+by it (again: the other way round), as ctrl+s (the next column) and ctrl+r (reverse) do; escape clears the
+filter.
 """
 
 from __future__ import annotations
@@ -14,17 +15,19 @@ from dataclasses import dataclass
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.containers import Vertical, VerticalScroll
 from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Input, Static
 
+from tui.screens.dashboard import Column, Dashboard
 from tui.sources.samples import GpuReport
-from tui.store import Series, Store
-from widgets.engine_panel import EnginePanel
+from tui.store import Series, Store, spans
 from widgets.fleet_table import COLUMNS, FleetTable, build_rows, order
 from widgets.gpu_panel import GpuPanel
-from widgets.plots import PlotData, TimePlot
+
+GEN_TITLE = "generation tok/s: Prometheus (lines), probe decode (x)"
+TTFT_TITLE = "TTFT p50: Prometheus (lines), probes (x)"
 
 
 @dataclass
@@ -48,6 +51,7 @@ class FleetView(Vertical):
         Binding("ctrl+r", "reverse", "Reverse order"),
         Binding("escape", "clear_filter", "Clear filter"),
         Binding("ctrl+g", "app.fleet_gpus", "All GPUs"),
+        Binding("enter", "open", "Open", show=False),  # with the table focused (a click, tab)
     ]
     DEFAULT_CSS = """
     FleetView { height: 1fr; }
@@ -120,9 +124,15 @@ class FleetView(Vertical):
         self.refresh_order()
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.action_open()
+
+    def action_open(self) -> None:
         name = self.table.selected
         if name is not None:
             self.post_message(self.Open(name))
+
+    def on_fleet_table_sorted(self, event: FleetTable.Sorted) -> None:
+        self.refresh_order()
 
     def action_cursor(self, delta: int) -> None:
         self.table.move(delta)
@@ -156,78 +166,45 @@ class GpusScreen(Screen[None]):
 
 
 class EngineScreen(Screen[None]):
-    """One engine of the fleet in the column-and-plots view, its node's GPUs below; plots back-filled."""
+    """One engine of the fleet in the dashboard's own column-and-plots view (tui.screens.dashboard): its
+    column and probes, its plots (back-filled from Prometheus, or the replayed history) with probe markers
+    and its node's throttle spans, its node's remote GPUs below. `f` probes it; `escape` back."""
 
     BINDINGS = [Binding("escape", "app.pop_screen", "Back to the fleet")]
-    DEFAULT_CSS = """
-    EngineScreen > #engine-top { height: auto; }
-    EngineScreen #engine-top > EnginePanel { width: 1fr; }
-    EngineScreen #engine-top > GpuPanel { width: 1fr; }
-    EngineScreen > #engine-plots { height: 1fr; min-height: 12; }
-    EngineScreen #engine-plots > TimePlot { width: 1fr; }
-    """
 
     def __init__(self, name: str, horizon_s: float) -> None:
         super().__init__()
         self.engine_name = name
         self.horizon_s = horizon_s
-        self.backfill: str = "back-filling the last 30 minutes from Prometheus…"
+        self.backfill: str = ""  # what the back-fill is doing, said on the plots while it is not done
         self.throttle = Series(horizon_s, 3600, peak=True)  # this node's GPUs only
 
     def compose(self) -> ComposeResult:
         yield Header()
-        with Horizontal(id="engine-top"):
-            yield EnginePanel(self.engine_name, id="fleet-engine")
-            yield GpuPanel(id="fleet-gpu")
-        with Horizontal(id="engine-plots"):
-            yield TimePlot(id="fleet-plot-gen")
-            yield TimePlot(id="fleet-plot-ttft")
+        yield Dashboard([self.engine_name], host=False, gen_title=GEN_TITLE, ttft_title=TTFT_TITLE)
         yield Footer()
 
-    def show(self, store: Store) -> None:
+    def show(self, store: Store, now: float, probing: bool = False) -> None:
+        """Draw the engine as the store has it at `now` (time.monotonic(), or a replay's cursor)."""
         state = store.engines.get(self.engine_name)
         if state is None:
             return
-        self.query_one(EnginePanel).show(state)
         host = state.sample.host if state.sample else None
         report = store.gpu
         node = [g for g in report.gpus if g.host == host] if report else []
+        gpu: GpuReport | None = None
+        if report is not None:
+            gpu = GpuReport(t=report.t, gpus=tuple(node), error=report.error) if node else \
+                GpuReport(t=report.t, unavailable=f"no dcgm-exporter series for node {host}")
+            last = self.throttle.points[-1][0] if self.throttle.points else None
+            if node and last is not None and report.t < last:  # a replay went back: start again
+                self.throttle = Series(self.horizon_s, 3600, peak=True)
+            if node:
+                self.throttle.add(report.t, 1.0 if any(g.throttled for g in node) else 0.0)
         panel = self.query_one(GpuPanel)
-        panel.border_title = f"GPUs of {host}" if host else "GPUs"
-        if report is not None and not node:
-            panel.show(GpuReport(t=report.t, unavailable=f"no dcgm-exporter series for node {host}"))
-        else:
-            panel.show(GpuReport(t=report.t, gpus=tuple(node), error=report.error) if report else None)
-        now = time.monotonic()
-        if report is not None and node:
-            self.throttle.add(report.t, 1.0 if any(g.throttled for g in node) else 0.0)
-        spans = _spans(self.throttle, now - self.horizon_s)
-        spans = [(a - now, b - now) for a, b in spans]
-        for plot_id, key, title, unit in (
-                ("#fleet-plot-gen", "gen_tps", "generation tok/s (Prometheus)", "tok/s"),
-                ("#fleet-plot-ttft", "ttft_p50_s", "TTFT p50 (Prometheus)", "seconds")):
-            plot = self.query_one(plot_id, TimePlot)
-            if not plot.due(now, self.horizon_s, (len(spans), self.backfill)):
-                continue  # a plotext rebuild is the costliest thing here: only when the lines moved
-            points = state.series[key].since(now - self.horizon_s)
-            data = PlotData(title=f"{title} — {self.backfill}" if self.backfill else title, ylabel=unit,
-                            horizon_s=self.horizon_s,
-                            lines={self.engine_name: ([t - now for t, _ in points], [v for _, v in points])},
-                            throttle_spans=spans)
-            plot.show(data, now)
-
-
-def _spans(series: Series, t0: float) -> list[tuple[float, float]]:
-    spans: list[tuple[float, float]] = []
-    start = None
-    last = t0
-    for t, v in series.since(t0):
-        if v and start is None:
-            start = t
-        elif not v and start is not None:
-            spans.append((start, t))
-            start = None
-        last = t
-    if start is not None:
-        spans.append((start, last))
-    return spans
+        title = f"GPUs of {host}" if host else "GPUs"
+        if panel.border_title != title:
+            panel.border_title = title
+        self.query_one(Dashboard).show([Column(state, probing=probing)], {self.engine_name: state}, now,
+                                       self.horizon_s, spans(self.throttle, now - self.horizon_s), gpu,
+                                       note=self.backfill)
