@@ -30,6 +30,7 @@ from tui.compare.ab import ABConfig
 from tui.compare.roofline import Roofline, model_weight_bytes, roofline
 from tui.feed import Feed, Source
 from tui.fleet.backfill import backfill_engine, backfill_throttle
+from tui.fleet.match import engine_pod
 from tui.fleet.options import FleetOptions, FleetSources, make_sources
 from tui.fleet.prometheus import PromError
 from tui.lifecycle.profiles import Profile, ProfileError, resolve
@@ -500,7 +501,8 @@ class EnginetopApp(App[None]):
                 host = state.sample.host if state.sample else None
                 if host:
                     screen.throttle = await backfill_throttle(client, host, screen.throttle,
-                                                              self.config.horizon_s)
+                                                              self.config.horizon_s,
+                                                              pod=engine_pod(state.sample))
                 screen.backfill = "" if added else "nothing to back-fill: Prometheus has no history for it"
             except PromError as exc:
                 screen.backfill = f"not back-filled: {exc.message}"

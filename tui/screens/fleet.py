@@ -20,6 +20,7 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Input, Static
 
+from tui.fleet.match import engine_pod, gpus_of
 from tui.screens.dashboard import Column, Dashboard
 from tui.sources.samples import GpuReport
 from tui.store import Series, Store, spans
@@ -191,11 +192,11 @@ class EngineScreen(Screen[None]):
             return
         host = state.sample.host if state.sample else None
         report = store.gpu
-        node = [g for g in report.gpus if g.host == host] if report else []
+        node = gpus_of(state.sample, report.gpus) if report and state.sample else ()
         gpu: GpuReport | None = None
         if report is not None:
             gpu = GpuReport(t=report.t, gpus=tuple(node), error=report.error) if node else \
-                GpuReport(t=report.t, unavailable=f"no dcgm-exporter series for node {host}")
+                GpuReport(t=report.t, unavailable=f"no dcgm-exporter series for {_where(state.sample, host)}")
             last = self.throttle.points[-1][0] if self.throttle.points else None
             if node and last is not None and report.t < last:  # a replay went back: start again
                 self.throttle = Series(self.horizon_s, 3600, peak=True)
@@ -208,3 +209,8 @@ class EngineScreen(Screen[None]):
         self.query_one(Dashboard).show([Column(state, probing=probing)], {self.engine_name: state}, now,
                                        self.horizon_s, spans(self.throttle, now - self.horizon_s), gpu,
                                        note=self.backfill)
+
+
+def _where(sample, host: str | None) -> str:
+    pod = engine_pod(sample) if sample is not None else None
+    return f"pod {pod[1]} or node {host}" if pod else f"node {host}"
