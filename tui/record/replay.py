@@ -12,7 +12,7 @@ import math
 import re
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -163,7 +163,7 @@ class ReplaySource:
         self.store.add_many(self._split(rows))
         return []
 
-    def _unseen(self, t0: float):  # -> Callable[[float, str], bool]
+    def _unseen(self, t0: float) -> Callable[[float, str], bool]:
         """Rows from t0 to the cursor that would change nothing the store keeps, so a seek need not decode
         them: host samples before the last (the store keeps only the newest), and GPU reports whose
         throttle points the plots' horizon has dropped (whole throttle buckets before the last report's
