@@ -68,3 +68,83 @@ async def test_disk_full_stops_recording_with_a_visible_warning_and_the_dashboar
         recorder.close()
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=True)
+
+
+async def test_dashboard_sweep_and_ab_are_recorded_and_shown_again(llama_server, tmp_path: Path,
+                                                                    monkeypatch) -> None:
+    """The real llama-server on two columns: `c` sweeps them, `a` runs an A/B between them. The recording
+    holds every sweep level and the A/B verdicts; the report lists them; the replay says the A/B's end as
+    the dashboard said it (sweep levels are shown by the report only: a replay has no sweep screen)."""
+    from html import escape as html_escape
+
+    from tests.test_dashboard import make_app as dashboard_app
+    from tests.test_dashboard import wait_for
+    from tests.test_replay_notices import capture
+    from tui.cli import main
+    from tui.compare.ab import ABConfig
+    from tui.probe.sweep import SweepConfig
+    from tui.record.writer import Event
+    from tui.replay_app import ReplayApp
+    from tui.screens.sweep import SweepScreen
+    from tui.sources.engine import EngineTarget
+
+    monkeypatch.setenv("ENGINETOP_CACHE", str(tmp_path / "cache"))  # where the A/B saves its files
+    path = tmp_path / f"dash{SUFFIX}"
+    recorder = Recorder(path)
+    app = dashboard_app([EngineTarget("A", llama_server.url), EngineTarget("B", llama_server.url)], tmp_path)
+    app.recorder = recorder
+    app.store.listeners.append(recorder)
+    app.config.sweep = SweepConfig(levels=(1, 2), requests_per_stream=1, duration_s=None)
+    app.config.ab = ABConfig(instances=2, blocks=2, requests_per_block=1, max_tokens=12, warmup_requests=0,
+                             mode="coresident", bootstrap_samples=200)
+    told = capture(app)
+    async with app.run_test(size=(200, 60)) as pilot:
+        states = app.store.engines.values()
+        await wait_for(pilot, lambda: all(s.sample and s.sample.health == "up" for s in states), timeout=30,
+                       what="both columns up")
+        await pilot.press("c")
+        await pilot.pause(0.2)
+        screen = app.screen
+        assert isinstance(screen, SweepScreen)
+        await wait_for(pilot, lambda: screen.status["A"] == "done" and screen.status["B"] == "done",
+                       timeout=180, what="the sweep of both columns")
+        swept = {name: [lv.to_json() for lv in levels] for name, levels in screen.levels.items()}
+        await pilot.press("escape")
+        await pilot.pause(0.2)
+        await pilot.press("a")
+        await pilot.pause(0.2)
+        run = app.ab_run
+        assert run is not None
+        await wait_for(pilot, lambda: run.done, timeout=240, what="the A/B run")
+        await wait_for(pilot, lambda: any(m == run.summary() for _, m, _ in told), timeout=10,
+                       what="the dashboard saying the A/B is done")
+        await pilot.pause(1.2)  # the recorder commits every second
+    recorder.close()
+    assert run.error is None, run.error
+    comparisons = run.result["analysis"]["comparisons"]
+    assert comparisons
+
+    rec = Recording(path)
+    events = [r.item for r in rec.rows(kinds=("event",))]
+    levels = [e for e in events if e.kind == "sweep-level"]
+    assert {(e.source, e.data["level"]) for e in levels} == {("A", 1), ("A", 2), ("B", 1), ("B", 2)}
+    for e in levels:  # each level as the sweep screen showed it
+        assert e.data == next(lv for lv in swept[e.source] if lv["level"] == e.data["level"])
+        assert e.data["ok"] == e.data["requests"] and e.data["aggregate_tps"] > 0
+    (ab,) = [e for e in events if isinstance(e, Event) and e.kind == "ab"]
+    assert ab.data["summary"] == run.summary() and ab.data["error"] is None
+    assert [v["verdict"] for v in ab.data["verdicts"]] == [c["verdict"] for c in comparisons]
+
+    out = tmp_path / "report.html"
+    assert main(["report", str(path), "-o", str(out)]) == 0
+    html = out.read_text()
+    assert "4 level(s) measured" in html
+    for c in comparisons:
+        assert html_escape(c["verdict"]) in html
+
+    replay = ReplayApp(Recording(path), start=ab.t - 3.0)
+    said = capture(replay)
+    async with replay.run_test(size=(200, 60)) as pilot:
+        await wait_for(pilot, lambda: any(m == run.summary() for _, m, _ in said), timeout=20,
+                       what="the replay saying the A/B's end")
+    assert [n for n in said if n[0] == "A/B"] == [("A/B", run.summary(), "information")]

@@ -19,7 +19,7 @@ from tui.probe.results import ProbeResult, ServerTimings
 from tui.record.codec import scrub
 from tui.record.reader import Recording
 from tui.record.replay import ReplaySource, parse_goto
-from tui.record.retention import prune
+from tui.record.retention import Retention, prune
 from tui.record.schema import SCHEMA_VERSION, SUFFIX, RecordingError
 from tui.record.writer import Event, Recorder
 from tui.sources.samples import (
@@ -237,6 +237,48 @@ def test_retention_deletes_oldest_first_and_spares_the_current_file(tmp_path: Pa
     assert (tmp_path / "other.txt").exists()
     assert prune(tmp_path, keep_days=1.5, keep_bytes=10**9, now=now) == [files[0]]
     assert files[4].exists()
+
+
+def test_retention_runs_again_while_recording_never_on_the_file_being_written(tmp_path: Path) -> None:
+    """The recorder prunes its folder every `every_s` (an hour by default; here a fraction of a second),
+    from its writer thread: files made while it records are deleted by a later pass, the file it writes
+    never, however far over the size limit it is."""
+    def old_file(name: str, days: float) -> Path:
+        f = tmp_path / f"{name}{SUFFIX}"
+        f.write_bytes(b"x" * 1000)
+        Path(f"{f}-wal").write_bytes(b"w" * 100)
+        os.utime(f, (time.time() - days * 86400, time.time() - days * 86400))
+        return f
+
+    week_old, fresh = old_file("week-old", 8), old_file("fresh", 0.5)
+    (tmp_path / "notes.txt").write_bytes(b"not a recording")
+    current = tmp_path / f"current{SUFFIX}"
+    deleted: list[Path] = []
+    recorder = Recorder(current, retention=Retention(tmp_path, keep_days=7, keep_bytes=10**9, every_s=0.3),
+                        on_delete=deleted.append)
+    try:
+        for i in range(3):
+            recorder(engine_sample(i, 1000.0))
+        deadline = time.monotonic() + 10
+        while week_old.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not week_old.exists() and not Path(f"{week_old}-wal").exists()
+        assert fresh.exists() and current.exists() and (tmp_path / "notes.txt").exists()
+        assert deleted == [week_old]
+        # a later pass: a file that grew old meanwhile, and a size limit the current file alone exceeds
+        os.utime(fresh, (time.time() - 9 * 86400, time.time() - 9 * 86400))
+        recorder.retention = Retention(tmp_path, keep_days=7, keep_bytes=1, every_s=0.3)
+        later = old_file("later", 0.1)
+        deadline = time.monotonic() + 10
+        while (fresh.exists() or later.exists()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not fresh.exists() and not later.exists()
+        assert deleted == [week_old, fresh, later]
+        recorder(engine_sample(3, 1000.0))
+    finally:
+        recorder.close()
+    assert current.exists() and recorder.error is None
+    assert [r.item.t for r in Recording(current).rows()] == [1000.0, 1001.0, 1002.0, 1003.0]
 
 
 def test_replay_source_steps_seeks_and_goes_to_times(tmp_path: Path) -> None:

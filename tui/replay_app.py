@@ -149,6 +149,9 @@ class ReplayApp(EnginetopApp):
 
     # ---- drawing -------------------------------------------------------------------------------
     def redraw(self, force: bool = False) -> None:
+        notices, self.replay.notices = self.replay.notices, []
+        for notice in notices:  # what the live dashboard said as the cursor plays past it
+            self.notify(notice.message, title=notice.title, severity=notice.severity)
         for slot in self.slots:  # a crash, a failed start: the column shows what it showed live
             slot.status = self.replay.engine_status(slot.target.name)
         super().redraw(force)

@@ -8,21 +8,22 @@ poll costs the same whatever the horizon. Nothing here imports Textual.
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tui.sources.rates import derive, went_back
+from tui.sources.rates import derive, gen_tps, ttft_p50, went_back
 from tui.sources.samples import EngineReading, EngineSample, EngineStats, GpuReport, HostSample
 
 Sample = EngineSample | GpuReport | HostSample  # what a source makes (tui.feed); a replay adds ProbeEvent
 
 Point = tuple[float, float]  # (time.monotonic(), value)
 
-ENGINE_SERIES = ("gen_tps", "ttft_p50_s")  # what the plots draw, from EngineStats
+ENGINE_SERIES = ("gen_tps", "ttft_p50_s")  # what the plots draw, from EngineStats (see Store._plotted)
 MIN_PROBES_KEPT = 10  # the probe panel lists and medians the last few, however old they are
 
 
@@ -119,6 +120,21 @@ class Store:
         else:
             raise TypeError(f"the store takes engine, GPU and host samples, not {type(sample).__name__}")
 
+    def add_many(self, samples: Iterable[Any]) -> None:
+        """Take many samples at once, as a replay does when it rebuilds the windows after a seek. The state
+        is the one adding them one by one gives; but an engine's full stats, which only its last reading
+        shows, are derived only for that one: the readings before it only give the plots their points."""
+        samples = list(samples)
+        last: dict[str, int] = {}  # engine -> its last sample that derives stats from a reading
+        for i, sample in enumerate(samples):
+            if type(sample) is EngineSample and sample.stats is None and sample.reading is not None:
+                last[sample.name] = i
+        for i, sample in enumerate(samples):
+            if type(sample) is EngineSample and sample.reading is not None and last.get(sample.name, i) != i:
+                self.add_engine_sample(sample, plotted_only=True)
+            else:
+                self.add(sample)
+
     def reset(self) -> None:
         """Forget everything (a replay seeking backwards rebuilds from the file); listeners stay."""
         listeners = self.listeners
@@ -138,7 +154,8 @@ class Store:
             self.engines[name] = state
         return state
 
-    def add_engine_sample(self, sample: EngineSample) -> EngineState:
+    def add_engine_sample(self, sample: EngineSample, plotted_only: bool = False) -> EngineState:
+        """plotted_only (add_many): the series get their points, `stats` is left to a later reading."""
         self._tell(sample)
         state = self.engine(sample.name, sample.url)
         state.sample = sample
@@ -162,10 +179,24 @@ class Store:
         readings.append((t, sample.reading))
         while t - readings[0][0] > self.latency_window_s + 1.0:
             readings.popleft()
+        if plotted_only:
+            for key, value in zip(ENGINE_SERIES, self._plotted(state), strict=True):
+                state.series[key].add(t, value)
+            return state
         state.stats = self._stats(state, t)
         for key in ENGINE_SERIES:
             state.series[key].add(t, getattr(state.stats, key))
         return state
+
+    def _plotted(self, state: EngineState) -> tuple[float | None, float | None]:
+        """_stats(state, t)'s gen_tps and ttft_p50_s (ENGINE_SERIES), without the other figures."""
+        readings = state.readings
+        if len(readings) < 2:
+            return None, None
+        cur_t, cur = readings[-1]
+        rate_t, rate_prev = _oldest_within(readings, cur_t - self.rate_window_s)
+        lat_t, lat_prev = readings[0]
+        return gen_tps(rate_prev, rate_t, cur, cur_t), ttft_p50(lat_prev, lat_t, cur, cur_t)
 
     def _stats(self, state: EngineState, t: float) -> EngineStats:
         # Shown until the latency window holds only the new run: its figures cover less time meanwhile.
@@ -176,7 +207,7 @@ class Store:
         cur_t, cur = readings[-1]
         rate_t, rate_prev = _oldest_within(readings, t - self.rate_window_s)
         lat_t, lat_prev = readings[0]
-        rates = derive(rate_prev, rate_t, cur, cur_t)
+        rates = derive(rate_prev, rate_t, cur, cur_t, quantiles=False)  # only its rates are shown
         lat = derive(lat_prev, lat_t, cur, cur_t)
         return EngineStats(
             prompt_processed_tps=rates.prompt_processed_tps,
@@ -237,9 +268,13 @@ def spans(series: Series, t0: float) -> list[tuple[float, float]]:
 
 
 def _oldest_within(readings: deque[tuple[float, EngineReading]], t0: float) -> tuple[float, EngineReading]:
-    """The oldest reading at or after t0, but never the newest one (a rate needs two readings)."""
-    second_newest = len(readings) - 2
-    for i, item in enumerate(readings):
-        if item[0] >= t0 or i == second_newest:
-            return item
-    raise ValueError("a window needs two readings")
+    """The oldest reading at or after t0, but never the newest one (a rate needs two readings). Readings
+    are in time order (appended as polled): a binary search, not a walk over the latency window's minute."""
+    if len(readings) < 2:
+        raise ValueError("a window needs two readings")
+    i = bisect.bisect_left(readings, t0, key=_time)
+    return readings[min(i, len(readings) - 2)]
+
+
+def _time(item: tuple[float, EngineReading]) -> float:
+    return item[0]

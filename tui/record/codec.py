@@ -86,19 +86,45 @@ def encode(obj: Any, secrets: tuple[str, ...] = ()) -> Any:
 
 
 def decode(cls: type, data: dict[str, Any]) -> Any:
-    convert = _converters(cls)
-    return cls(**{k: convert[k](v) for k, v in data.items() if k in convert})
+    # A replay seek decodes thousands of rows (bench/bench_record.py): most fields are taken as they are,
+    # and only the rest pay for a function call.
+    plain, floats, convert = _plan(cls)
+    kwargs = {}
+    for name, value in data.items():
+        if name in plain:
+            kwargs[name] = value
+        elif name in floats:  # an int written to JSON (NVML gives ints) comes back a float, as before
+            kwargs[name] = value if value is None or type(value) is float else float(value)
+        elif name in convert:  # else a field from a later version: ignored
+            kwargs[name] = convert[name](value)
+    return cls(**kwargs)
 
 
 @cache
-def _converters(cls: type) -> dict[str, Callable[[Any], Any]]:
-    return {name: _converter(hint) for name, hint, _ in _fields(cls)}
+def _plan(cls: type) -> tuple[frozenset[str], frozenset[str], dict[str, Callable[[Any], Any]]]:
+    """The class's fields split three ways, once per class: JSON values kept as they are (str, int,
+    bool), float fields, and the rest with their converter (nested samples, tuples)."""
+    plain, floats, convert = set(), set(), {}
+    for name, hint, _ in _fields(cls):
+        args = _args(hint)
+        if float in args and int not in args and all(a is float or a is type(None) for a in args):
+            floats.add(name)
+        else:
+            fn = _converter(hint)
+            if fn is _same:
+                plain.add(name)
+            else:
+                convert[name] = fn
+    return frozenset(plain), frozenset(floats), convert
+
+
+def _same(v: Any) -> Any:
+    return v
 
 
 @cache
 def _converter(hint: Any) -> Callable[[Any], Any]:
-    """A function from a JSON value to the field's value, built once per type: a replay seek decodes
-    thousands of rows, so the type is not walked again for each."""
+    """A function from a JSON value to the field's value, built once per type."""
     args = _args(hint)
     for arg in args:
         if isinstance(arg, type) and arg in _KNOWN:
@@ -107,15 +133,19 @@ def _converter(hint: Any) -> Callable[[Any], Any]:
         if typing.get_origin(arg) is tuple:
             inner = typing.get_args(arg)
             if len(inner) == 2 and inner[1] is Ellipsis:
+                if typing.get_args(inner[0]) == (float, float):
+                    # Histogram buckets, ((bound, count), ...): the numbers as they were written (the
+                    # parser's floats come back floats; JSON keeps Infinity), so a pair costs no call.
+                    return lambda v: None if v is None else tuple(map(tuple, v))
                 item = _converter(inner[0])
                 return lambda v: None if v is None else tuple(map(item, v))
-            if all(i is float for i in inner):  # a histogram bucket: (bound, count)
+            if all(i is float for i in inner):
                 return lambda v: None if v is None else tuple(map(float, v))
             items = tuple(_converter(i) for i in inner)
             return lambda v: None if v is None else tuple(c(x) for c, x in zip(items, v, strict=True))
     if float in args and int not in args:
         return lambda v: None if v is None else float(v)  # JSON writes 3.0 as 3: a float field gets a float
-    return lambda v: v
+    return _same
 
 
 def _args(hint: Any) -> tuple[Any, ...]:

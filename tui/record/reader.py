@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ from tui.record.writer import Event
 from tui.store import ProbeEvent
 
 BATCH = 512
+_JSON = json.JSONDecoder()
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,9 +80,10 @@ class Recording:
     def wall(self, t: float) -> float:
         return t + self.mono_to_wall
 
-    def rows(self, t0: float | None = None, t1: float | None = None,
-             kinds: tuple[str, ...] = ()) -> Iterator[Row]:
-        """Rows with t0 <= t <= t1 (either open), in time order; stops at the first damaged page."""
+    def rows(self, t0: float | None = None, t1: float | None = None, kinds: tuple[str, ...] = (),
+             skip: Callable[[float, str], bool] | None = None) -> Iterator[Row]:
+        """Rows with t0 <= t <= t1 (either open), in time order; stops at the first damaged page. Rows for
+        which skip(t, kind) is true are not decoded (nor given)."""
         last_id = -1
         last_t = -float("inf") if t0 is None else t0
         t_end = float("inf") if t1 is None else t1
@@ -99,6 +101,8 @@ class Recording:
                 yield from self._rows_by_id(last_t, t_end, kinds)
                 return
             for row in batch:
+                if skip is not None and skip(row[1], row[3]):
+                    continue
                 decoded = self._decode(row)
                 if decoded is None:
                     return
@@ -134,7 +138,7 @@ class Recording:
             if dec is None:
                 dec = self._decoders[dict_id] = zstandard.ZstdDecompressor(
                     dict_data=self._dicts[dict_id]) if dict_id is not None else zstandard.ZstdDecompressor()
-            payload = json.loads(dec.decompress(data))
+            payload = _JSON.decode(dec.decompress(data).decode())  # str: json.loads would sniff the encoding
             if kind == "event":
                 item: Any = Event(payload.pop("kind", "?"), source, t, wall, payload)
             elif kind == "probe":
@@ -184,6 +188,16 @@ class Recording:
                     if s is not None]
         except sqlite3.DatabaseError:
             return list(self.engines)
+
+    def newest_t(self, kind: str, t0: float, t1: float) -> float | None:
+        """The time of the newest row of a kind within t0..t1, without decoding anything."""
+        try:
+            found = self.db.execute(
+                "SELECT t FROM rows INDEXED BY rows_t WHERE t >= ? AND t <= ? AND kind = ? ORDER BY t DESC "
+                "LIMIT 1", (t0, t1, kind)).fetchone()
+        except sqlite3.DatabaseError:
+            return None  # reading the rows says where the damage is
+        return None if found is None else found[0]
 
     def last_before(self, kind: str, t: float, limit: int, source: str | None = None) -> list[Row]:
         """The newest `limit` rows of a kind before t, oldest first (e.g. the probes a panel lists)."""

@@ -8,10 +8,12 @@ from the rows the windows need: the plots' horizon plus the latency window befor
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from tui.lifecycle.switch import EngineStatus
@@ -21,6 +23,42 @@ from tui.store import MIN_PROBES_KEPT, Store
 
 SPEEDS = (1, 2, 5, 10, 30, 60)
 EXTRA_S = 2.0  # beyond the latency window: the oldest reading it compares with
+SAME_NOTICE_S = 1.0  # one incident recorded as two events (a switch result and its alert) is said once
+SEVERITIES = ("information", "warning", "error")
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """A notification the live dashboard showed (or, for a crash, the line `enginetop record` printed)."""
+
+    title: str
+    message: str
+    severity: str  # information | warning | error
+
+
+def notice_of(event: Event) -> Notice | None:
+    """What was said when this event happened, if anything.
+
+    An alert is every warning or error the dashboard notified, as it said it. A failed switch is said as
+    the dashboard said it (its alert then is the same notice, said once); a recording made by `enginetop
+    record` has the switch result without the alert. A crash: the dashboard showed it in the column (a
+    replay does too), `enginetop record` on stderr; a replay also says it, so playing fast does not pass
+    it unseen. "failed" engine states follow a failed switch, already said. The end of the dashboard's
+    A/B run is said as it was (its verdicts are in the report; sweep levels only there).
+    """
+    data = event.data
+    if event.kind == "alert":
+        severity = data.get("severity")
+        return Notice(str(data.get("title") or ""), str(data.get("message") or ""),
+                      severity if severity in SEVERITIES else "warning")
+    if event.kind == "switch-result" and data.get("ok") is False:
+        return Notice(f"{data.get('to')}: {data.get('failed_step')} failed", str(data.get("message") or ""),
+                      "error")
+    if event.kind == "engine-state" and data.get("state") == "crashed":
+        return Notice(f"{event.source} crashed", str(data.get("message") or ""), "error")
+    if event.kind == "ab" and data.get("summary"):  # the dashboard's A/B run ending, as it said it
+        return Notice("A/B", str(data["summary"]), "error" if data.get("error") else "information")
+    return None
 
 
 class ReplaySource:
@@ -37,6 +75,11 @@ class ReplaySource:
         self.speed = 1
         self.paused = False
         self.events: deque[Event] = deque(maxlen=1000)  # switch steps, alerts, crashes seen so far
+        # What the cursor played past that the live dashboard said (alerts, failed switches, crashes), for
+        # the app to show and clear. Events a seek rebuilds the store from are not said again: a notice
+        # says something happens now, and after a jump the columns already show the state it left.
+        self.notices: list[Notice] = []
+        self._said: dict[tuple[str, str], float] = {}  # notice -> when it was last said (recording's clock)
         self.now = recording.start if start is None else start  # the cursor, on the recording's clock
         self._fed_to: float | None = None  # rows up to this time are in the store
         self._real: float | None = None  # time.monotonic() of the last advance
@@ -55,7 +98,8 @@ class ReplaySource:
         return self.take()
 
     def take(self) -> list[object]:
-        """What the store has not been given yet, up to the cursor; everything it needs after a seek."""
+        """What the store has not been given yet, up to the cursor. After a seek the store is rebuilt here
+        (everything the windows need) and nothing is returned."""
         if self.rec.empty:
             return []
         if self._fed_to is None:
@@ -64,7 +108,7 @@ class ReplaySource:
             return []
         items = [r for r in self.rec.rows(self._fed_to, self.now) if r.t > self._fed_to]
         self._fed_to = self.now
-        return self._split(items)
+        return self._split(items, played=True)
 
     def seek(self, t: float) -> None:
         """Move the cursor (clamped to the recording); the next read rebuilds the store."""
@@ -102,6 +146,7 @@ class ReplaySource:
 
     def _prime(self) -> list[object]:
         self.store.reset()
+        self._said.clear()
         for name in self._engines:  # every column keeps its engine, whether or not it polled yet
             self.store.engine(name, self.rec.engines.get(name, ""))
         self.events.clear()
@@ -110,20 +155,56 @@ class ReplaySource:
         old_probes = []
         for name in self._probe_sources:
             old_probes += [r for r in self.rec.last_before("probe", t0, MIN_PROBES_KEPT, name)]
-        rows = sorted(old_probes, key=lambda r: r.t) + list(self.rec.rows(t0, self.now))
+        rows = sorted(old_probes, key=lambda r: r.t)
+        rows += self.rec.rows(t0, self.now, skip=self._unseen(t0))
         self._fed_to = self.now
-        return self._split(rows)
+        # Given here, in one go: the store derives full stats only for each engine's last reading (the
+        # seek time on a long recording, bench/bench_record.py)
+        self.store.add_many(self._split(rows))
+        return []
 
-    def _split(self, rows: list) -> list[object]:
+    def _unseen(self, t0: float) -> Callable[[float, str], bool]:
+        """Rows from t0 to the cursor that would change nothing the store keeps, so a seek need not decode
+        them: host samples before the last (the store keeps only the newest), and GPU reports whose
+        throttle points the plots' horizon has dropped (whole throttle buckets before the last report's
+        horizon: a report always adds a point, so the newest one sets where the horizon starts)."""
+        last_host = self.rec.newest_t("host", t0, self.now)
+        last_gpu = self.rec.newest_t("gpu", t0, self.now)
+        throttle = self.store.throttle
+        first_bucket = None if last_gpu is None else \
+            math.floor((last_gpu - throttle.horizon_s) / throttle.bucket_s)
+
+        def skip(t: float, kind: str) -> bool:
+            if kind == "host":
+                return last_host is not None and t < last_host
+            if kind == "gpu":
+                return first_bucket is not None and math.floor(t / throttle.bucket_s) < first_bucket
+            return False
+
+        return skip
+
+    def _split(self, rows: list, played: bool = False) -> list[object]:
         out = []
         for row in rows:
             if row.item is None:
                 continue
             if isinstance(row.item, Event):
                 self.events.append(row.item)
+                if played:
+                    self._say(row.item)
             else:
                 out.append(row.item)
         return out
+
+    def _say(self, event: Event) -> None:
+        notice = notice_of(event)
+        if notice is None:
+            return
+        key = (notice.title, notice.message)
+        last = self._said.get(key)
+        if last is None or event.t - last > SAME_NOTICE_S:
+            self._said[key] = event.t
+            self.notices.append(notice)
 
 
 def parse_goto(text: str, rec: Recording) -> float:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
@@ -11,6 +12,17 @@ from tui.record.schema import SUFFIX
 
 KEEP_DAYS = 7.0
 KEEP_BYTES = 2 * 2**30
+EVERY_S = 3600.0  # while recording, old files are pruned again this often: a week-long session stays bounded
+
+
+@dataclass(frozen=True)
+class Retention:
+    """Which recordings to keep, for a recorder to prune again while it writes (tui.record.writer)."""
+
+    folder: Path
+    keep_days: float = KEEP_DAYS
+    keep_bytes: int = KEEP_BYTES
+    every_s: float = EVERY_S
 
 
 def recordings_dir() -> Path:

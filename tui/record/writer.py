@@ -17,6 +17,7 @@ import socket
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from typing import Any
 import zstandard
 
 from tui.record.codec import KIND_OF, encode, scrub
+from tui.record.retention import Retention, prune
 from tui.record.schema import DDL, SCHEMA_VERSION
 from tui.store import ProbeEvent
 
@@ -48,8 +50,13 @@ class Event:
 
 class Recorder:
     def __init__(self, path: Path, engines: dict[str, str] | None = None, secrets: tuple[str, ...] = (),
-                 meta: dict[str, str] | None = None) -> None:
+                 meta: dict[str, str] | None = None, retention: Retention | None = None,
+                 on_delete: Callable[[Path], None] | None = None) -> None:
+        """retention: old recordings in its folder are pruned every `every_s` while this one is written
+        (never this one), each deleted file told to on_delete (from the writer thread)."""
         self.path = Path(path)
+        self.retention = retention
+        self.on_delete = on_delete
         self.secrets = tuple(s for s in secrets if s)
         self.error: str | None = None  # why recording stopped, for the subtitle and stderr
         self.rows = 0  # committed
@@ -105,8 +112,12 @@ class Recorder:
         self._training: list[bytes] = []
         # Woken once a batch, not once an item: a dashboard makes about six items a second, and a thread
         # switch for each is work that buys nothing (bench/bench_app.py, recording on).
+        next_prune = time.monotonic() + (self.retention.every_s if self.retention else 0.0)
         while True:
             stopping = self._stop.wait(FLUSH_S)
+            if self.retention is not None and not stopping and time.monotonic() >= next_prune:
+                next_prune = time.monotonic() + self.retention.every_s
+                self._prune()
             pending: list[tuple[Any, ...]] = []
             while True:
                 try:
@@ -121,6 +132,20 @@ class Recorder:
             self._commit(pending)
             if stopping:
                 return
+
+    def _prune(self) -> None:
+        """The periodic retention pass: here, off the UI loop, and never the file being written."""
+        r = self.retention
+        assert r is not None
+        try:
+            deleted = prune(r.folder, r.keep_days, r.keep_bytes, spare=self.path)
+        except OSError as exc:  # a folder gone or unreadable: recording goes on, retention tries again later
+            log.warning("pruning old recordings in %s failed: %s", r.folder, exc)
+            return
+        for path in deleted:
+            log.info("deleted old recording %s (retention)", path)
+            if self.on_delete is not None:
+                self.on_delete(path)
 
     def _row(self, item: Any, offset: float) -> tuple[Any, ...]:
         if isinstance(item, ProbeEvent):

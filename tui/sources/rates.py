@@ -12,6 +12,7 @@ right after a readiness check llama.cpp counted 1 token over ~1 µs of decode ti
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 
 from tui.sources.samples import Buckets, EngineReading, EngineStats
@@ -59,10 +60,14 @@ def histogram_quantile(q: float, buckets_delta: Sequence[tuple[float, float]]) -
     if len(buckets_delta) < 2 or not math.isinf(buckets_delta[-1][0]):
         return None
     bounds = [b for b, _ in buckets_delta]
-    # Like Prometheus' ensureMonotonic: scrape races can make a cumulative count dip; never go backwards.
-    counts: list[float] = []
-    for _, c in buckets_delta:
-        counts.append(max(c, counts[-1]) if counts else c)
+    counts = list(map(_count, buckets_delta))
+    if not all(map(operator.le, counts, counts[1:])):
+        # Like Prometheus' ensureMonotonic: scrape races can make a cumulative count dip; never go backwards.
+        # (Checked first, in C: counts nearly always rise, and a replay seek takes thousands of quantiles.)
+        rising: list[float] = []
+        for c in counts:
+            rising.append(max(c, rising[-1]) if rising else c)
+        counts = rising
     total = counts[-1]
     if not total > 0:
         return None
@@ -79,26 +84,24 @@ def histogram_quantile(q: float, buckets_delta: Sequence[tuple[float, float]]) -
     return start + (end - start) * ((rank - below) / in_bucket)
 
 
-def _delta(prev: EngineReading, cur: EngineReading, field: str) -> float | None:
-    a, b = getattr(prev, field), getattr(cur, field)
-    if a is None or b is None:
-        return None
-    if b < a:
-        raise _Reset
-    return b - a
+_counters = operator.attrgetter(*_COUNTERS)
+_bound = operator.itemgetter(0)
+_count = operator.itemgetter(1)
+_below_zero = (0.0).__gt__
 
 
 def _bucket_delta(prev: Buckets | None, cur: Buckets | None) -> Buckets | None:
     if prev is None or cur is None:
         return None
-    if [b for b, _ in prev] != [b for b, _ in cur]:
+    bounds = list(map(_bound, prev))
+    if bounds != list(map(_bound, cur)):
         return None  # bucket layout changed (engine restarted with other buckets): nothing comparable
-    out = []
-    for (bound, a), (_, b) in zip(prev, cur, strict=True):
-        if b < a:
-            raise _Reset
-        out.append((bound, b - a))
-    return tuple(out)
+    # map() over whole rows, not a loop per bucket: a vLLM reading has ~40 buckets, and a replay seek
+    # derives hundreds of readings (bench/bench_record.py)
+    deltas = list(map(operator.sub, map(_count, cur), map(_count, prev)))
+    if any(map(_below_zero, deltas)):
+        raise _Reset
+    return tuple(zip(bounds, deltas, strict=True))
 
 
 def _ratio(num: float | None, den: float | None) -> float | None:
@@ -130,22 +133,39 @@ def _deltas(prev: EngineReading, cur: EngineReading) -> _Deltas:
     """Counter and bucket deltas; raises _Reset when the engine restarted between the two readings."""
     if prev.dialect != cur.dialect:
         raise _Reset  # another engine answers on this URL now
-    d = {f: _delta(prev, cur, f) for f in _COUNTERS}
+    d: dict[str, float | None] = {}
+    for field, a, b in zip(_COUNTERS, _counters(prev), _counters(cur), strict=True):
+        if a is None or b is None:
+            d[field] = None
+        elif b < a:
+            raise _Reset
+        else:
+            d[field] = b - a
     hist = {f: _bucket_delta(getattr(prev, f), getattr(cur, f)) for f in _HISTOGRAMS}
     return d, hist
 
 
 def went_back(prev: EngineReading, cur: EngineReading) -> bool:
-    """The engine restarted between two readings: another dialect, or a counter or bucket went down."""
-    try:
-        _deltas(prev, cur)
-    except _Reset:
+    """The engine restarted between two readings: another dialect, or a counter or bucket went down.
+    The test _deltas makes, without building the deltas (the store asks it of every reading)."""
+    if prev.dialect != cur.dialect:
         return True
+    for a, b in zip(_counters(prev), _counters(cur), strict=True):
+        if a is not None and b is not None and b < a:
+            return True
+    for field in _HISTOGRAMS:
+        p, c = getattr(prev, field), getattr(cur, field)
+        # a count went down, and in the same layout (checked second: counts nearly always rise)
+        if p is not None and c is not None and any(map(operator.lt, map(_count, c), map(_count, p))) \
+                and list(map(_bound, p)) == list(map(_bound, c)):
+            return True
     return False
 
 
-def derive(prev: EngineReading, prev_t: float, cur: EngineReading, cur_t: float) -> EngineStats:
-    """Stats for the window prev_t..cur_t (monotonic seconds). Gauge fallbacks come from `cur`."""
+def derive(prev: EngineReading, prev_t: float, cur: EngineReading, cur_t: float,
+           quantiles: bool = True) -> EngineStats:
+    """Stats for the window prev_t..cur_t (monotonic seconds). Gauge fallbacks come from `cur`.
+    quantiles=False leaves TTFT and ITL out (None): for a window only its rates are read from."""
     dt = cur_t - prev_t
     if dt <= 0:
         return EngineStats()
@@ -163,7 +183,7 @@ def derive(prev: EngineReading, prev_t: float, cur: EngineReading, cur_t: float)
         return None if tokens is None or dt < MIN_WINDOW_S else tokens / dt
 
     def quantile(field: str, q: float) -> float | None:
-        return None if hist[field] is None else histogram_quantile(q, hist[field])
+        return None if not quantiles or hist[field] is None else histogram_quantile(q, hist[field])
 
     # The counters win whenever the engine has them; the engine's own gauges only stand in when it does not.
     counters_hit = d["prefix_cache_queries_total"] is not None and d["prefix_cache_hits_total"] is not None
@@ -191,3 +211,25 @@ def derive(prev: EngineReading, prev_t: float, cur: EngineReading, cur_t: float)
         itl_p50_s=quantile("itl_buckets", 0.5),
         itl_p90_s=quantile("itl_buckets", 0.9),
     )
+
+
+# What the plots draw for every reading (tui.store.ENGINE_SERIES), alone: when a replay seeks, it rebuilds
+# minutes of plots at once, and derive() makes every figure for every reading. Each gives exactly the
+# figure derive() gives for the same window (tests/test_store.py holds them to it).
+
+
+def gen_tps(prev: EngineReading, prev_t: float, cur: EngineReading, cur_t: float) -> float | None:
+    """derive(prev, prev_t, cur, cur_t).gen_tps"""
+    a, b = prev.generation_tokens_total, cur.generation_tokens_total
+    dt = cur_t - prev_t
+    if a is None or b is None or dt < MIN_WINDOW_S or went_back(prev, cur):
+        return None
+    return (b - a) / dt
+
+
+def ttft_p50(prev: EngineReading, prev_t: float, cur: EngineReading, cur_t: float) -> float | None:
+    """derive(prev, prev_t, cur, cur_t).ttft_p50_s"""
+    if prev.ttft_buckets is None or cur.ttft_buckets is None or cur_t <= prev_t or went_back(prev, cur):
+        return None
+    hist = _bucket_delta(prev.ttft_buckets, cur.ttft_buckets)
+    return None if hist is None else histogram_quantile(0.5, hist)
