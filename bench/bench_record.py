@@ -8,7 +8,7 @@ CPU), then moved on every second the way a busy engine's counters and histograms
 per second, a few requests finishing), so each row differs from the last as it does live. GPU reports
 come from the fake NVML (an H200), host samples from psutil on this machine.
 
-Run: .venv/bin/python bench/bench_record.py [--cpu-seconds 30] [--hours 24] [--day-file F] [--only seek]
+Run: .venv/bin/python bench/bench_record.py [--cpu-seconds 120] [--hours 24] [--day-file F] [--only seek]
      .venv/bin/python bench/bench_record.py --live llamacpp --live vllm [--live-minutes 5]   (real engines)
 """
 
@@ -269,7 +269,8 @@ def seek_times(path: Path, seeks: int, horizon_s: float) -> list[float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cpu-seconds", type=float, default=30.0)
+    # 120 s: past the zstd dictionary training at 300 rows (about 50 s in), which a 30 s run never reached
+    parser.add_argument("--cpu-seconds", type=float, default=120.0)
     parser.add_argument("--hours", type=float, default=24.0)
     parser.add_argument("--seeks", type=int, default=30)
     parser.add_argument("--day-file", type=Path, default=None,
