@@ -482,6 +482,15 @@ async def test_gpus_are_matched_to_engines_by_kubernetes_pod_where_both_name_one
     assert [g.index for g in gpus_of(plain_engine, report.gpus)] == [0, 1, 2, 3]
     node3 = samples[next(e for e in fleet.engines if e.node == 3 and e.kind == "").instance]
     assert {(g.host, g.throttled) for g in gpus_of(node3, report.gpus)} == {("synthetic-node-03", True)}
+    # the fleet table's GPU columns use the same matching: pod a's row is throttled, pod b's is not
+    from tui.store import Store
+    from widgets.fleet_table import build_rows
+
+    store = Store()
+    for sample in (a, b):
+        store.add(sample)
+    rows = {r.name: r.values for r in build_rows(store.engines, report.gpus)}
+    assert rows[a.name][17] and not rows[b.name][17], (rows[a.name][17], rows[b.name][17])
     # the directly-read exporter labels the same pods
     direct = DcgmDirectSource([fleet.dcgm_url(7)])
     [report7] = await direct.read()

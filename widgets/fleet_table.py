@@ -13,6 +13,7 @@ from textual import events
 from textual.message import Message
 from textual.widget import Widget
 
+from tui.fleet.match import GpuMatcher, engine_pod
 from tui.sources.samples import EngineSample, GpuSample
 from tui.store import EngineState
 from widgets.fmt import NA, ms, num, pct
@@ -96,21 +97,14 @@ class Row:
     haystack: str  # what a typed filter matches, lower case
 
 
-def gpus_by_host(gpus: Iterable[GpuSample]) -> dict[str, list[GpuSample]]:
-    out: dict[str, list[GpuSample]] = {}
-    for g in gpus:
-        out.setdefault(g.host or "", []).append(g)
-    return out
-
-
 def build_rows(engines: dict[str, EngineState], gpus: Iterable[GpuSample]) -> list[Row]:
-    by_host = gpus_by_host(gpus)
+    matcher = GpuMatcher(gpus)  # by Kubernetes pod where both name one, else by node, as alerts and rules do
     rows = []
     for name, state in engines.items():
         s = state.sample
         if s is None:
             continue
-        node = by_host.get(s.host or "", [])
+        node = matcher.of(s.host, engine_pod(s))
         values = tuple(c.value(s, state, node) for c in COLUMNS)
         cells: list[Text | str] = [c.text(v) for c, v in zip(COLUMNS, values, strict=True)]
         status = values[0]
