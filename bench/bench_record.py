@@ -111,10 +111,9 @@ def live_engine_hour(kind: str, minutes: float, folder: Path) -> tuple[int, int,
     import contextlib
 
     import httpx
-    from conftest import start_llama, wait_openai_ready
+    from conftest import start_engine, start_llama
 
-    from tui.lifecycle.process import free_port, launch, stop_group
-    from tui.paths import runs_dir
+    from tui.lifecycle.process import stop_group
     from tui.probe.runner import ProbeRunner
     from tui.probe.workloads import WorkloadParams
     from tui.record.headless import record
@@ -127,15 +126,10 @@ def live_engine_hour(kind: str, minutes: float, folder: Path) -> tuple[int, int,
     else:
         from tui.engines.vllm import tiny_model_dir, vllm_argv, vllm_env
 
-        port = free_port()
-        launched = launch(vllm_argv(tiny_model_dir(), port, "--enforce-eager"),
-                          runs_dir() / f"bench-record-vllm-{port}.log", env=vllm_env())
-        url = f"http://127.0.0.1:{port}"
-        try:
-            wait_openai_ready("vLLM", url, launched, timeout=300)
-        except BaseException:
-            stop_group(launched)
-            raise
+        engine = start_engine("bench-record-vllm", "vLLM",
+                              lambda port: vllm_argv(tiny_model_dir(), port, "--enforce-eager"),
+                              env=vllm_env(), timeout=300)
+        launched, url = engine.launched, engine.url
     path = folder / f"live-{kind}.sqlite"
     target = EngineTarget(kind, url)
     recorder = Recorder(path, {kind: url})

@@ -25,17 +25,23 @@ class RunningEngine:
     launched: Launched
 
 
-def start_llama(name: str, *extra: str) -> RunningEngine:
+def start_engine(name: str, label: str, argv_for_port, env: dict[str, str] | None = None,
+                 timeout: float = 120) -> RunningEngine:
+    """An engine on a free loopback port, ready for OpenAI requests (stopped again if it never gets there)."""
     port = free_port()
     log = runs_dir() / f"test-{name}-{port}.log"
-    launched = launch(demo_argv(port, *extra), log)
+    launched = launch(argv_for_port(port), log, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_openai_ready("llama-server", url, launched, timeout=120)
+        wait_openai_ready(label, url, launched, timeout=timeout)
     except BaseException:
         stop_group(launched)
         raise
     return RunningEngine(name=name, url=url, port=port, launched=launched)
+
+
+def start_llama(name: str, *extra: str) -> RunningEngine:
+    return start_engine(name, "llama-server", lambda port: demo_argv(port, *extra))
 
 
 @pytest.fixture(scope="session")
