@@ -57,6 +57,18 @@ def wait_value(prom: RunningPrometheus, promql: str, want: float, timeout: float
     raise AssertionError(f"{promql} = {got}, wanted {want}")
 
 
+def scraped_after(prom, wall: float, timeout: float = 30.0) -> None:
+    """Wait for a scrape of the exporter that began after `wall` (Prometheus stamps a scrape's series with
+    its start): a scrape taken while the probes ran holds only some of their results."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = prom.query('timestamp(up{job="enginetop"})')
+        if got and float(got[0]["value"][1]) > wall:
+            return
+        time.sleep(0.25)
+    raise AssertionError(f"no scrape of the exporter after {wall}")
+
+
 def test_prometheus_reads_back_exactly_what_the_exporter_measured_on_llama(llama_server) -> None:
     metrics = ProbeMetrics()
     port = free_port()
@@ -68,6 +80,7 @@ def test_prometheus_reads_back_exactly_what_the_exporter_measured_on_llama(llama
     try:
         with running_prometheus({"enginetop": [f"127.0.0.1:{port}"]}, interval_s=1.0) as prom:
             results = probe_in_process(targets, schedule, metrics)
+            scraped_after(prom, time.time())  # every figure below is then from a scrape of the finished run
             short = [r for r in results if r.engine == "llama" and r.workload == "short"]
             agent = [r for r in results if r.engine == "llama" and r.workload == "agent"]
             assert len(short) == 2 and len(agent) == 4 and all(r.ok for r in short + agent), results
