@@ -104,3 +104,31 @@ def test_gpus_of_an_engine_by_pod_where_both_name_one_else_by_host() -> None:
     assert where(engine("node-2:8000", namespace="other", pod="a")) == [("node-2", 0)]
     assert where(engine("node-1:8000")) == [("node-1", 0), ("node-1", 1), ("node-1", 2)]
     assert where(engine("10.0.0.7:8000")) == []
+
+
+async def test_an_engine_screen_drawn_before_it_is_composed_waits_for_the_next_redraw() -> None:
+    """A redraw or a finished back-fill can reach a just-pushed engine screen before its widgets exist (seen
+    in CI: NoMatches for GpuPanel ended the app); it must draw nothing then, and draw at the next call."""
+    import time
+
+    from tui.app import AppConfig, EnginetopApp
+    from tui.fleet.options import FleetOptions
+    from tui.lifecycle.process import free_port
+    from tui.screens.fleet import EngineScreen
+    from tui.sources.samples import EngineSample, GpuReport
+    from widgets.gpu_panel import GpuPanel
+
+    dead = f"http://127.0.0.1:{free_port()}"  # no Prometheus: the table says so, the app runs on
+    app = EnginetopApp(AppConfig(fleet=FleetOptions(prometheus=dead), horizon_s=300.0))
+    async with app.run_test(size=(160, 50)) as pilot:
+        now = time.monotonic()
+        app.store.add(EngineSample(name="node-1:8000", url="http://node-1:8000", t=now, wall=time.time(),
+                                   health="up", host="node-1"))
+        app.store.add(GpuReport(t=now, unavailable="no dcgm-exporter series"))
+        screen = EngineScreen("node-1:8000", 300.0)
+        app.push_screen(screen)
+        screen.show(app.store, now)  # before compose: nothing to draw into, and no error
+        await pilot.pause(0.3)
+        screen.show(app.store, time.monotonic())
+        assert screen.query_one(GpuPanel).border_title == "GPUs of node-1"
+        assert app.is_running

@@ -163,7 +163,8 @@ class GpusScreen(Screen[None]):
         yield Footer()
 
     def show(self, store: Store) -> None:
-        self.query_one(GpuPanel).show(store.gpu)
+        for panel in self.query(GpuPanel):  # none until composed: a redraw can come first
+            panel.show(store.gpu)
 
 
 class EngineScreen(Screen[None]):
@@ -202,7 +203,10 @@ class EngineScreen(Screen[None]):
                 self.throttle = Series(self.horizon_s, 3600, peak=True)
             if node:
                 self.throttle.add(report.t, 1.0 if any(g.throttled for g in node) else 0.0)
-        panel = self.query_one(GpuPanel)
+        panels = self.query(GpuPanel)
+        if not panels:
+            return  # pushed but not composed yet (a redraw or a back-fill can come first): the next one draws
+        panel = panels.first()
         title = f"GPUs of {host}" if host else "GPUs"
         if panel.border_title != title:
             panel.border_title = title
