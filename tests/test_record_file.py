@@ -6,6 +6,7 @@ replaying them is tests/test_record_llama.py.
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import subprocess
@@ -20,7 +21,7 @@ from tui.record.codec import scrub
 from tui.record.reader import Recording
 from tui.record.replay import ReplaySource, parse_goto
 from tui.record.retention import Retention, prune
-from tui.record.schema import SCHEMA_VERSION, SUFFIX, RecordingError
+from tui.record.schema import DDL, SCHEMA_VERSION, SUFFIX, RecordingError
 from tui.record.writer import Event, Recorder
 from tui.sources.samples import (
     EngineReading,
@@ -127,6 +128,56 @@ def test_any_sqlite_client_reads_it(tmp_path: Path) -> None:
         "print(db.execute(\"select count(*), count(distinct kind) from rows\").fetchone())"),
         str(tmp_path / f"a{SUFFIX}")], capture_output=True, text=True, check=True)
     assert out.stdout.split("\n")[:2] == [str(SCHEMA_VERSION), "(127, 5)"]
+
+
+def test_rows_are_standard_json_and_infinities_come_back(tmp_path: Path) -> None:
+    """Schema 2 writes +Inf as Prometheus does ("+Inf"), so any JSON parser reads a row; it reads back inf."""
+    path = tmp_path / f"a{SUFFIX}"
+    rec = Recorder(path, engines={"vllm": "http://127.0.0.1:8000"})
+    rec(engine_sample(3, 1000.0))
+    rec.event("alert", "vllm", {"title": "slow", "ratio": INF, "nested": [float("-inf")]}, t=1004.0)
+    rec.close()
+    with sqlite3.connect(path) as db:
+        blobs = [zstandard.ZstdDecompressor().decompress(d) for (d,) in db.execute("SELECT data FROM rows")]
+
+    def refuse(name: str) -> None:
+        raise ValueError(f"non-standard JSON constant {name}")
+
+    texts = [json.loads(b, parse_constant=refuse) for b in blobs]
+    assert texts[0]["reading"]["ttft_buckets"][-1] == ["+Inf", 6.0]
+    rows = list(Recording(path).rows())
+    assert rows[0].item == engine_sample(3, 1000.0)
+    assert rows[0].item.reading.ttft_buckets[-1] == (INF, 6.0)
+    assert rows[1].item.data == {"title": "slow", "ratio": "+Inf", "nested": ["-Inf"]}
+
+
+def test_a_schema_1_file_still_reads(tmp_path: Path) -> None:
+    """Schema 1 rows are Python's json.dumps, with a bare `Infinity`: files recorded before still open."""
+    path = tmp_path / f"a{SUFFIX}"
+    items = [engine_sample(i, 1000.0) for i in range(5)] + [gpu_report(1, 1000.0)]
+    with sqlite3.connect(path) as db:
+        db.executescript(DDL)
+        db.executemany("INSERT INTO meta VALUES (?, ?)", [("schema_version", "1"), ("mono_to_wall", "0")])
+        for item in items:
+            raw = json.dumps(_v1_fields(item), separators=(",", ":")).encode()
+            assert b"Infinity" in raw or isinstance(item, GpuReport)
+            db.execute("INSERT INTO rows (t, wall, kind, source, dict, data) VALUES (?, ?, ?, ?, NULL, ?)",
+                       (item.t, item.t, "engine" if isinstance(item, EngineSample) else "gpu",
+                        getattr(item, "name", None), zstandard.ZstdCompressor().compress(raw)))
+    recording = Recording(path)
+    assert recording.version == 1 and recording.damage is None
+    assert sorted((r.item for r in recording.rows()), key=_key) == sorted(items, key=_key)
+
+
+def _v1_fields(obj: object) -> object:
+    """A sample's fields as schema 1 wrote them: every field, numbers as Python floats (inf included)."""
+    import dataclasses
+
+    if dataclasses.is_dataclass(obj):
+        return {f.name: _v1_fields(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, tuple | list):
+        return [_v1_fields(v) for v in obj]
+    return obj
 
 
 def test_newer_schema_is_refused_with_a_clear_message(tmp_path: Path) -> None:

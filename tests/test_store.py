@@ -203,7 +203,9 @@ def test_panel_reads_a_dash_after_the_readiness_check_and_names_both_prompt_rate
 
 def _moving(seed: int, n: int) -> list[EngineSample]:
     """A real vLLM body moved on second by second, with what a long session meets: a restart (counters
-    back to the start), a poll whose /metrics failed, a counter missing for a while, an engine down."""
+    back to the start), a poll whose /metrics failed, a counter missing for a while, one missing and back
+    lower (nothing adjacent went back: only readings further apart show it), TTFT buckets that change
+    bounds, an engine down."""
     import random
 
     base = parse_reading((DATA / "vllm_cpu_0.32_real.txt").read_text())
@@ -215,14 +217,16 @@ def _moving(seed: int, n: int) -> list[EngineSample]:
         for bound, count in current.ttft_buckets:
             add += rng.randint(0, 1)
             buckets.append((bound, count + add))
-        tokens = current.generation_tokens_total + rng.randint(0, 90)
+        if i == 150:  # the engine now gives one bucket less
+            buckets = buckets[:3] + buckets[4:]
+        tokens = current.generation_tokens_total + rng.randint(0, 90) - (5000 if i == 124 else 0)
         current = replace(current, generation_tokens_total=tokens, ttft_buckets=tuple(buckets))
         reading: EngineReading | None = current
         if i == n // 2:
             current = reading = base  # restarted
         if i % 37 == 5:
             reading = None  # /metrics failed, health still up
-        if 60 <= i < 64:
+        if 60 <= i < 64 or 120 <= i < 124:
             reading = replace(current, generation_tokens_total=None)
         health = "down" if i == n - 30 else "up"
         out.append(EngineSample(name=f"e{seed}", url="u", t=100.0 + i * 0.5 + rng.random() * 0.1, wall=0.0,

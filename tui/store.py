@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tui.sources.rates import derive, gen_tps, ttft_p50, went_back
+from tui.sources.rates import derive, gen_tps, present, shape, ttft_p50, went_back, went_back_same_shape
 from tui.sources.samples import EngineReading, EngineSample, EngineStats, GpuReport, HostSample
 
 Sample = EngineSample | GpuReport | HostSample  # what a source makes (tui.feed); a replay adds ProbeEvent
@@ -74,6 +74,10 @@ class EngineState:
     # (t, reading) for the longest window we derive over, all from the engine's current run
     readings: deque[tuple[float, EngineReading]] = field(default_factory=deque)
     reset_t: float | None = None  # when the counters last went back (the engine restarted)
+    # The newest reading's shape (tui.sources.rates.shape), its counters, and since when readings had it
+    shape: tuple[object, ...] | None = None
+    has: tuple[bool, ...] = ()
+    shape_t: float = math.inf
     series: dict[str, Series] = field(default_factory=dict)
     probes: deque[tuple[float, Any]] = field(default_factory=deque)  # (t, ProbeResult), oldest first
     rss_bytes: int | None = None
@@ -171,7 +175,13 @@ class Store:
                 state.stats = EngineStats()
             return state
         readings = state.readings
-        if readings and went_back(readings[-1][1], sample.reading):
+        now_shape = shape(sample.reading)
+        if readings and now_shape == state.shape:
+            back = went_back_same_shape(readings[-1][1], sample.reading, state.has)
+        else:
+            back = bool(readings) and went_back(readings[-1][1], sample.reading)
+            state.shape, state.has, state.shape_t = now_shape, present(now_shape), t
+        if back:
             # The engine restarted: nothing before this reading can be compared with what follows, so
             # the windows start again here instead of staying void until the old readings age out.
             readings.clear()
@@ -196,7 +206,9 @@ class Store:
         cur_t, cur = readings[-1]
         rate_t, rate_prev = _oldest_within(readings, cur_t - self.rate_window_s)
         lat_t, lat_prev = readings[0]
-        return gen_tps(rate_prev, rate_t, cur, cur_t), ttft_p50(lat_prev, lat_t, cur, cur_t)
+        # Readings since shape_t each passed went_back against the one before: none went back since.
+        return (gen_tps(rate_prev, rate_t, cur, cur_t, chained=rate_t >= state.shape_t),
+                ttft_p50(lat_prev, lat_t, cur, cur_t, chained=lat_t >= state.shape_t))
 
     def _stats(self, state: EngineState, t: float) -> EngineStats:
         # Shown until the latency window holds only the new run: its figures cover less time meanwhile.

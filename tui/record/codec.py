@@ -36,6 +36,10 @@ _KNOWN = (EngineSample, EngineReading, EngineStats, GpuReport, GpuSample, GpuPro
 # Not recorded: a probe's reply text (large, and it is what the user asked, not what was measured).
 _DROPPED = {ProbeResult: {"text"}}
 
+# JSON has no infinities (Python's json writes a non-standard `Infinity`, which orjson refuses): they are
+# written as Prometheus writes them, and a float field reads them back with float().
+_NOT_FINITE = {"inf": "+Inf", "-inf": "-Inf", "nan": "NaN"}
+
 _URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/@\s]*@")
 
 
@@ -65,7 +69,9 @@ def encode(obj: Any, secrets: tuple[str, ...] = ()) -> Any:
     kind = type(obj)
     # Numbers first: a vLLM reading is mostly histogram buckets, and this runs for every value of every
     # sample (the recorder's CPU budget, bench/bench_app.py).
-    if kind is float or kind is int or obj is None or kind is bool:
+    if kind is float:
+        return obj if obj - obj == 0.0 else _NOT_FINITE[str(obj)]  # inf - inf and nan - nan are nan
+    if kind is int or obj is None or kind is bool:
         return obj
     if kind is tuple or kind is list:
         return [encode(v, secrets) for v in obj]
@@ -80,46 +86,78 @@ def encode(obj: Any, secrets: tuple[str, ...] = ()) -> Any:
         return out
     if isinstance(obj, tuple | list):
         return [encode(v, secrets) for v in obj]
+    if isinstance(obj, dict):  # an event's data
+        return {str(k): encode(v, secrets) for k, v in obj.items()}
     if isinstance(obj, str):
         return scrub(obj, secrets)
     return obj
 
 
 def decode(cls: type, data: dict[str, Any]) -> Any:
-    # A replay seek decodes thousands of rows (bench/bench_record.py): most fields are taken as they are,
-    # and only the rest pay for a function call.
-    plain, floats, convert = _plan(cls)
-    kwargs = {}
-    for name, value in data.items():
-        if name in plain:
-            kwargs[name] = value
-        elif name in floats:  # an int written to JSON (NVML gives ints) comes back a float, as before
-            kwargs[name] = value if value is None or type(value) is float else float(value)
-        elif name in convert:  # else a field from a later version: ignored
-            kwargs[name] = convert[name](value)
-    return cls(**kwargs)
+    """The dataclass `cls` from its encoded fields. A field from a later version is ignored; a field left
+    out takes its default."""
+    return _decoder(cls)(data)
 
 
 @cache
-def _plan(cls: type) -> tuple[frozenset[str], frozenset[str], dict[str, Callable[[Any], Any]]]:
-    """The class's fields split three ways, once per class: JSON values kept as they are (str, int,
-    bool), float fields, and the rest with their converter (nested samples, tuples)."""
-    plain, floats, convert = set(), set(), {}
-    for name, hint, _ in _fields(cls):
-        args = _args(hint)
-        if float in args and int not in args and all(a is float or a is type(None) for a in args):
-            floats.add(name)
+def _decoder(cls: type) -> Callable[[dict[str, Any]], Any]:
+    """A function written for this class, once: one line per field, as dataclasses writes __init__.
+
+    A replay seek decodes thousands of rows (bench/bench_record.py). A loop over each row's fields cost more
+    than parsing the row, and so did a frozen dataclass's __init__ (an object.__setattr__ call per field):
+    the function sets each slot through its descriptor, as unpickling does, which takes half the time. The
+    samples have no __post_init__ to skip (checked here)."""
+    assert "__slots__" in cls.__dict__ and not hasattr(cls, "__post_init__"), cls
+    known = {name: (hint, default) for name, hint, default in _fields(cls)}
+    env: dict[str, Any] = {"_cls": cls, "_new": object.__new__}
+    lines = ["def _decode(d):", "    o = _new(_cls)"]
+    for i, f in enumerate(dataclasses.fields(cls)):
+        env[f"_s{i}"] = cls.__dict__[f.name].__set__
+        key = repr(f.name)
+        if f.default_factory is not dataclasses.MISSING:
+            env[f"_d{i}"] = f.default_factory
+            absent = f"_d{i}()"
         else:
-            fn = _converter(hint)
-            if fn is _same:
-                plain.add(name)
+            env[f"_d{i}"] = f.default
+            absent = f"_d{i}"
+        if f.name not in known:  # not recorded (_DROPPED): its default
+            value = absent
+        else:
+            fn = _converter(known[f.name][0])
+            env[f"_c{i}"] = fn
+            has_default = f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+            if not has_default:
+                value = f"d[{key}]" if fn is _same else f"_c{i}(d[{key}])"
+            elif fn is _same and f.default_factory is dataclasses.MISSING:
+                value = f"d.get({key}, _d{i})"
+            elif fn is _float and f.default_factory is dataclasses.MISSING:  # inline: most of a reading
+                value = f"v if (v := d.get({key}, _d{i})) is None or v.__class__ is float else float(v)"
             else:
-                convert[name] = fn
-    return frozenset(plain), frozenset(floats), convert
+                value = f"_c{i}(d[{key}]) if {key} in d else {absent}"
+        lines.append(f"    _s{i}(o, {value})")
+    lines.append("    return o")
+    exec(compile("\n".join(lines) + "\n", f"<decoder of {cls.__name__}>", "exec"), env)  # our own names
+    return env["_decode"]
 
 
 def _same(v: Any) -> Any:
     return v
+
+
+def _buckets(v: list[list[Any]] | None) -> tuple[tuple[float, float], ...] | None:
+    """Histogram buckets, ((bound, count), ...): the numbers as they were written (the parser's floats come
+    back floats), so a pair costs no call; only the +Inf bound, last, is read back from its text."""
+    if v is None:
+        return None
+    out = tuple(map(tuple, v))
+    if out and out[-1][0].__class__ is str:
+        bound, count = out[-1]
+        out = (*out[:-1], (float(bound), count))
+    return out
+
+
+def _float(v: Any) -> float | None:
+    return v if v is None or v.__class__ is float else float(v)
 
 
 @cache
@@ -128,21 +166,21 @@ def _converter(hint: Any) -> Callable[[Any], Any]:
     args = _args(hint)
     for arg in args:
         if isinstance(arg, type) and arg in _KNOWN:
-            return lambda v, arg=arg: None if v is None else decode(arg, v)
+            return lambda v, arg=arg: None if v is None else _decoder(arg)(v)
     for arg in args:
         if typing.get_origin(arg) is tuple:
             inner = typing.get_args(arg)
             if len(inner) == 2 and inner[1] is Ellipsis:
                 if typing.get_args(inner[0]) == (float, float):
-                    # Histogram buckets, ((bound, count), ...): the numbers as they were written (the
-                    # parser's floats come back floats; JSON keeps Infinity), so a pair costs no call.
-                    return lambda v: None if v is None else tuple(map(tuple, v))
+                    return _buckets
                 item = _converter(inner[0])
                 return lambda v: None if v is None else tuple(map(item, v))
             if all(i is float for i in inner):
                 return lambda v: None if v is None else tuple(map(float, v))
             items = tuple(_converter(i) for i in inner)
             return lambda v: None if v is None else tuple(c(x) for c, x in zip(items, v, strict=True))
+    if float in args and all(a is float or a is type(None) for a in args):
+        return _float
     if float in args and int not in args:
         return lambda v: None if v is None else float(v)  # JSON writes 3.0 as 3: a float field gets a float
     return _same

@@ -12,7 +12,9 @@
         kind   engine | gpu | host | probe | event
         source the engine's name (engine, probe, most events); NULL for gpu and host
         dict   the dicts.id that compresses `data`; NULL: a plain zstd frame
-        data   zstd-compressed JSON: the dataclass's fields (tui.record.codec), an event's dict
+        data   zstd-compressed JSON: the dataclass's fields (tui.record.codec), an event's dict; since
+               schema 2, infinities and NaN are the strings "+Inf", "-Inf", "NaN" (as Prometheus writes
+               them), so the JSON is standard; schema 1 files (Python's `Infinity`) are still read
     indexes: rows_t (t); rows_probe and rows_event (source, t) over probe and event rows only: a seek
     finds the last probes and an engine's last state fast however far back they are
 
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 import sqlite3
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: +Inf, -Inf and NaN written as strings (1: Python's `Infinity`), read by orjson
 SUFFIX = ".enginetop.sqlite"
 
 DDL = """

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
 import zstandard
 
 from tui.record.codec import KIND_OF, encode, scrub
@@ -154,14 +155,14 @@ class Recorder:
         elif isinstance(item, Event):
             kind, source, t, wall = "event", item.source, item.t, item.wall
             text = scrub(json.dumps(item.data, default=str), self.secrets)
-            payload = {"kind": item.kind, **json.loads(text)}
+            payload = {"kind": item.kind, **encode(json.loads(text))}
         else:
             kind = KIND_OF[type(item)]
             source = getattr(item, "name", None) if kind == "engine" else None
             t = item.t
             wall = getattr(item, "wall", None) or offset + t
             payload = encode(item, self.secrets)
-        raw = json.dumps(payload, separators=(",", ":")).encode()
+        raw = orjson.dumps(payload)
         if self._dict_id is None and len(self._training) < TRAIN_AT[-1]:
             self._training.append(raw)
             if len(self._training) in TRAIN_AT:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Sequence
+from itertools import compress
 
 from tui.sources.samples import Buckets, EngineReading, EngineStats
 
@@ -213,23 +214,57 @@ def derive(prev: EngineReading, prev_t: float, cur: EngineReading, cur_t: float,
     )
 
 
+def shape(r: EngineReading) -> tuple[object, ...]:
+    """What a run of readings shares: the dialect, which counters the engine gives, and which histograms
+    with which bucket bounds. Across readings of one shape that each did not go back from the one before,
+    nothing went back: a counter can only have gone down unseen where it was missing for a while, and a
+    count where the buckets changed. So a store that checked each reading against the one before need not
+    compare two readings further apart (see `chained` below)."""
+    return (r.dialect, tuple(map(type, _counters(r))), _bounds(r.ttft_buckets), _bounds(r.itl_buckets))
+
+
+def _bounds(buckets: Buckets | None) -> tuple[float, ...] | None:
+    return None if buckets is None else tuple(map(_bound, buckets))
+
+
+def present(shape_: tuple[object, ...]) -> tuple[bool, ...]:
+    """Which counters a reading of this shape has (for went_back_same_shape)."""
+    return tuple(t is not type(None) for t in shape_[1])  # type: ignore[attr-defined]
+
+
+def went_back_same_shape(prev: EngineReading, cur: EngineReading, has: tuple[bool, ...]) -> bool:
+    """went_back(prev, cur) for two readings of one shape, `has` = present(that shape): the same test, with
+    the comparisons made in C (a replay seek checks every reading of minutes of plots)."""
+    if any(map(operator.lt, compress(_counters(cur), has), compress(_counters(prev), has))):
+        return True
+    for field in _HISTOGRAMS:
+        p, c = getattr(prev, field), getattr(cur, field)
+        if p is not None and any(map(operator.lt, map(_count, c), map(_count, p))):
+            return True
+    return False
+
+
 # What the plots draw for every reading (tui.store.ENGINE_SERIES), alone: when a replay seeks, it rebuilds
 # minutes of plots at once, and derive() makes every figure for every reading. Each gives exactly the
-# figure derive() gives for the same window (tests/test_store.py holds them to it).
+# figure derive() gives for the same window (tests/test_store.py holds them to it). `chained`: the caller
+# knows that nothing went back from prev to cur (readings of one shape, each checked against the last).
 
 
-def gen_tps(prev: EngineReading, prev_t: float, cur: EngineReading, cur_t: float) -> float | None:
+def gen_tps(prev: EngineReading, prev_t: float, cur: EngineReading, cur_t: float,
+            chained: bool = False) -> float | None:
     """derive(prev, prev_t, cur, cur_t).gen_tps"""
     a, b = prev.generation_tokens_total, cur.generation_tokens_total
     dt = cur_t - prev_t
-    if a is None or b is None or dt < MIN_WINDOW_S or went_back(prev, cur):
+    if a is None or b is None or dt < MIN_WINDOW_S or (not chained and went_back(prev, cur)):
         return None
     return (b - a) / dt
 
 
-def ttft_p50(prev: EngineReading, prev_t: float, cur: EngineReading, cur_t: float) -> float | None:
+def ttft_p50(prev: EngineReading, prev_t: float, cur: EngineReading, cur_t: float,
+             chained: bool = False) -> float | None:
     """derive(prev, prev_t, cur, cur_t).ttft_p50_s"""
-    if prev.ttft_buckets is None or cur.ttft_buckets is None or cur_t <= prev_t or went_back(prev, cur):
+    if prev.ttft_buckets is None or cur.ttft_buckets is None or cur_t <= prev_t or \
+            (not chained and went_back(prev, cur)):
         return None
     hist = _bucket_delta(prev.ttft_buckets, cur.ttft_buckets)
     return None if hist is None else histogram_quantile(0.5, hist)
