@@ -189,7 +189,8 @@ async def until(pilot, condition, timeout: float, what: str) -> None:
 async def test_an_engine_opened_from_the_fleet_table_is_probed_with_f(llama_server, tmp_path):
     """The real llama-server through a real Prometheus: enter opens it in the column-and-plots view, `f`
     probes it at the origin Prometheus scrapes, the result is in its probe panel and on its plots. A second
-    real llama-server wants an API key (Prometheus scrapes it with the key): its probe says 401, readably."""
+    real llama-server wants an API key (Prometheus scrapes it with the key): its probe says 401, readably,
+    and succeeds when the key is given for it (--api-key-file NAME=PATH with --prometheus)."""
     key = "sk-fleet-probe-test-5551"
     key_file = tmp_path / "key"
     key_file.write_text(key + "\n")
@@ -236,5 +237,21 @@ async def test_an_engine_opened_from_the_fleet_table_is_probed_with_f(llama_serv
                 assert "failed: HTTP 401" in text and "! HTTP 401" in text, text
                 assert "(the engine wants an API key)" in text and key not in text
                 assert app.is_running
+            # `--api-key-file NAME=PATH` with --prometheus: the key for that engine of the fleet
+            options = FleetOptions(prometheus=prom.url, refresh_s=1.0, engine_keys={keyed: key})
+            app = EnginetopApp(AppConfig(fleet=options, redraw_interval_s=0.5))
+            async with app.run_test(size=(200, 60)) as pilot:
+                view = app.screen.query_one(FleetView)
+                await until(pilot, lambda: view.table.row_count == 2, 20, "both engines in the table")
+                screen = await open_from_table(pilot, app, keyed)
+                await pilot.press("f")
+                state = app.store.engines[keyed]
+                await until(pilot, lambda: state.probes, 90, "the keyed engine's probe result, with its key")
+                _, answered = state.probes[-1]
+                assert answered.ok and answered.status == 200, answered.error
+                assert answered.completion_tokens == app.config.probe_max_tokens
+                await pilot.pause(1.0)
+                text = screen_text(app)
+                assert "median of last 1: decode" in text and key not in text
     finally:
         stop_group(launched)

@@ -46,6 +46,8 @@ def test_the_command_line_refuses_what_cannot_work() -> None:
     assert mixed.returncode == 2 and "fleet table" in mixed.stderr
     missing = run("--prometheus", "http://127.0.0.1:9", "--prometheus-key-file", "/nonexistent/key")
     assert missing.returncode == 2 and "/nonexistent/key does not exist" in missing.stderr
+    keyless = run("--prometheus", "http://127.0.0.1:9", "--api-key-file", "*=/nonexistent/engine-key")
+    assert keyless.returncode == 2 and "/nonexistent/engine-key does not exist" in keyless.stderr
     snap = run("snapshot", "--json")
     assert snap.returncode == 2 and "--prometheus URL" in snap.stderr
 
@@ -132,3 +134,12 @@ async def test_an_engine_screen_drawn_before_it_is_composed_waits_for_the_next_r
         screen.show(app.store, time.monotonic())
         assert screen.query_one(GpuPanel).border_title == "GPUs of node-1"
         assert app.is_running
+
+
+def test_fleet_engine_keys_by_name_else_the_star() -> None:
+    from tui.fleet.options import FleetOptions
+
+    options = FleetOptions(prometheus="http://p:9090", engine_keys={"a:8000": "key-a", "*": "key-all"})
+    assert options.key_for("a:8000") == "key-a" and options.key_for("b:8000") == "key-all"
+    assert FleetOptions(engine_keys={"a:8000": "key-a"}).key_for("b:8000") is None
+    assert "key-a" not in repr(options)

@@ -470,7 +470,8 @@ class EnginetopApp(App[None]):
         """An engine of the fleet as a probe reaches it: its OpenAI API at the origin Prometheus scrapes."""
         state = self.store.engines.get(name)
         url = state.sample.url if state is not None and state.sample is not None else ""
-        return EngineTarget(name=name, url=url)
+        key = self.config.fleet.key_for(name) if self.config.fleet is not None else None
+        return EngineTarget(name=name, url=url, api_key=key)
 
     def on_fleet_view_open(self, event: FleetView.Open) -> None:
         screen = EngineScreen(event.name, self.config.horizon_s)

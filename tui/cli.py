@@ -13,7 +13,7 @@ from typing import Any
 
 from tui.probe.results import DEFAULT_TTFT_GAP_FACTOR
 from tui.secrets import SecretError
-from tui.targets import TargetError, build_targets
+from tui.targets import TargetError, build_targets, keys_by_name
 
 # Each area adds its own subcommands with a `register(subparsers)` function.
 SUBCOMMAND_MODULES = ("tui.probe.cli", "tui.lifecycle.cli", "tui.compare.cli", "tui.recording_cli",
@@ -24,7 +24,8 @@ def _add_target_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", action="append", metavar="NAME=URL",
                         help="engine to watch, e.g. llama=http://127.0.0.1:8080 (repeatable)")
     parser.add_argument("--api-key-file", action="append", metavar="NAME=PATH",
-                        help="read engine NAME's API key from PATH (sent as a Bearer header, never shown)")
+                        help="read engine NAME's API key from PATH (sent as a Bearer header, never shown); "
+                             "with --prometheus, NAME as the fleet table shows it, or * for every engine")
     parser.add_argument("--api-key-env", action="append", metavar="NAME=VAR",
                         help="read engine NAME's API key from environment variable VAR")
 
@@ -172,10 +173,15 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     from tui.paths import runs_dir
     from tui.probe.sweep import SweepConfig, parse_levels
 
-    targets = build_targets(args.engine, args.api_key_file, args.api_key_env)
     fleet = fleet_options(args)
-    names = list(args.profile or [])
     fleet_table = fleet is not None and fleet.prometheus is not None
+    if fleet_table:  # the keys name engines of the fleet (or "*"), for probes of an engine opened from it
+        assert fleet is not None
+        targets = build_targets(args.engine)
+        fleet.engine_keys = keys_by_name(args.api_key_file, args.api_key_env)
+    else:
+        targets = build_targets(args.engine, args.api_key_file, args.api_key_env)
+    names = list(args.profile or [])
     if fleet_table and (targets or names or args.demo):
         print("enginetop: --prometheus shows the fleet table; watch single engines without it",
               file=sys.stderr)

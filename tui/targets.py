@@ -52,6 +52,20 @@ def _by_name(pairs: list[str] | None, flag: str) -> dict[str, str]:
     return out
 
 
+def keys_by_name(key_files: list[str] | None, key_envs: list[str] | None) -> dict[str, str]:
+    """--api-key-file NAME=PATH and --api-key-env NAME=VAR, read: {NAME: key}."""
+    from tui.secrets import read_api_key
+
+    files = _by_name(key_files, "--api-key-file")
+    envs = _by_name(key_envs, "--api-key-env")
+    keys = {}
+    for name in {**files, **envs}:
+        key = read_api_key(files.get(name), envs.get(name))
+        if key is not None:
+            keys[name] = key
+    return keys
+
+
 def build_targets(engines: list[str] | None, key_files: list[str] | None = None,
                   key_envs: list[str] | None = None) -> list[EngineTarget]:
     from tui.secrets import read_api_key

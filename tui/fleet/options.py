@@ -21,6 +21,12 @@ class FleetOptions:
     refresh_s: float = DEFAULT_REFRESH_S
     dcgm: list[str] = field(default_factory=list)  # dcgm-exporter /metrics URLs read directly
     timeout_s: float = 5.0
+    # API keys for probing engines opened from the table (`f`): by engine name as the table shows it, or
+    # "*" for every engine without its own (--api-key-file / --api-key-env with --prometheus)
+    engine_keys: dict[str, str] = field(default_factory=dict, repr=False)
+
+    def key_for(self, engine: str) -> str | None:
+        return self.engine_keys.get(engine, self.engine_keys.get("*"))
 
 
 @dataclass
