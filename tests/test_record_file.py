@@ -271,6 +271,24 @@ def test_secrets_never_reach_the_file(tmp_path: Path) -> None:
     assert scrub("https://u:p@h/x and ftp://x@y") == "https://h/x and ftp://y"
 
 
+def test_the_fleet_views_engine_keys_never_reach_its_recording(tmp_path: Path) -> None:
+    """The dashboard's recorder over a fleet (--prometheus): no engine targets, keys given by name."""
+    import argparse
+
+    from tui.recording_cli import open_recorder
+
+    key = "sk-fleet-engine-key-77"
+    path = tmp_path / f"a{SUFFIX}"
+    rec = open_recorder(path, [], argparse.Namespace(), print, {"fleet": "1"}, secrets=(key,))
+    result = ProbeResult(engine="gpu-node-3:8000", url="http://10.0.0.3:8000", workload="short", index=0,
+                         wall_start=1.7e9, sent_at=4.0, error=f"401 for key {key}")
+    rec(ProbeEvent("gpu-node-3:8000", 5.0, result))
+    rec.close()
+    rows = list(Recording(path).rows())
+    assert rows[0].item.result.error == "401 for key ***"
+    assert key not in path.read_bytes().decode("latin-1") and Recording(path).engines == {}
+
+
 def test_retention_deletes_oldest_first_and_spares_the_current_file(tmp_path: Path) -> None:
     now = time.time()
     files = []

@@ -221,9 +221,9 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         from tui.recording_cli import fleet_meta, open_recorder
 
         try:
-            config.recorder = open_recorder(args.record, [*targets, *(  # type: ignore[assignment]
-                app_target for app_target in _profile_targets(profiles))], args, log.warning,
-                fleet_meta(fleet))
+            config.recorder = open_recorder(  # type: ignore[assignment]
+                args.record, [*targets, *_profile_targets(profiles)], args, log.warning, fleet_meta(fleet),
+                secrets=tuple(fleet.engine_keys.values()) if fleet is not None else ())
         except Exception as exc:  # sqlite3.Error or OSError: say why, and watch without recording
             print(f"enginetop: not recording: cannot write {args.record or 'the recording'}: {exc}",
                   file=sys.stderr)

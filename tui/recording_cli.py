@@ -69,8 +69,9 @@ def fleet_meta(fleet) -> dict[str, str]:
 
 
 def open_recorder(path: Path | None, targets: list, retention: argparse.Namespace, say,
-                  meta: dict[str, str] | None = None) -> object:
-    """The recorder for a session: `path`, or a new file in the data dir (after pruning old ones)."""
+                  meta: dict[str, str] | None = None, secrets: tuple[str, ...] = ()) -> object:
+    """The recorder for a session: `path`, or a new file in the data dir (after pruning old ones).
+    `secrets`: keys beyond the targets' own (the fleet's engine keys) that nothing written may hold."""
     from tui.record.headless import secrets_of
     from tui.record.retention import Retention, default_path, prune, recordings_dir
     from tui.record.writer import Recorder
@@ -82,7 +83,8 @@ def open_recorder(path: Path | None, targets: list, retention: argparse.Namespac
         for old in prune(keep.folder, keep.keep_days, keep.keep_bytes):
             say(f"deleted old recording {old} (--keep-days / --keep-gb)")
     # and again every hour while recording (a session can outlive --keep-days)
-    return Recorder(path, {t.name: t.url for t in targets}, secrets_of(targets), meta, retention=keep,
+    return Recorder(path, {t.name: t.url for t in targets}, secrets_of(targets) + secrets, meta,
+                    retention=keep,
                     on_delete=lambda old: say(f"deleted old recording {old} (--keep-days / --keep-gb)"))
 
 
