@@ -1,9 +1,11 @@
 """A reverse proxy on loopback in front of a real Prometheus, as people put nginx in front of theirs: it
-checks a bearer token (401 without the right one) and can be switched to answer as a Prometheus that is not
-ready yet (503 "Service Unavailable", Prometheus' own text while it starts) or to stall (a timeout)."""
+checks a bearer token or a user:password (401 without the right one) and can be switched to answer as a
+Prometheus that is not ready yet (503 "Service Unavailable", Prometheus' own text while it starts) or to
+stall (a timeout)."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import threading
 import time
@@ -19,8 +21,11 @@ class _Server(ThreadingHTTPServer):
 
 
 class PromProxy:
-    def __init__(self, upstream: str, token: str | None = None) -> None:
+    def __init__(self, upstream: str, token: str | None = None, basic: tuple[str, str] | None = None) -> None:
         self.upstream, self.token = upstream, token
+        self.expected = f"Bearer {token}" if token is not None else None
+        if basic is not None:
+            self.expected = "Basic " + base64.b64encode(f"{basic[0]}:{basic[1]}".encode()).decode()
         self.mode = "pass"  # "pass" | "not_ready" | "stall"
         self.stall_s = 10.0
         self.seen_authorization: list[str] = []
@@ -30,7 +35,7 @@ class PromProxy:
             def _serve(self, body: bytes | None) -> None:
                 auth = self.headers.get("Authorization", "")
                 proxy.seen_authorization.append(auth)
-                if proxy.token is not None and auth != f"Bearer {proxy.token}":
+                if proxy.expected is not None and auth != proxy.expected:
                     return self._send(401, b"Unauthorized\n")
                 if proxy.mode == "not_ready":
                     return self._send(503, b"Service Unavailable")

@@ -9,11 +9,15 @@ One Prometheus (1 s scrapes, enginetop's alert rules loaded) serves the whole mo
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -32,6 +36,7 @@ from tui.fleet.options import FleetOptions
 from tui.fleet.prometheus import PromError, PrometheusClient
 from tui.fleet.source import ALERT_FIGURES, FleetSource
 from tui.lifecycle.process import free_port
+from tui.net import InsecureSecret
 from tui.record.reader import Recording
 from tui.replay_app import ReplayApp, fleet_source
 from tui.screens.dashboard import Dashboard
@@ -813,3 +818,126 @@ async def test_a_recorded_fleet_replays_as_the_fleet_table_with_the_same_figures
     with sqlite3.connect(old) as db:
         db.execute("DELETE FROM meta WHERE key = 'fleet'")
     assert fleet_source(Recording(old)) == "Prometheus"
+
+
+def accepted_connections(prom) -> tuple[float, float]:
+    """(accepted, closed) connections of a real Prometheus' web listener, from its own /metrics."""
+    found = {}
+    for line in httpx.get(f"{prom.url}/metrics", timeout=10).text.splitlines():
+        for what in ("accepted", "closed"):
+            if line.startswith(f'net_conntrack_listener_conn_{what}_total{{listener_name="http"}} '):
+                found[what] = float(line.rsplit(" ", 1)[1])
+    assert found.keys() == {"accepted", "closed"}, "Prometheus no longer counts its listener's connections"
+    return found["accepted"], found["closed"]
+
+
+async def test_a_refresh_sends_its_queries_on_at_most_four_connections_kept_for_the_next(fleet_prom):
+    """Prometheus' own count of the connections it accepted: the first refresh (~20 queries at once) opens
+    at most 4, the next opens none (each count also holds the one connection that reads /metrics)."""
+    _, prom, _ = fleet_prom
+    client = PrometheusClient(prom.url)
+    source = FleetSource(client)
+    try:
+        before, _ = accepted_connections(prom)
+        first = await source.read()
+        after_first, _ = accepted_connections(prom)
+        second = await source.read()
+        after_second, _ = accepted_connections(prom)
+    finally:
+        await client.aclose()
+    assert source.error is None and len(first) == len(second) == N_ENGINES
+    assert source.queries_per_read >= 15
+    assert 1 <= after_first - before - 1 <= 4
+    assert after_second - after_first - 1 == 0
+
+
+async def test_a_prometheus_that_closes_idle_connections_is_asked_again_on_fresh_ones(fleet_prom):
+    """Prometheus' --web.read-timeout is also how long it keeps an idle connection: 1 s here, shorter than
+    the pause between two refreshes, so every kept connection is closed by Prometheus in between."""
+    fleet, _, _ = fleet_prom
+    engine = fleet.engines[10]
+    with running_prometheus({}, scrapes=one_engine(fleet, engine), extra_args=["--web.read-timeout=1s"]) as p:
+        p.wait_for("vllm:num_requests_running")
+        client = PrometheusClient(p.url)
+        source = FleetSource(client)
+        try:
+            [first] = await source.read()
+            _, closed_before = accepted_connections(p)
+            await asyncio.sleep(2.5)
+            _, closed_after = accepted_connections(p)
+            [second] = await source.read()
+            third = await client.query("vllm:num_requests_running")
+        finally:
+            await client.aclose()
+    assert closed_after > closed_before  # Prometheus did close the kept connections meanwhile
+    assert source.error is None and not second.stale and second.health == "up"
+    assert second.reading.running == first.reading.running == engine.running
+    assert [v for _, v in third] == [engine.running]
+
+
+async def test_url_credentials_are_sent_as_basic_auth_and_shown_nowhere(fleet_prom):
+    _, prom, _ = fleet_prom
+    proxy = PromProxy(prom.url, basic=("alice", "pa55-word"))
+    host = proxy.url.removeprefix("http://")
+    try:
+        source, samples = await read(f"http://alice:pa55-word@{host}")
+        assert source.error is None and len(samples) == N_ENGINES
+        assert set(proxy.seen_authorization) == {"Basic " + base64.b64encode(b"alice:pa55-word").decode()}
+        source, samples = await read(f"http://alice:wrong-word@{host}")
+        assert samples == {} and source.error_kind == "auth" and "the token was refused" in source.error
+        assert "wrong-word" not in source.error and "alice" not in source.error
+        assert source.error.startswith(f"Prometheus at {proxy.url} answered 401")
+    finally:
+        proxy.stop()
+
+
+class _ForwardProxy(BaseHTTPRequestHandler):
+    """A forward proxy for plain HTTP: absolute-form requests, every host sent to one upstream (the real
+    Prometheus), as a corporate proxy would reach a Prometheus this machine cannot resolve."""
+
+    server: ThreadingHTTPServer
+
+    def _forward(self) -> None:
+        self.server.seen.append((self.command, self.path, self.headers.get("Authorization")))
+        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        parts = urlsplit(self.path)
+        headers = {"Content-Type": self.headers["Content-Type"]} if self.headers["Content-Type"] else {}
+        r = httpx.request(self.command, self.server.upstream + parts.path + (f"?{parts.query}" if parts.query
+                          else ""), content=body, headers=headers, timeout=30, trust_env=False)
+        self.send_response(r.status_code)
+        self.send_header("Content-Type", r.headers.get("Content-Type", "text/plain"))
+        self.send_header("Content-Length", str(len(r.content)))
+        self.end_headers()
+        self.wfile.write(r.content)
+
+    do_GET = do_POST = _forward
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+async def test_a_prometheus_behind_the_environment_proxy_is_asked_through_it(fleet_prom, monkeypatch):
+    _, prom, _ = fleet_prom
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _ForwardProxy)
+    server.daemon_threads, server.seen, server.upstream = True, [], prom.url
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "http_proxy", "https_proxy",
+                "all_proxy", "no_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{server.server_address[1]}")
+    remote = "http://prometheus.invalid:9090"
+    try:
+        source, samples = await read(remote)
+        assert source.error is None and len(samples) == N_ENGINES
+        assert ("POST", f"{remote}/api/v1/query", None) in server.seen
+        assert ("GET", f"{remote}/api/v1/targets?state=active", None) in server.seen
+        with pytest.raises(InsecureSecret, match="in clear text through the proxy"):
+            PrometheusClient(remote, token="s3cret-token")
+        client = PrometheusClient(remote, timeout=2.0)
+    finally:
+        server.shutdown()
+        server.server_close()
+    with pytest.raises(PromError) as exc:
+        await client.query("up")  # the proxy is gone
+    await client.aclose()
+    assert exc.value.kind == "down" and "prometheus.invalid:9090" in exc.value.message

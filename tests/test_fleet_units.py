@@ -143,3 +143,44 @@ def test_fleet_engine_keys_by_name_else_the_star() -> None:
     assert options.key_for("a:8000") == "key-a" and options.key_for("b:8000") == "key-all"
     assert FleetOptions(engine_keys={"a:8000": "key-a"}).key_for("b:8000") is None
     assert "key-a" not in repr(options)
+
+
+async def test_the_fleet_table_draws_each_row_on_one_line_of_fixed_width_cells() -> None:
+    """The table's lines as Textual gets them (its line API): cells padded or cut with an ellipsis to their
+    column's width, a newline inside a cell (an error text) kept on the row's line, the cursor's row
+    reversed, nothing below the last row."""
+    from rich.text import Text
+    from textual.app import App
+
+    from widgets.fleet_table import COLUMNS, WIDTHS, FleetTable, Row
+
+    def row(name: str, why: str) -> Row:
+        cells = [Text("down", style="bold red"), name, "vllm", "Qwen3-8B", "node-1", "12.3", "1.2k", "34 ms",
+                 "120 ms", "8 ms", "2", "0", "45%", "40%", "97%", "700", "71", "", Text(why, style="red")]
+        return Row(name, ("down", name, *[None] * 17), tuple(cells), name)
+
+    class Bare(App):
+        def compose(self):
+            yield FleetTable()
+
+    width = 240  # wide enough for the last column to show 40 cells
+    long_name = "engine-with-a-name-longer-than-its-column"
+    async with Bare().run_test(size=(width, 8)) as pilot:
+        table = Bare.query_one(pilot.app, FleetTable)
+        table.show([row("engine-a", "connection refused\nby the host"), row(long_name, "")])
+        table.cursor = 1
+        await pilot.pause()
+        lines = [table.render_line(y) for y in range(7)]
+    texts = [line.text for line in lines]
+    assert all(line.cell_length == width for line in lines) and not any("\n" in t for t in texts)
+    def cells(*texts: str) -> str:
+        return "".join(t.ljust(w) + " " for t, w in zip(texts, WIDTHS, strict=False))
+
+    assert texts[0].startswith(cells(*(c.label for c in COLUMNS[:5]), "gen tok/↓"))  # the sorted column
+    assert texts[1].startswith(cells("down", "engine-a", "vllm", "Qwen3-8B", "node-1", "12.3", "1.2k"))
+    start = sum(WIDTHS[:18]) + 18  # the "alerts / why" column, cut at the screen's edge
+    assert texts[1][start:] == "connection refused by the host".ljust(width - start - 1) + " "
+    assert texts[2][7:7 + WIDTHS[1] + 1] == long_name[:WIDTHS[1] - 1] + "… "
+    assert texts[3:] == [" " * width] * 4
+    assert "".join(seg.text for seg in lines[2] if seg.style and seg.style.reverse) == texts[2]
+    assert not any(seg.style and seg.style.reverse for seg in lines[1])

@@ -6,11 +6,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import lru_cache
 
-from rich.console import RenderableType
+from rich.cells import cell_len, set_cell_size
+from rich.segment import Segment
+from rich.style import Style
 from rich.text import Text
 from textual import events
 from textual.message import Message
+from textual.strip import Strip
 from textual.widget import Widget
 
 from tui.fleet.match import GpuMatcher, engine_pod
@@ -219,36 +223,76 @@ class FleetTable(Widget, can_focus=True):
     def on_resize(self) -> None:
         self._scroll()
 
-    def render(self) -> RenderableType:
-        """Lines of fixed-width cells as one Text: a rich Table would be measured and re-rendered by the
-        compositor many times a frame, which costs ~100x more for the same picture."""
-        if not self.rows:
-            return Text("no engine matches the filter", style="dim")
+    def render_line(self, y: int) -> Strip:
+        """Line `y` of the table (Textual's line API), straight from the rows' cells: only the lines in view
+        are made, as segments of fixed-width cells. Drawn as one rich Text instead, Textual turned it into
+        its own Content, measured and divided it every redraw: ~1/3 of the fleet view's CPU at 200 engines
+        and a 5 s refresh (bench/bench_fleet.py)."""
         width = self.size.width or 200
-        out = Text(no_wrap=True, overflow="ellipsis")
-        header = [c.label for c in COLUMNS]
-        sort = self.sort_column  # its arrow always shows: the label gives way if the cell is too narrow
-        header[sort] = header[sort][:WIDTHS[sort] - 1] + ("↓" if self.sort_reverse else "↑")
-        self._line(out, [Text(h, style="bold") for h in header], width)
-        end = min(self.top + self._visible(), len(self.rows))
-        for i in range(self.top, end):
-            out.append("\n")
-            cells = [c if isinstance(c, Text) else Text(c) for c in self.rows[i].cells]
-            start = len(out)
-            self._line(out, cells, width)
-            if i == self.cursor:
-                out.stylize("reverse", start, len(out))
-        return out
+        base = self.visual_style.rich_style
+        if not self.rows:
+            if y == 0:
+                text = set_cell_size("no engine matches the filter", width).rstrip()
+                return Strip([Segment(text, base + _style("dim"))], len(text)).extend_cell_length(width, base)
+            return Strip.blank(width, base)
+        if y == 0:
+            header = [c.label for c in COLUMNS]
+            sort = self.sort_column  # its arrow always shows: the label gives way if the cell is too narrow
+            header[sort] = header[sort][:WIDTHS[sort] - 1] + ("↓" if self.sort_reverse else "↑")
+            return _strip([(h, _BOLD) for h in header], WIDTHS, width, base)
+        i = self.top + y - 1
+        if y > self._visible() or i >= len(self.rows):
+            return Strip.blank(width, base)
+        cells = [(c, _NULL) if isinstance(c, str) else (c.plain, _style(c.style)) for c in self.rows[i].cells]
+        return _strip(cells, WIDTHS, width, base, reverse=i == self.cursor)
 
-    @staticmethod
-    def _line(out: Text, cells: list[Text], width: int) -> None:
-        used = 0
-        for cell, w in zip(cells, WIDTHS, strict=True):
-            w = min(w, max(0, width - used - 1))
-            if w <= 0:
-                break
-            piece = cell.copy()
-            piece.truncate(w, overflow="ellipsis", pad=True)
-            out.append_text(piece)
-            out.append(" ")
-            used += w + 1
+
+_NULL = Style.null()
+_BOLD = Style(bold=True)
+_REVERSE = Style(reverse=True)
+
+
+@lru_cache(maxsize=64)
+def _style(style: str | Style) -> Style:
+    return style if isinstance(style, Style) else Style.parse(style) if style else _NULL
+
+
+def _fit(text: str, w: int) -> str:
+    """`text` in exactly `w` cells: padded with spaces, or cut with an ellipsis (rich's Text.truncate with
+    overflow="ellipsis" and pad=True, which the table used before). Control characters (a newline in an
+    error message) would break the line: each shows as a space."""
+    if not text.isprintable():
+        text = "".join(ch if ch.isprintable() else " " for ch in text)
+    n = len(text) if text.isascii() else cell_len(text)
+    if n > w:
+        return set_cell_size(text, w - 1) + "…"
+    return text + " " * (w - n) if n < w else text
+
+
+def _strip(cells: list[tuple[str, Style]], widths: Iterable[int], width: int, base: Style,
+           reverse: bool = False) -> Strip:
+    """Cells (text, style) at their widths, each followed by a space, cut at `width`; the whole line on the
+    widget's own style, reversed for the cursor's row (the spaces between cells too)."""
+    segments = []
+    run: list[str] = []  # neighbours of one style make one segment, as Textual's own rendering does
+    used = 0
+    gap = base + _REVERSE if reverse else base
+    run_style = gap
+    for (text, style), w in zip(cells, widths, strict=True):
+        w = min(w, max(0, width - used - 1))
+        if w <= 0:
+            break
+        cell_style = gap + style if style is not _NULL else gap
+        if cell_style != run_style:
+            if run:
+                segments.append(Segment("".join(run), run_style))
+            run, run_style = [], cell_style
+        run.append(_fit(text, w))
+        if run_style != gap:
+            segments.append(Segment("".join(run), run_style))
+            run, run_style = [], gap
+        run.append(" ")
+        used += w + 1
+    if run:
+        segments.append(Segment("".join(run), run_style))
+    return Strip(segments, used).extend_cell_length(width, base)

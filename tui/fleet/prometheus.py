@@ -1,7 +1,13 @@
 """An async client for the Prometheus HTTP API (query, query_range, targets, readiness).
 
-Every call goes through one httpx transport chosen by the app's proxy policy (tui.net), as a POST form so a
-long fleet-wide expression never hits a URL-length limit. Each failure becomes a `PromError` whose message
+Queries are sent as a POST form, so a long fleet-wide expression never hits a URL-length limit. The app's
+proxy policy (tui.net) picks the way, as it does for the engine poller (tui.sources.keepalive.Transports):
+a Prometheus asked directly gets the poller's keep-alive pool (h11 over asyncio), a proxied one (or a test's
+injected transport) an httpx transport; what is sent, the trust for https and everything after the answer
+(status, body bytes) is the same either way. Why not httpx throughout: a refresh sends ~15 queries every
+5 s, and httpx's per-request machinery (Request/Response objects, the client's auth and header merging,
+httpcore's pool, anyio streams) was ~40 % of the fleet view's CPU (2.19 % of a core at 200 engines,
+bench/bench_fleet.py). Each failure becomes a `PromError` whose message
 says what to do: Prometheus down, not ready (503), a bad expression (400/422, Prometheus' own errorType and
 error verbatim), a timeout, a 401/403 from a protected Prometheus. The bearer token is sent as a header and
 never appears in a message (tui.net.public_url strips URL credentials too).
@@ -12,19 +18,24 @@ None, which is what "not available" is everywhere in enginetop.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlencode
 
 import httpx
 
-from tui.net import check_secret_transport, proxy_for, public_url, split_credentials
+from tui.net import auth_headers, check_secret_transport, public_url, split_credentials
+from tui.sources.keepalive import KeepAlivePool, Transports
 
 Labels = dict[str, str]
 POOL = 4
 KEEPALIVE_S = 120.0  # longer than any refresh; Prometheus keeps an idle connection for 5 min
+MAX_ANSWER_BYTES = 256 << 20  # an answer larger than this is refused, not held in memory
+FORM = "application/x-www-form-urlencoded"
 
 
 class PromError(Exception):
@@ -87,28 +98,34 @@ class PrometheusClient:
         self.url = url
         self.shown = public_url(url)
         self.timeout = timeout
-        headers = {"Accept": "application/json"}
         check_secret_transport(url, bool(token or basic))
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
-        auth = httpx.BasicAuth(*basic) if basic and not token else None
-        self._own_transport = transport is None
+        # the bearer token, else the URL's user:password as Basic: a header, never in a message
+        self._headers = {"Accept": "application/json", "Accept-Encoding": "gzip, deflate",
+                         **auth_headers(token, basic)}
         # A refresh sends its ~15 queries at once, every few seconds. A few connections, kept between
-        # refreshes: httpx drops an idle one after 5 s by default (so each refresh connected anew), and
+        # refreshes: httpx dropped an idle one after 5 s by default (so each refresh connected anew), and
         # its pool scans every connection for every request event (15 connections cost more CPU than the
-        # queries' wait on 4; bench/bench_fleet.py).
-        limits = httpx.Limits(max_connections=POOL, max_keepalive_connections=POOL,
-                              keepalive_expiry=KEEPALIVE_S)
-        transport = transport or httpx.AsyncHTTPTransport(proxy=proxy_for(url), trust_env=False,
-                                                          limits=limits)
-        self._client = httpx.AsyncClient(base_url=url, headers=headers, auth=auth, transport=transport,
-                                         timeout=timeout, trust_env=False)
+        # queries' wait on 4; bench/bench_fleet.py). So: at most POOL requests at a time (the semaphore),
+        # each on a connection of its own, and POOL of them kept idle between refreshes.
+        self._slots = asyncio.Semaphore(POOL)
+        self._transports: Transports | None = None
+        self._via: KeepAlivePool | httpx.AsyncBaseTransport
+        if transport is not None:
+            self._via = transport
+        else:
+            limits = httpx.Limits(max_connections=POOL, max_keepalive_connections=POOL,
+                                  keepalive_expiry=KEEPALIVE_S)
+            self._transports = Transports(max_idle_per_origin=POOL, limits=limits)
+            self._via = self._transports.for_url(url)
         self.calls = 0  # API calls made: the bench shows it does not grow with the number of engines
         # Prometheus' (or Thanos') warnings on the last answers, e.g. a partial response: shown, not fatal
         self.warnings: list[str] = []
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        if self._transports is not None:
+            await self._transports.aclose()
+        elif isinstance(self._via, httpx.AsyncBaseTransport):
+            await self._via.aclose()
 
     # ---- the API --------------------------------------------------------------------------------------
     async def query(self, expr: str, at: float | None = None) -> list[tuple[Labels, float | None]]:
@@ -148,54 +165,105 @@ class PrometheusClient:
     async def ready(self) -> None:
         """Raise PromError unless /-/ready answers 200."""
         try:
-            r = await self._client.get("/-/ready")
-        except httpx.HTTPError as exc:
+            status, _ = await self._send("GET", "/-/ready", None)
+        except (httpx.HTTPError, TimeoutError) as exc:
             raise self._transport_error(exc) from None
-        if r.status_code == 503:
+        if status == 503:
             raise PromError("not_ready", f"Prometheus at {self.shown} is not ready yet (503 on /-/ready: "
                                          "still starting or replaying its write-ahead log)")
-        self._status_error(r)
+        self._status_error(status)
 
     # ---- plumbing ---------------------------------------------------------------------------------------
     async def _api(self, path: str, params: dict[str, str], method: str = "POST") -> dict[str, Any]:
         self.calls += 1
         started = time.monotonic()
         try:
-            if method == "POST":
-                r = await self._client.post(path, data=params)
-            else:
-                r = await self._client.get(path, params=params)
-        except httpx.HTTPError as exc:
+            status, raw = await self._send(method, path, params)
+        except (httpx.HTTPError, TimeoutError) as exc:
             raise self._transport_error(exc, time.monotonic() - started) from None
+        if raw is None:
+            raise PromError("format", f"{self.shown}{path} answered more than {MAX_ANSWER_BYTES >> 20} MiB: "
+                                      "narrow the engines asked for (--match)")
         try:
-            body = r.json()
+            body = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError):
             body = None
         if isinstance(body, dict) and body.get("status") == "error":
             etype, error = body.get("errorType", "?"), body.get("error", "")
             kind = {"bad_data": "bad_query", "execution": "bad_query", "timeout": "timeout",
                     "unavailable": "not_ready"}.get(etype, "http")
-            raise PromError(kind, f"Prometheus at {self.shown} answered {r.status_code}: {etype}: {error}")
-        self._status_error(r)
+            raise PromError(kind, f"Prometheus at {self.shown} answered {status}: {etype}: {error}")
+        self._status_error(status)
         if isinstance(body, dict) and body.get("warnings"):
             self.warnings = [str(w) for w in body["warnings"]][:5]
         if not isinstance(body, dict) or body.get("status") != "success" or "data" not in body:
             raise PromError("format", f"{self.shown}{path} did not answer with the Prometheus API envelope "
-                                      f"(HTTP {r.status_code}): is this URL a Prometheus?")
+                                      f"(HTTP {status}): is this URL a Prometheus?")
         return body["data"]
 
-    def _status_error(self, r: httpx.Response) -> None:
-        if r.status_code in (401, 403):
-            has = "Authorization" in self._client.headers or self._client.auth is not None
-            hint = "the token was refused" if has else "it needs a token: --prometheus-key-file PATH"
-            raise PromError("auth", f"Prometheus at {self.shown} answered {r.status_code}: {hint}")
-        if r.status_code == 503:
-            raise PromError("not_ready", f"Prometheus at {self.shown} answered 503 (not ready, or busy)")
-        if r.status_code >= 400:
-            raise PromError("http", f"Prometheus at {self.shown} answered HTTP {r.status_code}")
+    async def _send(self, method: str, path: str, params: dict[str, str] | None) -> tuple[int, bytes | None]:
+        """(status, body; None when over MAX_ANSWER_BYTES). A POST carries `params` as its form, a GET in
+        its URL. At most POOL at a time; waiting for a turn and the exchange are each bounded by the
+        timeout (httpx's pool and read timeouts were). Raises httpx's exceptions or TimeoutError."""
+        url = self.url + path
+        body = b""
+        headers = self._headers
+        if params:
+            form = urlencode(params)
+            if method == "GET":
+                url += "?" + form
+            else:
+                body = form.encode()
+                headers = {**headers, "Content-Type": FORM}
+        if self._slots.locked():
+            async with asyncio.timeout(self.timeout):
+                await self._slots.acquire()
+        else:
+            await self._slots.acquire()
+        try:
+            async with asyncio.timeout(self.timeout):
+                if isinstance(self._via, KeepAlivePool):
+                    status, data, over = await self._via.request(method, url, headers, MAX_ANSWER_BYTES, body)
+                else:
+                    status, data, over = await self._httpx(self._via, method, url, headers, body)
+        finally:
+            self._slots.release()
+        return status, None if over else data
 
-    def _transport_error(self, exc: httpx.HTTPError, took: float | None = None) -> PromError:
-        if isinstance(exc, httpx.TimeoutException):
+    async def _httpx(self, transport: httpx.AsyncBaseTransport, method: str, url: str,
+                     headers: dict[str, str], body: bytes) -> tuple[int, bytes, bool]:
+        """The same exchange through an httpx transport (a proxy, or a test's): (status, body, over_cap)."""
+        t = self.timeout
+        request = httpx.Request(method, url, headers=headers, content=body, extensions={
+            "timeout": {"connect": t, "read": t, "write": t, "pool": t}})
+        resp = await transport.handle_async_request(request)
+        try:
+            length = resp.headers.get("content-length", "")
+            if length.isdigit() and int(length) > MAX_ANSWER_BYTES:
+                return resp.status_code, b"", True
+            chunks: list[bytes] = []
+            size = 0
+            async for chunk in resp.aiter_bytes():  # decoded (gzip) as it arrives
+                size += len(chunk)
+                if size > MAX_ANSWER_BYTES:
+                    return resp.status_code, b"", True
+                chunks.append(chunk)
+            return resp.status_code, b"".join(chunks), False
+        finally:
+            await resp.aclose()
+
+    def _status_error(self, status: int) -> None:
+        if status in (401, 403):
+            has = "Authorization" in self._headers
+            hint = "the token was refused" if has else "it needs a token: --prometheus-key-file PATH"
+            raise PromError("auth", f"Prometheus at {self.shown} answered {status}: {hint}")
+        if status == 503:
+            raise PromError("not_ready", f"Prometheus at {self.shown} answered 503 (not ready, or busy)")
+        if status >= 400:
+            raise PromError("http", f"Prometheus at {self.shown} answered HTTP {status}")
+
+    def _transport_error(self, exc: httpx.HTTPError | TimeoutError, took: float | None = None) -> PromError:
+        if isinstance(exc, httpx.TimeoutException | TimeoutError):
             return PromError("timeout", f"Prometheus at {self.shown} did not answer within {self.timeout:g}s")
         if isinstance(exc, httpx.ConnectError):
             return PromError("down", f"Prometheus at {self.shown} refused the connection: is it running?")

@@ -7,6 +7,10 @@ object per read) cost about 1.6 ms of CPU a poll against 0.9 ms here with the sa
 (bench/bench_app.py, issue 9's CPU budget). Proxies still go through httpx (`Transports` below decides):
 what is sent, the trust for https and the errors are the same either way, and failures are raised as the
 httpx exceptions `tui.sources.engine` already turns into words.
+
+The fleet view's Prometheus client sends its queries through the same pool, as POSTs with a form body
+(tui.fleet.prometheus says why). Every request the pool sends is idempotent (a GET, a Prometheus query), so
+one sent on an idle connection the server had just closed is sent again on a fresh one.
 """
 
 from __future__ import annotations
@@ -70,24 +74,39 @@ class _Connection(asyncio.Protocol):
                                                      if exc is None else f"connection lost: {exc}"))
 
     # ---- one exchange ----
-    async def get(self, target: str, headers: list[tuple[str, str]], cap: int) -> tuple[int, bytes, bool]:
+    async def send(self, method: str, target: str, headers: list[tuple[str, str]], body: bytes,
+                   cap: int) -> tuple[int, bytes, bool]:
         assert self.transport is not None
         if self.h11.our_state is h11.DONE:
             self.h11.start_next_cycle()
         self._status, self._encoding, self._chunks, self._size = 0, "", [], 0
         self._cap, self._over, self.answered = cap, False, False
+        try:
+            out = self.h11.send(h11.Request(method=method, target=target, headers=headers))
+            if body:
+                out += self.h11.send(h11.Data(data=body))
+            out += self.h11.send(h11.EndOfMessage())
+        except h11.LocalProtocolError:
+            # h11's text quotes the offending header, which may be a secret: never pass it on
+            raise httpx.LocalProtocolError(f"the {method} could not be sent: a header or the target is not "
+                                           "valid HTTP/1.1") from None
         waiter = self._waiter = asyncio.get_running_loop().create_future()
-        self.transport.write(self.h11.send(h11.Request(method="GET", target=target, headers=headers))
-                             + self.h11.send(h11.EndOfMessage()))
+        self.transport.write(out)  # head and body in one write
         await waiter
-        body = b"".join(self._chunks)
+        data = b"".join(self._chunks)
         if self._encoding in ("gzip", "deflate") and not self._over:
-            # asked for identity; a server that compresses anyway is still read right
+            # the poller asks for identity, a server that compresses anyway is still read right; the fleet's
+            # Prometheus client asks for gzip. The cap applies to what the body inflates to.
+            inflate = zlib.decompressobj(47 if self._encoding == "gzip" else 15)
             try:
-                body = zlib.decompress(body, 47 if self._encoding == "gzip" else 15)
+                data = inflate.decompress(data, cap + 1)
             except zlib.error as exc:
                 raise httpx.DecodingError(f"bad {self._encoding} body: {exc}") from None
-        return self._status, body, self._over
+            if len(data) > cap:
+                return self._status, b"", True
+            if not inflate.eof:
+                raise httpx.DecodingError(f"bad {self._encoding} body: truncated")
+        return self._status, data, self._over
 
     @property
     def reusable(self) -> bool:
@@ -132,9 +151,15 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
 
+_DEFAULT_HEADERS = (("Accept", "*/*"), ("Accept-Encoding", "identity"))
+
+
 class KeepAlivePool:
-    """Idle connections by origin. A connection is taken for one GET and put back only when the exchange
-    ended cleanly, so an engine polled once a second keeps one connection for the whole session."""
+    """Idle connections by origin. A connection is taken for one request and put back only when the
+    exchange ended cleanly, so an engine polled once a second keeps one connection for the whole session.
+    The pool does not bound how many requests run at once (each takes a connection of its own): a caller
+    that sends many at a time bounds them itself (tui.fleet.prometheus: a semaphore as large as
+    `max_idle_per_origin`)."""
 
     def __init__(self, max_idle_per_origin: int = 2) -> None:
         self._idle: dict[Origin, list[_Connection]] = {}
@@ -143,32 +168,46 @@ class KeepAlivePool:
     async def get(self, url: str, headers: dict[str, str], cap: int) -> tuple[int, bytes, bool]:
         """(status, body, over_cap). Raises httpx's exceptions; the caller bounds the time
         (asyncio.timeout), and a cancelled GET drops its connection."""
+        return await self.request("GET", url, headers, cap)
+
+    async def request(self, method: str, url: str, headers: dict[str, str], cap: int,
+                      body: bytes = b"") -> tuple[int, bytes, bool]:
+        """Any idempotent method, with an optional body (sent with its Content-Length; the caller names
+        its Content-Type). `headers` replace the defaults of the same name (Accept, Accept-Encoding).
+        Same answer and error contract as `get`."""
         try:
             origin = Origin.of(url)
         except ValueError as exc:
             raise httpx.InvalidURL(str(exc)) from None
         target = request_target(url)
-        sent = [("Host", origin.authority), ("Accept", "*/*"), ("Accept-Encoding", "identity"),
-                *headers.items()]
+        sent = [("Host", origin.authority)]
+        if headers:
+            names = {name.lower() for name in headers}
+            sent += [h for h in _DEFAULT_HEADERS if h[0].lower() not in names]
+            sent += headers.items()
+        else:
+            sent += _DEFAULT_HEADERS
+        if body or method not in ("GET", "HEAD"):
+            sent.append(("Content-Length", str(len(body))))
         idle = self._idle.setdefault(origin, [])
         while idle:
             conn = idle.pop()
             if conn.closed:
                 continue
             try:
-                return await self._exchange(conn, origin, target, sent, cap)
+                return await self._exchange(conn, origin, method, target, sent, body, cap)
             except httpx.RemoteProtocolError:
                 # The server closed an idle connection as we reused it (keep-alive timeouts): nothing was
-                # answered, so the GET is sent again on a fresh connection, as httpcore does.
+                # answered, so the request is sent again on a fresh connection, as httpcore does.
                 if conn.answered:
                     raise
         conn = await self._connect(origin)
-        return await self._exchange(conn, origin, target, sent, cap)
+        return await self._exchange(conn, origin, method, target, sent, body, cap)
 
-    async def _exchange(self, conn: _Connection, origin: Origin, target: str,
-                        headers: list[tuple[str, str]], cap: int) -> tuple[int, bytes, bool]:
+    async def _exchange(self, conn: _Connection, origin: Origin, method: str, target: str,
+                        headers: list[tuple[str, str]], body: bytes, cap: int) -> tuple[int, bytes, bool]:
         try:
-            result = await conn.get(target, headers, cap)
+            result = await conn.send(method, target, headers, body, cap)
         except BaseException:
             conn.close()
             raise
@@ -198,10 +237,12 @@ class KeepAlivePool:
 
 class Transports:
     """How the poller reaches each engine: the keep-alive pool for engines asked directly, one httpx
-    transport per proxy for the others (tui.net.proxy_for decides, for every client alike)."""
+    transport per proxy for the others (tui.net.proxy_for decides, for every client alike).
+    `max_idle_per_origin` is the pool's; `limits` are the proxied transports' (httpx's defaults if None)."""
 
-    def __init__(self) -> None:
-        self.direct = KeepAlivePool()
+    def __init__(self, max_idle_per_origin: int = 2, limits: httpx.Limits | None = None) -> None:
+        self.direct = KeepAlivePool(max_idle_per_origin)
+        self._limits = limits
         self._proxied: dict[str, httpx.AsyncHTTPTransport] = {}
 
     def for_url(self, url: str) -> KeepAlivePool | httpx.AsyncHTTPTransport:
@@ -210,7 +251,8 @@ class Transports:
             return self.direct
         transport = self._proxied.get(proxy)
         if transport is None:
-            transport = self._proxied[proxy] = httpx.AsyncHTTPTransport(proxy=proxy, trust_env=False)
+            extra = {} if self._limits is None else {"limits": self._limits}
+            transport = self._proxied[proxy] = httpx.AsyncHTTPTransport(proxy=proxy, trust_env=False, **extra)
         return transport
 
     async def aclose(self) -> None:
