@@ -8,6 +8,7 @@ from the rows the windows need: the plots' horizon plus the latency window befor
 
 from __future__ import annotations
 
+import gc
 import math
 import re
 import time
@@ -156,11 +157,19 @@ class ReplaySource:
         for name in self._probe_sources:
             old_probes += [r for r in self.rec.last_before("probe", t0, MIN_PROBES_KEPT, name)]
         rows = sorted(old_probes, key=lambda r: r.t)
-        rows += self.rec.rows(t0, self.now, skip=self._unseen(t0))
         self._fed_to = self.now
-        # Given here, in one go: the store derives full stats only for each engine's last reading (the
-        # seek time on a long recording, bench/bench_record.py)
-        self.store.add_many(self._split(rows))
+        # A seek builds some 10^5 objects (samples, bucket tuples, plot points), none in a reference cycle:
+        # the garbage collections their number sets off during the build free nothing and took 15 % of
+        # the seek (bench/bench_record.py); they run after it instead.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            rows += self.rec.rows(t0, self.now, skip=self._unseen(t0))
+            # Given here, in one go: the store derives full stats only for each engine's last reading
+            self.store.add_many(self._split(rows))
+        finally:
+            if collecting:
+                gc.enable()
         return []
 
     def _unseen(self, t0: float) -> Callable[[float, str], bool]:
