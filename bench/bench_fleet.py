@@ -54,14 +54,19 @@ def cpu_ns(pid: int) -> int:
     return total
 
 
-async def queries_per_refresh(url: str, n: int) -> list[tuple[int, int]]:
+async def queries_per_refresh(url: str, n: int) -> list[tuple[int, int, float, float]]:
+    """(engines, queries per refresh, seconds of the first read, seconds of the next) for 10, ~64 and all
+    engines. The first read also back-fills the alerts' history (4 range queries, once)."""
     out = []
     for match in ('{instance=~"synthetic-node-00:800[0-9]"}', '{instance=~"synthetic-node-0[0-3]:.*"}', None):
         client = PrometheusClient(url)
         source = FleetSource(client, match)
-        await source.read()  # the first read also back-fills the alerts' history (a few range queries, once)
+        began = time.perf_counter()
+        await source.read()
+        first = time.perf_counter() - began
+        began = time.perf_counter()
         samples = await source.read()
-        out.append((len(samples), source.queries_per_read or 0))
+        out.append((len(samples), source.queries_per_read or 0, first, time.perf_counter() - began))
         await client.aclose()
     return out
 
@@ -148,8 +153,9 @@ def run(n: int, seconds: float, cpu: bool) -> None:
             prom.wait_for("up", min_series=n + N_NODES, timeout=120)
             time.sleep(12)
             print(f"synthetic fleet: {n} engines, {N_NODES * GPUS_PER_NODE} GPUs on {N_NODES} nodes")
-            for engines, queries in asyncio.run(queries_per_refresh(prom.url, n)):
-                print(f"  queries per refresh with {engines:4d} engines: {queries}")
+            for engines, queries, first, then in asyncio.run(queries_per_refresh(prom.url, n)):
+                print(f"  queries per refresh with {engines:4d} engines: {queries}; first read (with the "
+                      f"alerts' back-fill) {first * 1e3:.0f} ms, a refresh {then * 1e3:.0f} ms")
             k = asyncio.run(key_latency(prom.url, n))
             print(f"  key press to redrawn table ({k['rows']} rows), pilot round trip: median "
                   f"{k['fleet_median_ms']:.0f} ms, max {k['fleet_max_ms']:.0f} ms (a bare Input: "
