@@ -10,7 +10,7 @@ NVML with one H200, since this machine has no GPU); its CPU time and RSS are rea
 is the scheduler's own count (/proc/PID/task/*/schedstat, nanoseconds); the 10 ms clock-tick figure
 psutil gives is printed beside it and varies by about ±10 % run to run at these rates.
 
-    .venv/bin/python bench/bench_app.py [--seconds 60]
+    .venv/bin/python bench/bench_app.py [--seconds 60] [--warmup 5] [--only typical]
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def cpu_ns(pid: int) -> dict[int, int]:
 
 
 def measure(seconds: float, llamas: int, body: Path, replays: int,
-            record: Path | None = None) -> tuple[float, float, float, float, int]:
+            record: Path | None = None, warmup: float = 5.0) -> tuple[float, float, float, float, int]:
     """(CPU s by the scheduler's clock, CPU s in clock ticks, wall s, peak RSS bytes, body lines) of the
     app watching `llamas` real llama-servers and `replays` loopback servers replaying `body`."""
     global VLLM_BODY
@@ -116,7 +116,9 @@ def measure(seconds: float, llamas: int, body: Path, replays: int,
         app = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE)
         proc = psutil.Process(app.pid)
-        time.sleep(5)  # start-up (imports, first layout) is not the steady state being measured
+        # Start-up (imports, first layout) is not the steady state being measured; a warm-up past the plots'
+        # horizon (300 s) measures them full.
+        time.sleep(warmup)
         if app.poll() is not None:
             raise SystemExit(f"app exited: {app.stderr.read().decode()[-2000:]}")
         # Threads that end during the run would take their time with them: the pool's threads stay.
@@ -141,16 +143,21 @@ def measure(seconds: float, llamas: int, body: Path, replays: int,
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=60)
+    parser.add_argument("--warmup", type=float, default=5,
+                        help="seconds before measuring; over 300 the plots hold their whole horizon")
+    parser.add_argument("--only", choices=["typical", "heavy", "recording"], action="append")
     args = parser.parse_args()
     typical = DATA / "vllm_cpu_0.32_real.txt"
     runs = [("typical", 2, typical, 2, False), ("heavy", 1, DATA / "vllm_0_33.txt", 3, False),
             ("typical, recording on (the dashboard's default)", 2, typical, 2, True)]
+    if args.only:
+        runs = [r for r, key in zip(runs, ("typical", "heavy", "recording"), strict=True) if key in args.only]
     for label, llamas, body, replays, record in runs:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "bench.enginetop.sqlite" if record else None
-            cpu, ticks, wall, rss, lines = measure(args.seconds, llamas, body, replays, out)
+            cpu, ticks, wall, rss, lines = measure(args.seconds, llamas, body, replays, out, args.warmup)
         print(f"{label}: {llamas} real llama-server(s) + {replays} replays of a {lines}-line vLLM /metrics, "
-              f"NVML (fake H200) 1 Hz, redraw every 2 s (the default)")
+              f"NVML (fake H200) 1 Hz, redraw every 2 s (the default), measured after {args.warmup:g} s")
         print(f"  app CPU over {wall:.0f} s: {cpu:.3f} s = {100 * cpu / wall:.2f}% of one core (target < 1% "
               f"typical); in 10 ms clock ticks {ticks:.2f} s = {100 * ticks / wall:.2f}%")
         print(f"  app peak RSS: {rss / 2**20:.0f} MiB (target < 150 MB)")
