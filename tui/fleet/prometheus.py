@@ -29,7 +29,7 @@ from urllib.parse import urlencode
 import httpx
 
 from tui.net import auth_headers, check_secret_transport, public_url, split_credentials
-from tui.sources.keepalive import KeepAlivePool, Transports
+from tui.sources.keepalive import Transport, Transports, exchange
 
 Labels = dict[str, str]
 POOL = 4
@@ -109,7 +109,7 @@ class PrometheusClient:
         # each on a connection of its own, and POOL of them kept idle between refreshes.
         self._slots = asyncio.Semaphore(POOL)
         self._transports: Transports | None = None
-        self._via: KeepAlivePool | httpx.AsyncBaseTransport
+        self._via: Transport
         if transport is not None:
             self._via = transport
         else:
@@ -215,42 +215,15 @@ class PrometheusClient:
             else:
                 body = form.encode()
                 headers = {**headers, "Content-Type": FORM}
-        if self._slots.locked():
-            async with asyncio.timeout(self.timeout):
-                await self._slots.acquire()
-        else:
+        async with asyncio.timeout(self.timeout):
             await self._slots.acquire()
         try:
             async with asyncio.timeout(self.timeout):
-                if isinstance(self._via, KeepAlivePool):
-                    status, data, over = await self._via.request(method, url, headers, MAX_ANSWER_BYTES, body)
-                else:
-                    status, data, over = await self._httpx(self._via, method, url, headers, body)
+                status, data, over = await exchange(self._via, method, url, headers, MAX_ANSWER_BYTES,
+                                                    self.timeout, body)
         finally:
             self._slots.release()
         return status, None if over else data
-
-    async def _httpx(self, transport: httpx.AsyncBaseTransport, method: str, url: str,
-                     headers: dict[str, str], body: bytes) -> tuple[int, bytes, bool]:
-        """The same exchange through an httpx transport (a proxy, or a test's): (status, body, over_cap)."""
-        t = self.timeout
-        request = httpx.Request(method, url, headers=headers, content=body, extensions={
-            "timeout": {"connect": t, "read": t, "write": t, "pool": t}})
-        resp = await transport.handle_async_request(request)
-        try:
-            length = resp.headers.get("content-length", "")
-            if length.isdigit() and int(length) > MAX_ANSWER_BYTES:
-                return resp.status_code, b"", True
-            chunks: list[bytes] = []
-            size = 0
-            async for chunk in resp.aiter_bytes():  # decoded (gzip) as it arrives
-                size += len(chunk)
-                if size > MAX_ANSWER_BYTES:
-                    return resp.status_code, b"", True
-                chunks.append(chunk)
-            return resp.status_code, b"".join(chunks), False
-        finally:
-            await resp.aclose()
 
     def _status_error(self, status: int) -> None:
         if status in (401, 403):

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from tui.net import InsecureSecret, error_text, public_url, target_headers
-from tui.sources.keepalive import KeepAlivePool
+from tui.sources.keepalive import Transport, exchange
 from tui.sources.metrics import MetricsFormatError, parse_reading
 from tui.sources.samples import EngineReading, EngineSample, Health
 
@@ -24,7 +24,6 @@ from tui.sources.samples import EngineReading, EngineSample, Health
 http_log = logging.getLogger("tui.http")
 
 # The poller's own keep-alive pool, or an httpx transport (a proxied engine; tests that pass their own)
-Transport = KeepAlivePool | httpx.AsyncBaseTransport
 _ERROR_BODY_BYTES = 4096  # enough of an error response to quote its message
 
 
@@ -81,39 +80,12 @@ async def _get(transport: Transport, url: str, headers: dict[str, str], timeout:
                limit: int) -> tuple[int, bytes, bool]:
     """GET with a total deadline and a body cap: (status, body, over_cap). The body of a non-200 answer is
     read only far enough to quote it."""
-    if isinstance(transport, KeepAlivePool):
-        async with asyncio.timeout(timeout):
-            status, body, over = await transport.get(url, headers, limit)
-        if http_log.isEnabledFor(logging.INFO):  # off by default, and this runs every poll
-            http_log.info("GET %s: HTTP %d", public_url(url), status)
-        if status != 200 and len(body) > _ERROR_BODY_BYTES:
-            body = body[:_ERROR_BODY_BYTES]
-        return status, body, over and status == 200
-    request = httpx.Request("GET", url, headers=headers, extensions={"timeout": {
-        "connect": timeout, "read": timeout, "write": timeout, "pool": timeout}})
     async with asyncio.timeout(timeout):
-        resp = await transport.handle_async_request(request)
-        try:
-            status = resp.status_code
-            if http_log.isEnabledFor(logging.INFO):  # off by default, and this runs every poll
-                http_log.info("GET %s: HTTP %d", public_url(url), status)
-            cap = limit if status == 200 else _ERROR_BODY_BYTES
-            length = resp.headers.get("content-length", "")
-            if status == 200 and length.isdigit() and int(length) > cap:
-                return status, b"", True
-            chunks: list[bytes] = []
-            size = 0
-            async for chunk in resp.aiter_bytes():
-                size += len(chunk)
-                if size > cap:
-                    if status == 200:
-                        return status, b"", True
-                    chunks.append(chunk[: cap - (size - len(chunk))])
-                    break
-                chunks.append(chunk)
-            return status, b"".join(chunks), False
-        finally:
-            await resp.aclose()
+        status, body, over = await exchange(transport, "GET", url, headers, limit, timeout,
+                                            error_cap=_ERROR_BODY_BYTES)
+    if http_log.isEnabledFor(logging.INFO):  # off by default, and this runs every poll
+        http_log.info("GET %s: HTTP %d", public_url(url), status)
+    return status, body, over
 
 
 async def _fetch(transport: Transport, target: EngineTarget, path: str,

@@ -235,6 +235,46 @@ class KeepAlivePool:
                 conn.close()
 
 
+Transport = KeepAlivePool | httpx.AsyncBaseTransport
+
+
+async def exchange(transport: Transport, method: str, url: str, headers: dict[str, str], cap: int,
+                   timeout: float, body: bytes = b"", error_cap: int | None = None
+                   ) -> tuple[int, bytes, bool]:
+    """One request through either way `Transports.for_url` gives: (status, body, over_cap). The answer is
+    read up to `cap` bytes (over it: b"", True); with `error_cap`, a non-200 answer is read only far enough
+    to quote it (cut to error_cap, never "over"). Raises httpx's exceptions; the caller bounds the total
+    time (asyncio.timeout), `timeout` bounds each of httpx's phases."""
+    if isinstance(transport, KeepAlivePool):
+        status, data, over = await transport.request(method, url, headers, cap, body)
+        if error_cap is not None and status != 200:
+            return status, b"" if over else data[:error_cap], False
+        return status, data, over
+    request = httpx.Request(method, url, headers=headers, content=body, extensions={"timeout": {
+        "connect": timeout, "read": timeout, "write": timeout, "pool": timeout}})
+    resp = await transport.handle_async_request(request)
+    try:
+        status = resp.status_code
+        quoting = error_cap is not None and status != 200
+        limit = error_cap if quoting else cap
+        length = resp.headers.get("content-length", "")
+        if not quoting and length.isdigit() and int(length) > limit:
+            return status, b"", True
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in resp.aiter_bytes():  # decoded (gzip) as it arrives
+            size += len(chunk)
+            if size > limit:
+                if not quoting:
+                    return status, b"", True
+                chunks.append(chunk[: limit - (size - len(chunk))])
+                break
+            chunks.append(chunk)
+        return status, b"".join(chunks), False
+    finally:
+        await resp.aclose()
+
+
 class Transports:
     """How the poller reaches each engine: the keep-alive pool for engines asked directly, one httpx
     transport per proxy for the others (tui.net.proxy_for decides, for every client alike).
