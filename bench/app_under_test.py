@@ -9,10 +9,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.fake_pynvml import FakeNvml, h200
-from tui.app import AppConfig, EnginetopApp
 from tui.record.writer import Recorder
+from tui.run.targets import build_targets
 from tui.sources.gpu import GpuSampler
-from tui.targets import build_targets
+from tui.ui.app import AppConfig, EnginetopApp
 
 
 def main() -> None:

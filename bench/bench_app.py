@@ -30,9 +30,9 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from tui.base.paths import runs_dir  # noqa: E402
+from tui.base.process import free_port, launch, stop_group  # noqa: E402
 from tui.engines.llamacpp import demo_argv  # noqa: E402
-from tui.lifecycle.process import free_port, launch, stop_group  # noqa: E402
-from tui.paths import runs_dir  # noqa: E402
 
 DATA = ROOT / "tests/data/metrics"
 VLLM_BODY = (DATA / "vllm_0_33.txt").read_bytes()  # what FakeVllm serves; each run sets it

@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from tui.lifecycle.process import free_port  # noqa: E402
+from tui.base.process import free_port  # noqa: E402
 
 
 def sse_server(per_token_delay: float) -> tuple[subprocess.Popen[str], str]:
@@ -251,7 +251,7 @@ def section_web(engine: str | None, seconds: float) -> None:
               "(median)")
     finally:
         if started is not None:
-            from tui.lifecycle.process import stop_group
+            from tui.base.process import stop_group
 
             stop_group(started.launched)
 

@@ -36,11 +36,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 from prometheus_server import running_prometheus  # noqa: E402
 from synthetic_fleet import make_fleet  # noqa: E402
 
-from tui.app import AppConfig, EnginetopApp  # noqa: E402
 from tui.fleet.options import FleetOptions  # noqa: E402
 from tui.fleet.prometheus import PrometheusClient  # noqa: E402
 from tui.fleet.source import FleetSource  # noqa: E402
-from tui.screens.fleet import FleetView  # noqa: E402
+from tui.ui.app import AppConfig, EnginetopApp  # noqa: E402
+from tui.ui.screens.fleet import FleetView  # noqa: E402
 from widgets.fleet_table import FleetTable  # noqa: E402
 
 N_NODES, GPUS_PER_NODE = 13, 4

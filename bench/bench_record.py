@@ -33,6 +33,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 import psutil  # noqa: E402
 from fake_pynvml import FakeNvml, h200  # noqa: E402
 
+from tui.live.store import Store  # noqa: E402
+from tui.model.samples import EngineReading, EngineSample, GpuReport, HostSample  # noqa: E402
 from tui.record.export import write_csv, write_openmetrics  # noqa: E402
 from tui.record.reader import Recording  # noqa: E402
 from tui.record.replay import ReplaySource  # noqa: E402
@@ -40,8 +42,6 @@ from tui.record.writer import Recorder  # noqa: E402
 from tui.sources.gpu import GpuSampler  # noqa: E402
 from tui.sources.host import HostSampler  # noqa: E402
 from tui.sources.metrics import parse_reading  # noqa: E402
-from tui.sources.samples import EngineReading, EngineSample, GpuReport, HostSample  # noqa: E402
-from tui.store import Store  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "metrics"
 BODIES = {"llamacpp": "llamacpp.txt", "vllm": "vllm_cpu_0.32_real.txt"}
@@ -113,12 +113,13 @@ def live_engine_hour(kind: str, minutes: float, folder: Path) -> tuple[int, int,
     import httpx
     from conftest import start_engine, start_llama
 
-    from tui.lifecycle.process import stop_group
+    from tui.base.process import stop_group
+    from tui.live.store import Store
+    from tui.model.targets import EngineTarget
     from tui.probe.runner import ProbeRunner
     from tui.probe.workloads import WorkloadParams
-    from tui.record.headless import record
-    from tui.sources.engine import EngineTarget
-    from tui.store import Store
+    from tui.run.record import record
+    from tui.run.sources import RunOptions
 
     if kind == "llamacpp":
         engine = start_llama("bench-record", "--parallel", "4", "--threads", "2")
@@ -155,8 +156,9 @@ def live_engine_hour(kind: str, minutes: float, folder: Path) -> tuple[int, int,
 
         task = asyncio.create_task(probes())
         try:
-            await record([target], recorder, interval_s=1.0, gpu=GpuSampler(FakeNvml([h200()])),
-                         host=HostSampler(), say=lambda line: None, store=store, duration_s=minutes * 60)
+            await record(RunOptions(watched=[target]), recorder,
+                         gpu_sampler=lambda: GpuSampler(FakeNvml([h200()])),
+                         say=lambda line: None, store=store, duration_s=minutes * 60)
         finally:
             task.cancel()
             await runner.aclose()

@@ -51,9 +51,9 @@ from prometheus_client.parser import text_string_to_metric_families
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tui.base.paths import cache_dir  # noqa: E402
+from tui.base.process import free_port, group_alive, launch, stop_group, stop_pgid  # noqa: E402
 from tui.engines.llamacpp import demo_argv  # noqa: E402
-from tui.lifecycle.process import free_port, group_alive, launch, stop_group, stop_pgid  # noqa: E402
-from tui.paths import cache_dir  # noqa: E402
 from tui.probe.stats import median  # noqa: E402
 from tui.probe.workloads import WorkloadParams, short_body  # noqa: E402
 
@@ -309,8 +309,8 @@ def aiperf_block(exe: Path, hub: Path, base: str, params: WorkloadParams, first:
 # ---------------------------------------------------------------- the enginetop worker (a child process)
 
 async def _worker(base: str, first: int, count: int, max_tokens: int, out: Path) -> None:
+    from tui.model.targets import EngineTarget
     from tui.probe.client import ProbeClient
-    from tui.sources.engine import EngineTarget
 
     params = WorkloadParams(max_tokens=max_tokens)
     target = EngineTarget("llama-server", base)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tui.app import AppConfig, EnginetopApp
 from tui.fleet.options import FleetOptions
+from tui.ui.app import AppConfig, EnginetopApp
 
 
 def main() -> None:

@@ -25,9 +25,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 from prometheus_server import running_prometheus  # noqa: E402
 from synthetic_fleet import make_fleet  # noqa: E402
 
+from tui.base.paths import runs_dir  # noqa: E402
+from tui.base.process import free_port, launch, stop_group  # noqa: E402
 from tui.engines.llamacpp import demo_argv  # noqa: E402
-from tui.lifecycle.process import free_port, launch, stop_group  # noqa: E402
-from tui.paths import runs_dir  # noqa: E402
 
 
 def wait_ready(url: str, timeout: float = 180) -> None:
@@ -85,8 +85,8 @@ def main() -> None:
     parser.add_argument("--no-llama", action="store_true",
                         help="no real llama-server, only the synthetic fleet")
     args = parser.parse_args()
-    from tui.app import AppConfig, EnginetopApp
     from tui.fleet.options import FleetOptions
+    from tui.ui.app import AppConfig, EnginetopApp
 
     print(f"starting the demo fleet: a real llama-server, {args.engines} SYNTHETIC engines, "
           "52 SYNTHETIC GPUs, Prometheus…")

@@ -38,8 +38,8 @@ BUNDLE = REPO / ".cache" / "gpu-check"  # `make gpu-check-bundle` puts pynvml.py
 sys.path.insert(0, str(REPO))
 sys.path.append(str(BUNDLE))  # after site-packages: an installed pynvml wins
 
+from tui.model.samples import GpuSample  # noqa: E402
 from tui.sources.gpu import GpuSampler  # noqa: E402
-from tui.sources.samples import GpuSample  # noqa: E402
 
 MIB = 1 << 20
 # nvidia-smi renamed clocks_throttle_reasons.* to clocks_event_reasons.* (driver 535); older drivers only

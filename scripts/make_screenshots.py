@@ -34,10 +34,10 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tui.app import AppConfig, EnginetopApp  # noqa: E402
-from tui.lifecycle.process import free_port  # noqa: E402
+from tui.base.process import free_port  # noqa: E402
 from tui.lifecycle.profiles import load_profiles, repo_profiles_dir  # noqa: E402
 from tui.probe.sweep import SweepConfig  # noqa: E402
+from tui.ui.app import AppConfig, EnginetopApp  # noqa: E402
 
 OUT = ROOT / "screenshots"
 
@@ -117,16 +117,17 @@ def shoot_recording_report(seconds: float = 120.0) -> None:
     from tests.conftest import start_llama
     from tests.fake_pynvml import FakeNvml, h200
     from tests.test_report import render_in_chromium
-    from tui.lifecycle.process import stop_group
+    from tui.base.process import stop_group
+    from tui.live.store import Store
+    from tui.model.targets import EngineTarget
     from tui.probe.runner import ProbeRunner
     from tui.probe.workloads import WorkloadParams
-    from tui.record.headless import record
     from tui.record.reader import Recording
     from tui.record.report import write_recording_report
     from tui.record.writer import Recorder
-    from tui.sources.engine import EngineTarget
+    from tui.run.record import record
+    from tui.run.sources import RunOptions
     from tui.sources.gpu import GpuSampler
-    from tui.store import Store
 
     engine = start_llama("screenshot", "--parallel", "4", "--threads", "2")
     nvml, stop = FakeNvml([h200()]), threading.Event()
@@ -148,8 +149,8 @@ def shoot_recording_report(seconds: float = 120.0) -> None:
 
         tasks = [asyncio.create_task(probes()), asyncio.create_task(load(engine.url, seconds))]
         try:
-            await record([target], recorder, gpu=GpuSampler(nvml), store=store, duration_s=seconds,
-                         say=lambda line: None)
+            await record(RunOptions(watched=[target]), recorder, gpu_sampler=lambda: GpuSampler(nvml),
+                         store=store, duration_s=seconds, say=lambda line: None)
         finally:
             for task in tasks:
                 task.cancel()
@@ -175,7 +176,7 @@ def shoot_recording_report(seconds: float = 120.0) -> None:
 async def shoot_fleet() -> None:
     from scripts.demo_fleet import demo_fleet
     from tui.fleet.options import FleetOptions
-    from tui.screens.fleet import EngineScreen, FleetView
+    from tui.ui.screens.fleet import EngineScreen, FleetView
 
     with demo_fleet(200) as (url, instance):
         await asyncio.sleep(40)  # some history for the back-fill, some requests on the real engine

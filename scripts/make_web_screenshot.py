@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from tui.lifecycle.process import free_port, stop_group  # noqa: E402
+from tui.base.process import free_port, stop_group  # noqa: E402
 
 OUT = ROOT / "screenshots" / "web-llama.png"
 

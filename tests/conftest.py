@@ -10,11 +10,12 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
+from tui.base.paths import runs_dir
+from tui.base.process import Launched, free_port, launch, stop_group
 from tui.engines.llamacpp import demo_argv
-from tui.lifecycle.process import Launched, free_port, launch, stop_group
-from tui.paths import runs_dir
-from tui.sources.engine import EngineTarget, poll_engine
-from tui.sources.samples import EngineSample
+from tui.model.samples import EngineSample
+from tui.model.targets import EngineTarget
+from tui.sources.engine import poll_engine
 
 
 @dataclass
@@ -123,3 +124,23 @@ def vllm_server() -> Iterator[RunningVllm]:
         yield engine
     finally:
         stop_group(launched)
+
+
+# --- the `engine` marker ---------------------------------------------------------------------------------
+# Every test that starts a real engine carries it, so `pytest -m "not engine"` is the fast inner loop. Tests
+# that use an engine fixture get it here; a test that starts one by itself is marked in its module. Any other
+# test runs with engines off (tui.engines.llamacpp.refuse_when_off), so an unmarked one that starts an
+# engine fails instead of slipping into the fast loop.
+ENGINE_FIXTURES = {"llama_server", "vllm_server"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.engine)
+
+
+@pytest.fixture(autouse=True)
+def _engines_only_when_marked(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    if request.node.get_closest_marker("engine") is None:
+        monkeypatch.setenv("ENGINETOP_ENGINES", "off")

@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 
-from tui.lifecycle.process import free_port
+from tui.base.process import free_port
 
 
 class _Server(ThreadingHTTPServer):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-from tui.lifecycle.process import Launched, free_port, launch, stop_group
+from tui.base.process import Launched, free_port, launch, stop_group
 
 
 class PrometheusMissing(RuntimeError):

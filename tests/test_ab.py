@@ -13,8 +13,8 @@ from tests.sse_server import Scenario, SSEServer
 from tui.compare.ab import ABConfig, Arm, analyze, run_comparison
 from tui.compare.engines import AttachedEngine, Started, Target
 from tui.compare.report import render_html
+from tui.model.samples import GpuReport
 from tui.sources.gpu import GpuSampler
-from tui.sources.samples import GpuReport
 
 
 class SSEEngine:

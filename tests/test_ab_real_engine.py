@@ -16,8 +16,8 @@ from tests.test_ab import implied_verdict
 from tests.test_dashboard import make_app, wait_for
 from tests.test_report import render_in_chromium
 from tui.compare.ab import ABConfig
-from tui.screens.ab import ABScreen
-from tui.sources.engine import EngineTarget
+from tui.model.targets import EngineTarget
+from tui.ui.screens.ab import ABScreen
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.engine

@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
 import time
 from pathlib import Path
 
 import httpx
+from waiting import until_async
 
 from tests.fake_pynvml import FakeNvml, h200
 from tests.screen import screen_text
-from tui.app import AppConfig, EnginetopApp
-from tui.lifecycle.process import free_port
-from tui.screens.help import HelpScreen
-from tui.sources.engine import EngineTarget
+from tui.base.process import free_port
+from tui.model.targets import EngineTarget
 from tui.sources.gpu import GpuSampler
+from tui.ui.app import AppConfig, EnginetopApp
+from tui.ui.screens.help import HelpScreen
 
 
 def make_app(targets: list[EngineTarget], tmp_path: Path, nvml: FakeNvml | None = None) -> EnginetopApp:
@@ -27,13 +27,8 @@ def make_app(targets: list[EngineTarget], tmp_path: Path, nvml: FakeNvml | None 
     ))
 
 
-async def wait_for(pilot, predicate, timeout: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        await pilot.pause(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+async def wait_for(pilot, predicate, timeout: float = 20.0, what: str = "condition"):
+    return await until_async(predicate, what, timeout, every=0.1, pause=pilot.pause)
 
 
 async def chat(url: str, max_tokens: int) -> dict:
@@ -59,7 +54,7 @@ async def test_panel_tracks_real_generation_counter(llama_server, tmp_path):
             pilot, lambda: state.sample.reading.generation_tokens_total == before + produced,
             what="generation counter to move by the completion tokens")
         await wait_for(pilot, lambda: state.stats.gen_tps, what="a generation rate")
-        await pilot.pause(0.5)
+        await wait_for(pilot, lambda: "llamacpp" in screen_text(app), what="the engine column drawn")
         text = screen_text(app)
         assert "llamacpp" in text
         assert "up" in text
@@ -92,30 +87,28 @@ async def test_keys_pause_screenshot_help_quit(llama_server, tmp_path):
         await pilot.press("p")
         assert app.paused and "PAUSED" in app.sub_title
         state = app.store.engines["llama"]
-        polled, points = state.sample.t, len(state.series["gen_tps"].points)
-        await pilot.pause(1.2)
-        assert state.sample.t > polled, "polling stops on pause"
-        assert len(state.series["gen_tps"].points) >= points, "history lost on pause"
+        series = state.series["gen_tps"]
+        polled, kept = state.sample.t, list(series.points)
+        shown = screen_text(app)
+        # paused, polling and recording go on: new points after the ones kept; the screen stays as it was
+        await wait_for(pilot, lambda: state.sample.t > polled + 1.0 and len(series.points) > len(kept),
+                       what="polls and new points while paused")
+        assert list(series.points)[:len(kept) - 1] == kept[:-1], "history lost on pause"
+        assert screen_text(app) == shown, "the display moved while paused"
         await pilot.press("p")
         assert not app.paused
         await pilot.press("s")
-        await pilot.pause(0.2)
-        shots = list((tmp_path / "shots").glob("*.svg"))
+        shots = await wait_for(pilot, lambda: list((tmp_path / "shots").glob("*.svg")), what="a screenshot")
         assert len(shots) == 1 and "<svg" in shots[0].read_text()
         await pilot.press("question_mark")
-        await pilot.pause(0.2)
-        assert isinstance(app.screen, HelpScreen)
+        await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen), what="the help screen")
         text = screen_text(app)
         for key in ("q", "p", "s", "?"):
             assert f" {key} " in text
         await pilot.press("escape")
-        await pilot.pause(0.1)
-        assert not isinstance(app.screen, HelpScreen)
+        await wait_for(pilot, lambda: not isinstance(app.screen, HelpScreen), what="the help screen closed")
         await pilot.press("q")
-        for _ in range(50):
-            if app.return_code is not None:
-                break
-            await asyncio.sleep(0.1)
+        await wait_for(pilot, lambda: app.return_code is not None, timeout=5, what="q to quit")
         assert app.return_code == 0, "q did not quit"
 
 
@@ -127,7 +120,7 @@ async def test_throttle_reason_is_shown_and_marked_on_plots(llama_server, tmp_pa
         assert "THROTTLED" not in screen_text(app)
         nvml.set_clock_event_mask(0, 0x004)  # SW power cap
         await wait_for(pilot, lambda: app.store.gpu.gpus[0].throttled, what="throttle seen")
-        await pilot.pause(0.6)
+        await wait_for(pilot, lambda: "THROTTLED: power cap" in screen_text(app), what="the throttle drawn")
         text = screen_text(app)
         assert "THROTTLED: power cap" in text
         now = time.monotonic()

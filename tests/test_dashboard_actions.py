@@ -7,19 +7,21 @@ import re
 import signal
 from pathlib import Path
 
+import pytest
+
 from tests.fake_pynvml import FakeNvml, h200
 from tests.screen import screen_text
 from tests.test_dashboard import make_app, wait_for
 from tests.test_demo_both import profiles_on_free_ports
-from tui.app import AppConfig, EnginetopApp
 from tui.compare.ab import ABConfig
+from tui.model.targets import EngineTarget
 from tui.probe.sweep import SweepConfig
-from tui.screens.ab import ABScreen
-from tui.screens.logs import LogScreen
-from tui.screens.sweep import SweepScreen
-from tui.screens.switch import ConfirmSwitch, SwitchProgress
-from tui.sources.engine import EngineTarget
 from tui.sources.gpu import GpuSampler
+from tui.ui.app import AppConfig, EnginetopApp
+from tui.ui.screens.ab import ABScreen
+from tui.ui.screens.logs import LogScreen
+from tui.ui.screens.sweep import SweepScreen
+from tui.ui.screens.switch import ConfirmSwitch, SwitchProgress
 from widgets.plots import TimePlot
 
 
@@ -33,9 +35,8 @@ async def test_key_f_probes_and_marks_the_plots(llama_server, tmp_path):
         _, result = state.probes[0]
         assert result.ok and result.token_source == "server"
         assert result.completion_tokens == app.config.probe_max_tokens
-        await pilot.pause(0.5)
+        await wait_for(pilot, lambda: "median of last 1: decode" in screen_text(app), what="the probe drawn")
         text = screen_text(app)
-        assert "median of last 1: decode" in text
         assert "llama probe" in text  # the probe marker's legend on the tok/s plot
         # each marker sits at the instant its figure measured, not when the request ended
         for plot_id, at, value in (("#plot-gen", result.decode_at, result.decode_tps),
@@ -54,9 +55,8 @@ async def test_key_c_sweeps_every_engine(llama_server, tmp_path):
     async with app.run_test(size=(200, 60)) as pilot:
         await wait_for(pilot, lambda: app.store.engines["llama"].sample, what="first poll")
         await pilot.press("c")
-        await pilot.pause(0.2)
-        screen = app.screen
-        assert isinstance(screen, SweepScreen)
+        screen = await wait_for(pilot, lambda: isinstance(app.screen, SweepScreen) and app.screen,
+                                what="the sweep screen")
         await wait_for(pilot, lambda: screen.status["llama"] == "done", timeout=120, what="sweep done")
         levels = screen.levels["llama"]
         assert [lv.level for lv in levels] == [1, 2]
@@ -64,10 +64,10 @@ async def test_key_c_sweeps_every_engine(llama_server, tmp_path):
         text = screen_text(app)
         assert "aggregate tok/s by concurrency" in text
         await pilot.press("escape")
-        await pilot.pause(0.2)
-        assert not isinstance(app.screen, SweepScreen)
+        await wait_for(pilot, lambda: not isinstance(app.screen, SweepScreen), what="the sweep screen closed")
 
 
+@pytest.mark.engine  # starts the demo profiles
 async def test_switch_with_keys_then_crash_behind_our_back(tmp_path):
     profiles = profiles_on_free_ports(tmp_path, "demo-cpu-threads1", "demo-cpu-threads2")
     a, b = profiles.get("demo-cpu-threads1"), profiles.get("demo-cpu-threads2")
@@ -84,13 +84,11 @@ async def test_switch_with_keys_then_crash_behind_our_back(tmp_path):
             await wait_for(pilot, lambda: app.store.engines[a.name].sample.health == "up", what="A polled up")
 
             await pilot.press("2")
-            await pilot.pause(0.2)
-            assert isinstance(app.screen, ConfirmSwitch)
+            await wait_for(pilot, lambda: isinstance(app.screen, ConfirmSwitch), what="the confirmation")
             assert f"This stops {a.name} (PID {slot.status.pid})" in app.screen.question
             await pilot.press("y")
-            await pilot.pause(0.2)
-            progress = app.screen
-            assert isinstance(progress, SwitchProgress)
+            progress = await wait_for(pilot, lambda: isinstance(app.screen, SwitchProgress) and app.screen,
+                                      what="the switch's progress")
             await wait_for(pilot, lambda: progress.done is not None, timeout=120, what="switch done")
             steps = ("resolve", "stop", "drain", "port", "start", "ready")
             assert [progress.events[s].status for s in steps] == ["ok"] * 6
@@ -102,8 +100,7 @@ async def test_switch_with_keys_then_crash_behind_our_back(tmp_path):
             await wait_for(pilot, lambda: app.store.engines[b.name].sample.health == "up", what="B polled up")
 
             await pilot.press("l")
-            await pilot.pause(0.3)
-            assert isinstance(app.screen, LogScreen)
+            await wait_for(pilot, lambda: isinstance(app.screen, LogScreen), what="the log screen")
             log_path = slot.manager.current.log_path
             assert app.screen.path == log_path and log_path.name.startswith(b.name)
             text = screen_text(app)
@@ -117,7 +114,7 @@ async def test_switch_with_keys_then_crash_behind_our_back(tmp_path):
             os.kill(slot.status.pid, signal.SIGKILL)
             await wait_for(pilot, lambda: slot.status.state == "crashed", timeout=30, what="crash noticed")
             assert slot.status.exit_code == -9
-            await pilot.pause(0.5)
+            await wait_for(pilot, lambda: "CRASHED" in screen_text(app), what="the crash drawn")
             text = screen_text(app)
             assert "CRASHED" in text and "SIGKILL" in text
     finally:
@@ -142,17 +139,18 @@ async def test_key_a_interleaves_ab_over_watched_engines(llama_server, tmp_path,
                            what="the managed engine ready")
             pid = slot.manager.current.pid
             await pilot.press("a")
-            await pilot.pause(0.2)
-            screen = app.screen
-            assert isinstance(screen, ABScreen) and screen.run is app.ab_run
+            screen = await wait_for(pilot, lambda: isinstance(app.screen, ABScreen) and app.screen,
+                                    what="the A/B screen")
+            assert screen.run is app.ab_run
             await wait_for(pilot, lambda: screen.run.done, timeout=180, what="A/B result")
             result = screen.run.result
             assert result is not None, screen.run.error
             blocks = result["blocks"]
             assert [b["arm"] for b in blocks] == ["A", managed.name, managed.name, "A"]  # order flips
-            await pilot.pause(0.6)
+            await wait_for(pilot, lambda: f"{managed.name} / A decode:" in screen_text(app),
+                           what="the verdicts drawn")
             text = screen_text(app)
-            assert f"{managed.name} / A decode:" in text and "95% CI" in text
+            assert "95% CI" in text
             assert re.search(r"A\s+[\d.]+\s+[\d.]+", text)
             assert "instance" not in text and "rounds" in text
             assert slot.manager.current.pid == pid  # measured as it ran, never restarted
@@ -186,7 +184,7 @@ async def test_roofline_beside_measured_decode(llama_server, tmp_path):
         size = Path(state.sample.model).stat().st_size
         await pilot.press("f")
         await wait_for(pilot, lambda: state.probes, timeout=60, what="a probe")
-        await pilot.pause(0.6)
+        await wait_for(pilot, lambda: "ceiling" in screen_text(app), what="the roofline drawn")
         roof = app._roofline(state)
         assert roof is not None and abs(roof.ceiling_tps - 20e9 / size) < 1e-6
         assert roof.pct_of_ceiling is not None and roof.pct_of_ceiling > 0

@@ -10,16 +10,20 @@ import asyncio
 import re
 from pathlib import Path
 
+import pytest
+
 from tests.fake_pynvml import FakeNvml, h200
 from tests.screen import screen_text
 from tests.test_dashboard import chat, wait_for
-from tui.app import AppConfig, EnginetopApp
-from tui.lifecycle.process import free_port
+from tui.base.process import free_port
 from tui.lifecycle.profiles import load_profiles, repo_profiles_dir
 from tui.lifecycle.switch import EngineManager
 from tui.probe.sweep import SweepConfig
-from tui.screens.sweep import SweepScreen
 from tui.sources.gpu import GpuSampler
+from tui.ui.app import AppConfig, EnginetopApp
+from tui.ui.screens.sweep import SweepScreen
+
+pytestmark = pytest.mark.engine  # every test here starts a real engine
 
 
 def profiles_on_free_ports(tmp_path: Path, *names: str):

@@ -8,18 +8,23 @@ import sys
 import pytest
 
 from tui.engines import llamacpp
+from tui.lifecycle import check
+
+pytestmark = pytest.mark.engine
 
 
 def test_the_built_engine_answers_a_request(capsys: pytest.CaptureFixture[str]) -> None:
-    assert llamacpp.main(["--check"]) == 0
+    assert check.main(["--check"]) == 0
     assert "llama-server answered a request" in capsys.readouterr().out
 
 
-def test_an_engine_killed_by_an_illegal_instruction_is_reported(monkeypatch: pytest.MonkeyPatch,
+def test_an_engine_killed_by_an_illegal_instruction_is_reported(monkeypatch: pytest.MonkeyPatch, tmp_path,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    dies = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGILL)"]
-    monkeypatch.setattr(llamacpp, "demo_argv", lambda port, *extra: dies)
-    assert llamacpp.main(["--check"]) == 1
+    dies = tmp_path / "llama-server"
+    dies.write_text(f"#!{sys.executable}\nimport os, signal\nos.kill(os.getpid(), signal.SIGILL)\n")
+    dies.chmod(0o755)
+    monkeypatch.setattr(llamacpp, "llama_server_binary", lambda: dies)
+    assert check.main(["--check"]) == 1
     err = capsys.readouterr().err
-    assert "llama-server died (signal SIGILL) on its first request" in err
+    assert "llama-server died (exit code -4 (killed by SIGILL)) before its first answer" in err
     assert "Delete the cached wheel" in err and "make engine" in err

@@ -14,9 +14,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tui.lifecycle.process import free_port
-from tui.sources.engine import EngineTarget, poll_engine
-from tui.sources.keepalive import KeepAlivePool
+from tui.base.process import free_port
+from tui.model.targets import EngineTarget
+from tui.net.keepalive import KeepAlivePool
+from tui.sources.engine import poll_engine
 
 DATA = Path(__file__).parent / "data" / "metrics"
 VLLM_BODY = (DATA / "vllm_0_33.txt").read_bytes()
@@ -317,8 +318,8 @@ async def test_server_closing_mid_response(fake: Fake, transport_kind: str) -> N
 
 # ---- EngineSource: the one poller of the dashboard's columns and of `enginetop record` -------------------
 async def test_engine_source_asks_models_and_health_only_now_and_then(fake: Fake) -> None:
+    from tui.net.keepalive import Transports
     from tui.sources.engine_source import EngineSource
-    from tui.sources.keepalive import Transports
 
     healthy(fake)
     transports = Transports()
@@ -336,8 +337,8 @@ async def test_engine_source_asks_models_and_health_only_now_and_then(fake: Fake
 async def test_engine_source_drops_the_answer_of_an_engine_switched_away_meanwhile(fake: Fake) -> None:
     import asyncio
 
+    from tui.net.keepalive import Transports
     from tui.sources.engine_source import EngineSource
-    from tui.sources.keepalive import Transports
 
     healthy(fake, Route(200, VLLM_BODY, delay=0.5))
     transports = Transports()

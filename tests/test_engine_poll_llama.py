@@ -8,10 +8,11 @@ import time
 import httpx
 import pytest
 
+from tui.base.paths import runs_dir
+from tui.base.process import free_port, launch, stop_group
 from tui.engines.llamacpp import demo_model_path, llama_server_binary
-from tui.lifecycle.process import free_port, launch, stop_group
-from tui.paths import runs_dir
-from tui.sources.engine import EngineTarget, poll_engine
+from tui.model.targets import EngineTarget
+from tui.sources.engine import poll_engine
 from tui.sources.rates import derive
 
 pytestmark = pytest.mark.engine

@@ -17,8 +17,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sse_server import Scenario, SSEServer, running
+from waiting import until
 
-from tui.lifecycle.process import free_port
+from tui.base.process import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -66,13 +67,13 @@ class Exporter:
         return r.text
 
     def wait_for(self, predicate, timeout: float = 20) -> str:
-        deadline = time.monotonic() + timeout
-        while True:
-            body = self.scrape()
-            if predicate(body):
-                return body
-            assert time.monotonic() < deadline, f"condition not met; last scrape:\n{body[-3000:]}"
-            time.sleep(0.1)
+        last = [""]
+
+        def scraped() -> str | None:
+            last[0] = self.scrape()
+            return last[0] if predicate(last[0]) else None
+
+        return until(scraped, "the scrape to show it", timeout, every=0.1, detail=lambda: last[0][-3000:])
 
     def stop(self) -> tuple[int, str]:
         self.proc.send_signal(signal.SIGTERM)
@@ -214,8 +215,8 @@ def test_a_scrape_during_a_probe_answers_at_once(exporter_factory, sse: SSEServe
 
 async def test_probes_never_overlap_on_an_engine_and_are_spread() -> None:
     from tui.exporter.schedule import ProbeScheduler, Schedule
+    from tui.model.targets import EngineTarget
     from tui.probe.workloads import WorkloadParams
-    from tui.sources.engine import EngineTarget
 
     seen = []
     paced = Scenario(first_token_delay_s=0.05, per_token_delay_s=0.01)

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 from prometheus_server import RunningPrometheus, running_prometheus
 
+from tui.base.process import free_port
 from tui.exporter.metrics import ProbeMetrics
 from tui.exporter.schedule import ProbeScheduler, Schedule
 from tui.exporter.serve import serve
-from tui.lifecycle.process import free_port
+from tui.model.targets import EngineTarget
 from tui.probe.results import ProbeResult
 from tui.probe.workloads import WorkloadParams
-from tui.sources.engine import EngineTarget
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.engine

@@ -27,17 +27,17 @@ from prometheus_server import running_prometheus
 from screen import screen_text
 from textual.widgets import Input
 
-from tui.app import AppConfig, EnginetopApp
+from tui.base.paths import runs_dir
+from tui.base.process import Launched, free_port, launch, stop_group
 from tui.engines.llamacpp import demo_argv
 from tui.fleet.options import FleetOptions
 from tui.fleet.prometheus import PrometheusClient
 from tui.fleet.source import FleetSource
-from tui.lifecycle.process import Launched, free_port, launch, stop_group
-from tui.paths import runs_dir
 from tui.record.reader import Recording
-from tui.screens.fleet import EngineScreen, FleetView
 from tui.sources.metrics import parse_reading
 from tui.sources.rates import histogram_quantile
+from tui.ui.app import AppConfig, EnginetopApp
+from tui.ui.screens.fleet import EngineScreen, FleetView
 from widgets.plots import TimePlot
 
 ROOT = Path(__file__).resolve().parents[1]

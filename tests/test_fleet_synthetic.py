@@ -23,11 +23,13 @@ import httpx
 import pytest
 from prom_proxy import PromProxy
 from prometheus_server import running_prometheus
+from rich.text import Text
 from screen import screen_text
 from synthetic_fleet import ITL_BOUNDS, ITL_CDF, TTFT_BOUNDS, TTFT_CDF, make_fleet
 from textual.widgets import Input
+from waiting import until_async
 
-from tui.app import AppConfig, EnginetopApp
+from tui.base.process import free_port
 from tui.fleet.alerts import KV_SATURATED, QUEUE_GROWING, STALLED, THROTTLED_DROP, rule_group
 from tui.fleet.backfill import throttle_expr
 from tui.fleet.dcgm import DcgmDirectSource, DcgmPrometheusSource
@@ -35,12 +37,12 @@ from tui.fleet.match import gpus_of
 from tui.fleet.options import FleetOptions
 from tui.fleet.prometheus import PromError, PrometheusClient
 from tui.fleet.source import ALERT_FIGURES, FleetSource
-from tui.lifecycle.process import free_port
-from tui.net import InsecureSecret
+from tui.net.policy import InsecureSecret
 from tui.record.reader import Recording
-from tui.replay_app import ReplayApp, fleet_source
-from tui.screens.dashboard import Dashboard
-from tui.screens.fleet import EngineScreen, FleetView, GpusScreen
+from tui.ui.app import AppConfig, EnginetopApp
+from tui.ui.replay import ReplayApp, fleet_source
+from tui.ui.screens.dashboard import Dashboard
+from tui.ui.screens.fleet import EngineScreen, FleetView, GpusScreen
 from widgets.engine_panel import EnginePanel
 from widgets.fleet_table import COLUMNS, WIDTHS, build_rows
 from widgets.gpu_panel import GpuPanel
@@ -326,39 +328,34 @@ async def test_the_table_filters_sorts_opens_an_engine_back_filled_and_returns(f
     app_started = time.monotonic()
     async with app.run_test(size=(220, 60)) as pilot:
         view = app.screen.query_one(FleetView)
-        deadline = time.monotonic() + 20
-        while view.table.row_count < N_ENGINES and time.monotonic() < deadline:
-            await pilot.pause(0.3)
+        await wait_until(pilot, lambda: view.table.row_count >= N_ENGINES, 20, "every engine listed")
         assert view.table.row_count == N_ENGINES
         rates = [r.values[5] for r in view.table.rows if r.values[5] is not None]
         assert rates == sorted(rates, reverse=True)  # busiest first by default
         await pilot.press(*"node-03 vllm")
-        await pilot.pause(0.3)
         expect = [e for e in fleet.engines if e.node == 3 and e.job == "vllm"]
+        await wait_until(pilot, lambda: view.table.row_count == len(expect), 5, "the filter applied")
         assert view.table.row_count == len(expect) > 0
         names = {r.name for r in view.table.rows}
         assert names == {e.instance for e in expect}
         await pilot.press("ctrl+r")
-        await pilot.pause(0.3)
+        await wait_until(pilot, lambda: not view.table.sort_reverse, 5, "the order reversed")
         rates = [r.values[5] for r in view.table.rows if r.values[5] is not None]
         assert rates == sorted(rates)
         picked = view.table.selected
         await pilot.press("enter")
         assert isinstance(app.screen, EngineScreen) and app.screen.engine_name == picked
-        deadline = time.monotonic() + 15
-        while app.screen.backfill and time.monotonic() < deadline:
-            await pilot.pause(0.3)
+        await wait_until(pilot, lambda: not app.screen.backfill, 15, "the back-fill")
         assert app.screen.backfill == ""
         points = app.store.engines[picked].series["gen_tps"].points
         assert points[0][0] < app_started - 5  # history from before the app started, from query_range
         throttle = app.screen.throttle.points
         assert throttle and all(v == 1.0 for _, v in throttle)  # node 3's GPUs are throttled (0x24)
         await pilot.press("escape")
-        await pilot.pause(0.2)
+        await wait_until(pilot, lambda: not isinstance(app.screen, EngineScreen), 5, "the table again")
         assert app.screen.query_one(FleetView) is view
         await pilot.press("ctrl+g")  # every remote GPU, node by node
-        await pilot.pause(0.3)
-        assert isinstance(app.screen, GpusScreen)
+        await wait_until(pilot, lambda: isinstance(app.screen, GpusScreen), 5, "the GPUs screen")
         text = plain(app.screen.query_one("#fleet-gpus")._last)
         assert text.count("NVIDIA H200") == N_NODES * GPUS_PER_NODE and "THROTTLED" in text
         await pilot.press("escape")
@@ -369,11 +366,11 @@ async def test_dcgm_alone_feeds_the_dashboards_gpu_panel_without_prometheus(flee
     app = EnginetopApp(AppConfig(fleet=FleetOptions(dcgm=[fleet.dcgm_url(3), fleet.dcgm_url(4)],
                                                     refresh_s=1.0), redraw_interval_s=0.5))
     async with app.run_test(size=(200, 60)) as pilot:
-        deadline = time.monotonic() + 10
-        while (app.store.gpu is None or not app.store.gpu.gpus) and time.monotonic() < deadline:
-            await pilot.pause(0.3)
-        await pilot.pause(0.6)
+        await wait_until(pilot, lambda: app.store.gpu is not None and app.store.gpu.gpus, 10, "GPU reports")
         assert {g.host for g in app.store.gpu.gpus} == {"synthetic-node-03", "synthetic-node-04"}
+        panel = app.screen.query_one("#gpu")
+        await wait_until(pilot, lambda: "synthetic-node-04 [0]" in plain(panel._last or Text("")), 10,
+                         "the GPU panel drawn")
         text = plain(app.screen.query_one("#gpu")._last)
         assert "synthetic-node-03 [0] NVIDIA H200  THROTTLED: power cap, thermal slowdown (SW)" in text
         assert "synthetic-node-04 [0]" in text
@@ -488,14 +485,15 @@ async def test_gpus_are_matched_to_engines_by_kubernetes_pod_where_both_name_one
     node3 = samples[next(e for e in fleet.engines if e.node == 3 and e.kind == "").instance]
     assert {(g.host, g.throttled) for g in gpus_of(node3, report.gpus)} == {("synthetic-node-03", True)}
     # the fleet table's GPU columns use the same matching: pod a's row is throttled, pod b's is not
-    from tui.store import Store
-    from widgets.fleet_table import build_rows
+    from tui.live.store import Store
+    from widgets.fleet_table import GPUS, THROTTLE, build_rows
 
     store = Store()
     for sample in (a, b):
         store.add(sample)
     rows = {r.name: r.values for r in build_rows(store.engines, report.gpus)}
-    assert rows[a.name][17] and not rows[b.name][17], (rows[a.name][17], rows[b.name][17])
+    assert rows[a.name][THROTTLE] and not rows[b.name][THROTTLE], (rows[a.name], rows[b.name])
+    assert rows[a.name][GPUS] == "1 own" and rows[b.name][GPUS] == "1 own"  # by pod: each its own GPU
     # the directly-read exporter labels the same pods
     direct = DcgmDirectSource([fleet.dcgm_url(7)])
     [report7] = await direct.read()
@@ -657,10 +655,7 @@ async def test_in_app_alerts_are_back_filled_on_the_first_read_and_agree_with_th
 # ---- the fleet UI: header clicks, the engine in the dashboard's layout, a fleet recording replayed -----
 
 async def wait_until(pilot, condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await pilot.pause(0.2)
+    await until_async(condition, what, timeout, every=0.2, pause=pilot.pause)
 
 
 def header_x(column: int) -> int:
@@ -678,18 +673,18 @@ async def test_a_click_on_a_column_header_sorts_by_it_and_a_second_click_reverse
         await wait_until(pilot, lambda: table.row_count == N_ENGINES, 20, "every engine in the table")
         engine = [c.label for c in COLUMNS].index("engine")
         await pilot.click("#fleet-table", offset=(header_x(engine), 0))
-        await pilot.pause(0.3)
+        await wait_until(pilot, lambda: "engine↑" in screen_text(app), 5, "sorted by engine")
         names = [r.name for r in table.rows]
         assert (table.sort_column, table.sort_reverse) == (engine, False)
         assert names == sorted(names, key=str.lower) and len(names) == N_ENGINES
         assert "engine↑" in screen_text(app)
         await pilot.click("#fleet-table", offset=(header_x(engine), 0))  # again: the other way round
-        await pilot.pause(0.3)
+        await wait_until(pilot, lambda: "engine↓" in screen_text(app), 5, "the order reversed")
         assert table.sort_reverse and [r.name for r in table.rows] == names[::-1]
         assert "engine↓" in screen_text(app)
         temp = [c.label for c in COLUMNS].index("GPU °C")
         await pilot.click("#fleet-table", offset=(header_x(temp), 0))  # a figure: highest first
-        await pilot.pause(0.3)
+        await wait_until(pilot, lambda: "GPU °↓" in screen_text(app), 5, "sorted by temperature")
         assert (table.sort_column, table.sort_reverse) == (temp, True)
         assert "GPU °↓" in screen_text(app)  # a label as wide as its cell gives way to the arrow
         values = [r.values[temp] for r in table.rows if r.values[temp] is not None]

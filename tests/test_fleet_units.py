@@ -54,7 +54,7 @@ def test_the_command_line_refuses_what_cannot_work() -> None:
 
 def test_in_app_alerts_need_their_condition_to_hold_for_the_stated_time() -> None:
     from tui.fleet.alerts import QUEUE_GROWING, STALLED, THROTTLED_DROP, AlertTracker
-    from tui.sources.samples import EngineReading, EngineStats
+    from tui.model.samples import EngineReading, EngineStats
 
     tracker = AlertTracker()
 
@@ -79,7 +79,7 @@ def test_in_app_alerts_need_their_condition_to_hold_for_the_stated_time() -> Non
 def test_gpus_of_an_engine_by_pod_where_both_name_one_else_by_host() -> None:
     from tui.fleet.dcgm import build_report
     from tui.fleet.match import gpus_of
-    from tui.sources.samples import EngineSample
+    from tui.model.samples import EngineSample
 
     def gpu(host: str, index: int, **k8s: str) -> tuple[str, dict[str, str], float]:
         labels = {"Hostname": host, "gpu": str(index), "UUID": f"{host}-{index}", **k8s}
@@ -113,11 +113,11 @@ async def test_an_engine_screen_drawn_before_it_is_composed_waits_for_the_next_r
     in CI: NoMatches for GpuPanel ended the app); it must draw nothing then, and draw at the next call."""
     import time
 
-    from tui.app import AppConfig, EnginetopApp
+    from tui.base.process import free_port
     from tui.fleet.options import FleetOptions
-    from tui.lifecycle.process import free_port
-    from tui.screens.fleet import EngineScreen
-    from tui.sources.samples import EngineSample, GpuReport
+    from tui.model.samples import EngineSample, GpuReport
+    from tui.ui.app import AppConfig, EnginetopApp
+    from tui.ui.screens.fleet import EngineScreen
     from widgets.gpu_panel import GpuPanel
 
     dead = f"http://127.0.0.1:{free_port()}"  # no Prometheus: the table says so, the app runs on
@@ -156,8 +156,9 @@ async def test_the_fleet_table_draws_each_row_on_one_line_of_fixed_width_cells()
 
     def row(name: str, why: str) -> Row:
         cells = [Text("down", style="bold red"), name, "vllm", "Qwen3-8B", "node-1", "12.3", "1.2k", "34 ms",
-                 "120 ms", "8 ms", "2", "0", "45%", "40%", "97%", "700", "71", "", Text(why, style="red")]
-        return Row(name, ("down", name, *[None] * 17), tuple(cells), name)
+                 "120 ms", "8 ms", "2", "0", "45%", "40%", "97%", "700", "71", "8 node", "",
+                 Text(why, style="red")]
+        return Row(name, ("down", name, *[None] * 18), tuple(cells), name)
 
     class Bare(App):
         def compose(self):
@@ -178,9 +179,41 @@ async def test_the_fleet_table_draws_each_row_on_one_line_of_fixed_width_cells()
 
     assert texts[0].startswith(cells(*(c.label for c in COLUMNS[:5]), "gen tok/↓"))  # the sorted column
     assert texts[1].startswith(cells("down", "engine-a", "vllm", "Qwen3-8B", "node-1", "12.3", "1.2k"))
-    start = sum(WIDTHS[:18]) + 18  # the "alerts / why" column, cut at the screen's edge
+    start = sum(WIDTHS[:19]) + 19  # the "alerts / why" column, cut at the screen's edge
     assert texts[1][start:] == "connection refused by the host".ljust(width - start - 1) + " "
     assert texts[2][7:7 + WIDTHS[1] + 1] == long_name[:WIDTHS[1] - 1] + "… "
     assert texts[3:] == [" " * width] * 4
     assert "".join(seg.text for seg in lines[2] if seg.style and seg.style.reverse) == texts[2]
     assert not any(seg.style and seg.style.reverse for seg in lines[1])
+
+
+def test_gpu_figures_say_whether_they_are_the_engines_or_its_nodes() -> None:
+    """15 engines on one 8-GPU node: without labels that name their GPUs, each row's GPU figures are the
+    node's (said "8 node", dimmed), never presented as each engine's own; an engine matched by pod, GPU
+    UUID or GPU index shows only its own GPUs ("1 own")."""
+    from tui.fleet.match import GpuMatcher
+    from tui.live.store import EngineState
+    from tui.model.samples import EngineSample, GpuSample
+    from widgets.fleet_table import COLUMNS, GPUS, build_rows
+
+    gpus = [GpuSample(t=0.0, index=i, name="H200", uuid=f"GPU-{i}", power_w=165.0, host="node-1",
+                      **({"namespace": "ml", "pod": "vllm-0"} if i == 7 else {})) for i in range(8)]
+
+    def engine(name: str, labels: tuple[tuple[str, str], ...] = ()) -> EngineState:
+        state = EngineState(name, "http://10.0.0.1:8000")
+        state.sample = EngineSample(name=name, url=state.url, t=0.0, wall=0.0, health="up", host="node-1",
+                                    labels=labels)
+        return state
+
+    engines = {f"shared-{i}": engine(f"shared-{i}") for i in range(12)}
+    engines["by-pod"] = engine("by-pod", (("namespace", "ml"), ("pod", "vllm-0")))
+    engines["by-uuid"] = engine("by-uuid", (("gpu_uuid", "GPU-3"),))
+    engines["by-index"] = engine("by-index", (("gpu", "4,5"),))
+    rows = {r.name: r for r in build_rows(engines, gpus)}
+    watts = next(i for i, c in enumerate(COLUMNS) if c.label == "GPU W")
+    assert rows["shared-0"].values[GPUS] == "8 node" and rows["shared-0"].values[watts] == 8 * 165.0
+    assert rows["shared-0"].cells[watts].style == "dim"
+    assert rows["by-pod"].values[GPUS] == "1 own" and rows["by-pod"].values[watts] == 165.0
+    assert rows["by-uuid"].values[GPUS] == "1 own" and rows["by-uuid"].values[watts] == 165.0
+    assert rows["by-index"].values[GPUS] == "2 own" and rows["by-index"].values[watts] == 330.0
+    assert GpuMatcher(gpus).share(engines["by-uuid"].sample).gpus == (gpus[3],)

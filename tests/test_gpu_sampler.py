@@ -17,8 +17,8 @@ from fake_pynvml import (
     rtx4090,
 )
 
+from tui.model.samples import GpuSample
 from tui.sources.gpu import INIT_RETRY_S, GpuSampler, peak_bandwidth_gbps, throttle_words
-from tui.sources.samples import GpuSample
 
 GiB = 1 << 30
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import psutil
 import pytest
+from waiting import until
 
 from tui.sources.host import CpuMeter, HostSampler, children_map, pids_listening, tree_memory
 
@@ -54,11 +55,7 @@ class Chain:
 
 
 def wait_until(condition, what: str, limit: float = 30.0) -> None:
-    deadline = time.monotonic() + limit
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting for {what}")
-        time.sleep(0.05)
+    until(condition, what, limit)
 
 
 def kill_session(proc: subprocess.Popen[str]) -> None:

@@ -9,7 +9,7 @@ import gzip
 import httpx
 import pytest
 
-from tui.sources.keepalive import KeepAlivePool
+from tui.net.keepalive import KeepAlivePool
 
 BODY = b"# TYPE x counter\nx_total 1\n"
 

@@ -18,12 +18,14 @@ import httpx
 import psutil
 import pytest
 
+from tui.base.process import free_port, pid_alive, port_listeners, port_open
 from tui.lifecycle import state
-from tui.lifecycle.process import free_port, pid_alive, port_listeners, port_open
 from tui.lifecycle.profiles import Profile, load_profiles, resolve
-from tui.lifecycle.switch import STEPS, EngineManager, StepEvent
-from tui.sources.engine import EngineTarget, poll_engine
-from tui.sources.samples import EngineSample
+from tui.lifecycle.switch import STEPS, EngineManager
+from tui.model.samples import EngineSample
+from tui.model.status import StepEvent
+from tui.model.targets import EngineTarget
+from tui.sources.engine import poll_engine
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -67,6 +69,7 @@ def manager(tmp_path: Path) -> Iterator[EngineManager]:
     mgr.stop()
 
 
+@pytest.mark.engine  # resolves or starts the real llama-server
 def test_up_reaches_ready_and_down_verifies_it_is_gone(tmp_path: Path) -> None:
     """`up` returns while the engine keeps running; `down` (another process) finds it via the state file."""
     name = unique("cli-demo")
@@ -76,7 +79,7 @@ def test_up_reaches_ready_and_down_verifies_it_is_gone(tmp_path: Path) -> None:
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "tui.lifecycle.cli", *args],
+            [sys.executable, "-m", "tui.cli.lifecycle", *args],
             cwd=REPO,
             env=env,
             capture_output=True,
@@ -117,6 +120,7 @@ def test_up_reaches_ready_and_down_verifies_it_is_gone(tmp_path: Path) -> None:
     assert gone.returncode == 1 and "step 'stop' failed: no running engine recorded" in gone.stderr
 
 
+@pytest.mark.engine  # resolves or starts the real llama-server
 def test_switch_a_to_b_to_a_runs_and_reports_every_step(tmp_path: Path, manager: EngineManager) -> None:
     port = free_port()  # both on one port: the switch must really free it
     a = demo(tmp_path, unique("demo-a"), port, threads=1)
@@ -146,6 +150,7 @@ def test_switch_a_to_b_to_a_runs_and_reports_every_step(tmp_path: Path, manager:
     assert any(e.name == "stop" and e.status == "running" and "SIGTERM" in e.message for e in events)
 
 
+@pytest.mark.engine  # resolves or starts the real llama-server
 def test_kill_9_behind_our_back_is_reported_as_crashed(tmp_path: Path, manager: EngineManager) -> None:
     profile = demo(tmp_path, unique("demo-crash"), free_port())
     result = manager.start(profile)
@@ -165,6 +170,7 @@ def test_kill_9_behind_our_back_is_reported_as_crashed(tmp_path: Path, manager: 
     assert manager.poll_status() == status  # stays crashed until the next start
 
 
+@pytest.mark.engine  # resolves or starts the real llama-server
 def test_port_held_by_another_process_is_refused_naming_it(tmp_path: Path, manager: EngineManager) -> None:
     port = free_port()
     stranger = subprocess.Popen(
@@ -204,6 +210,7 @@ def test_unset_model_variable_fails_before_anything_starts(tmp_path: Path, manag
     assert not list(tmp_path.glob("needs-model-*.log"))
 
 
+@pytest.mark.engine  # resolves or starts the real llama-server
 def test_engine_that_dies_while_starting_fails_the_ready_step_with_its_log(
     tmp_path: Path, manager: EngineManager
 ) -> None:
@@ -224,6 +231,7 @@ def test_engine_that_dies_while_starting_fails_the_ready_step_with_its_log(
 
 
 @pytest.mark.parametrize("newline", ["\n", "\r\n"])
+@pytest.mark.engine  # resolves or starts the real llama-server
 def test_api_key_file_is_used_as_bearer_and_never_shown(
     tmp_path: Path, manager: EngineManager, newline: str
 ) -> None:
@@ -258,6 +266,7 @@ def test_api_key_file_is_used_as_bearer_and_never_shown(
     assert secret not in repr(result.instance)
 
 
+@pytest.mark.engine  # resolves or starts the real llama-server
 def test_cancel_while_waiting_for_ready_stops_the_half_started_engine(
     tmp_path: Path, manager: EngineManager
 ) -> None:
@@ -344,6 +353,7 @@ def test_shutdown_refuses_new_starts(tmp_path: Path) -> None:
     assert not list(tmp_path.glob("silent-*.log")) and not port_open("127.0.0.1", profile.port)
 
 
+@pytest.mark.engine  # resolves or starts the real llama-server
 def test_stop_during_a_real_llama_cold_start_cancels_it(tmp_path: Path) -> None:
     """The real llama-server: stop() arrives right after the launch, while the model loads. The start is
     reported cancelled, stop() does not wait for readiness, and the process is gone (OS check)."""
@@ -377,6 +387,7 @@ def test_stop_during_a_real_llama_cold_start_cancels_it(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- --profile NAME after `up NAME` (item 17)
 
 
+@pytest.mark.engine  # resolves or starts the real llama-server
 def test_dashboard_adopts_the_engine_up_started_and_leaves_it_running(tmp_path: Path) -> None:
     """`up` starts the real llama-server and exits; the dashboard's manager adopts it (ready checked, not
     restarted, same PID, no second engine on the port), and its shutdown leaves it running for `down`."""
@@ -386,7 +397,7 @@ def test_dashboard_adopts_the_engine_up_started_and_leaves_it_running(tmp_path: 
     env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path)}
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "tui.lifecycle.cli", *args], cwd=REPO, env=env,
+        return subprocess.run([sys.executable, "-m", "tui.cli.lifecycle", *args], cwd=REPO, env=env,
                               capture_output=True, text=True, timeout=180)
 
     profile = load_profiles([tmp_path / "enginetop" / "profiles"]).get(name)
@@ -420,6 +431,7 @@ def test_dashboard_adopts_the_engine_up_started_and_leaves_it_running(tmp_path: 
     assert not pid_alive(info["pid"]) and not port_open("127.0.0.1", port)
 
 
+@pytest.mark.engine  # resolves or starts the real llama-server
 def test_users_own_api_key_file_gives_enginetop_the_same_key(tmp_path: Path, manager: EngineManager) -> None:
     """A llama.cpp argv that passes --api-key-file itself (no api_key_file in the profile): enginetop reads
     the file the way llama-server does and sends its first key, so readiness passes instead of 401."""

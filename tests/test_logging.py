@@ -9,8 +9,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tui.cli import LOG_BACKUPS, log_to_file
-from tui.sources.engine import EngineTarget, poll_engine
+from tui.cli.dashboard import LOG_BACKUPS, log_to_file
+from tui.model.targets import EngineTarget
+from tui.sources.engine import poll_engine
 
 
 @pytest.fixture(autouse=True)
@@ -39,7 +40,7 @@ async def test_engine_requests_are_not_logged_by_default(llama_server, tmp_path:
     path = tmp_path / "enginetop.log"
     log_to_file(path, logging.INFO)
     await polls(llama_server.url, 5)
-    logging.getLogger("tui.app").warning("a warning worth keeping")
+    logging.getLogger("tui.ui.app").warning("a warning worth keeping")
     text = path.read_text()
     assert "a warning worth keeping" in text
     assert "HTTP" not in text and "/metrics" not in text
@@ -58,7 +59,7 @@ def test_the_log_rotates_and_stays_bounded(tmp_path: Path) -> None:
     path = tmp_path / "enginetop.log"
     log_to_file(path, logging.INFO, max_bytes=4000)
     for i in range(2000):
-        logging.getLogger("tui.app").warning("line %d of a long session", i)
+        logging.getLogger("tui.ui.app").warning("line %d of a long session", i)
     files = sorted(tmp_path.glob("enginetop.log*"))
     assert len(files) == 1 + LOG_BACKUPS
     assert all(f.stat().st_size <= 4000 for f in files)

@@ -12,9 +12,9 @@ from uuid import uuid4
 import httpx
 import pytest
 
+from tui.model.samples import EngineReading, EngineStats
 from tui.sources.metrics import parse_reading
 from tui.sources.rates import MIN_BUSY_S, MIN_BUSY_TOKENS, MIN_WINDOW_S, derive, histogram_quantile, went_back
-from tui.sources.samples import EngineReading, EngineStats
 
 INF = math.inf
 

@@ -1,4 +1,4 @@
-"""One HTTP policy for every client (tui.net): proxies, URL credentials, secrets through proxies.
+"""One HTTP policy for every client (tui.net.policy): proxies, URL credentials, secrets through proxies.
 
 The engines and the proxy here are real HTTP servers; the "remote" engine is this machine's own
 non-loopback address (a proxy is never used for loopback, by policy).
@@ -20,10 +20,11 @@ from urllib.parse import urlsplit
 import psutil
 import pytest
 
-from tui.net import InsecureSecret, check_secret_transport, proxy_for, public_url
-from tui.sources.engine import EngineTarget, poll_engine
-from tui.sources.keepalive import Transports
-from tui.targets import TargetError, build_targets, parse_engine_spec
+from tui.model.targets import EngineTarget
+from tui.net.keepalive import Transports
+from tui.net.policy import InsecureSecret, check_secret_transport, proxy_for, public_url
+from tui.run.targets import TargetError, build_targets, parse_engine_spec
+from tui.sources.engine import poll_engine
 
 LLAMA_BODY = b"""# TYPE llamacpp:prompt_tokens_total counter
 llamacpp:prompt_tokens_total 10

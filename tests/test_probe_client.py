@@ -9,11 +9,11 @@ from collections.abc import Iterator
 import pytest
 from sse_server import Scenario, SSEServer, running
 
-from tui.lifecycle.process import free_port
-from tui.net import public_url
+from tui.base.process import free_port
+from tui.model.targets import EngineTarget
+from tui.net.policy import public_url
 from tui.probe.client import ProbeClient, ProbeLimits, chat_url
 from tui.probe.results import CHUNK_ESTIMATE_NOTE, ProbeResult
-from tui.sources.engine import EngineTarget
 
 BODY = {"messages": [{"role": "user", "content": "one two three four five"}], "max_tokens": 12}
 

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from tui.model.targets import EngineTarget
 from tui.probe.client import ProbeClient
 from tui.probe.results import ProbeResult
 from tui.probe.runner import ProbeRunner
 from tui.probe.stats import median
 from tui.probe.sweep import SweepConfig, run_sweep
 from tui.probe.workloads import WorkloadParams, run_workload
-from tui.sources.engine import EngineTarget
 
 pytestmark = pytest.mark.engine
 ROOT = Path(__file__).resolve().parents[1]

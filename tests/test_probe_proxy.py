@@ -1,4 +1,4 @@
-"""The probe client follows tui.net's one proxy policy, through a real forward proxy on loopback.
+"""The probe client follows tui.net.policy's one proxy policy, through a real forward proxy on loopback.
 
 Loopback engines are never proxied, so the engine here is addressed by this machine's host name, which
 the policy cannot tell is local (it is not a loopback name or address) while it still resolves to this
@@ -13,10 +13,10 @@ from collections.abc import Iterator
 import pytest
 from sse_server import ForwardProxy, SSEServer, running
 
-from tui.net import is_loopback_host
+from tui.model.targets import EngineTarget
+from tui.net.policy import is_loopback_host
 from tui.probe.client import ProbeClient
 from tui.probe.results import ProbeResult
-from tui.sources.engine import EngineTarget
 
 BODY = {"messages": [{"role": "user", "content": "through the proxy"}], "max_tokens": 6}
 PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")

@@ -12,12 +12,12 @@ from dataclasses import replace
 import pytest
 from sse_server import Scenario, SSEServer, running
 
+from tui.model.targets import EngineTarget
 from tui.probe.client import ProbeClient
 from tui.probe.results import DEFAULT_TTFT_GAP_FACTOR, ProbeResult, ServerTimings
 from tui.probe.runner import ProbeRunner
 from tui.probe.sweep import SweepConfig
 from tui.probe.workloads import WorkloadParams, request_body
-from tui.sources.engine import EngineTarget
 
 BODY = {"messages": [{"role": "user", "content": "one two three four five six seven eight"}], "max_tokens": 8}
 

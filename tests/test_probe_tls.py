@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from sse_server import ForwardProxy, SSEServer, running
 
-from tui import net
+from tui.model.targets import EngineTarget
+from tui.net import policy as net
 from tui.probe.client import ProbeClient
 from tui.probe.results import ProbeResult
-from tui.sources.engine import EngineTarget
 
 BODY = {"messages": [{"role": "user", "content": "over tls"}], "max_tokens": 5}
 

@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 
 from tui.engines import models
+from tui.model.targets import EngineTarget
 from tui.probe.client import ProbeClient
 from tui.probe.workloads import WorkloadParams, run_workload
-from tui.sources.engine import EngineTarget
 
 ROOT = Path(__file__).resolve().parents[1]
 FRONTEND = "frontend or detokenizer bound"

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 from sse_server import Scenario, SSEServer, running
 
+from tui.model.targets import EngineTarget
 from tui.probe.client import ProbeClient
 from tui.probe.results import ProbeResult, ProbeSummary
 from tui.probe.runner import ProbeBusy, ProbeRunner
@@ -19,7 +20,6 @@ from tui.probe.workloads import (
     request_body,
     run_workload,
 )
-from tui.sources.engine import EngineTarget
 
 
 @pytest.fixture(scope="module")

@@ -17,10 +17,11 @@ from pathlib import Path
 
 import psutil
 import pytest
+from waiting import until
 
-from tui.lifecycle import process
+from tui.base import process
+from tui.base.process import free_port, launch, pid_alive, stop_group
 from tui.lifecycle.engine import EngineInstance, launch_instance, stop_instance
-from tui.lifecycle.process import free_port, launch, pid_alive, stop_group
 from tui.lifecycle.profiles import Profile, resolve
 from tui.lifecycle.switch import EngineManager
 
@@ -33,10 +34,7 @@ def profile(tmp_path: Path, argv: tuple[str, ...] = ()) -> Profile:
 
 
 def wait_for(check, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
+    until(check, "the process to get there", timeout, every=0.02)
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, start_http_server
 from prometheus_server import running_prometheus
 
-from tui.lifecycle.process import free_port
+from tui.base.process import free_port
 
 
 def test_a_real_prometheus_scrapes_a_loopback_target() -> None:

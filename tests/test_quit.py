@@ -18,20 +18,23 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from tests.fake_pynvml import FakeNvml, h200
 from tests.test_dashboard import wait_for
-from tui.app import AppConfig, EnginetopApp
+from tui.base.process import free_port
 from tui.engines.llamacpp import demo_model_path, llama_server_binary
-from tui.lifecycle.process import free_port
 from tui.lifecycle.profiles import load_profiles
 from tui.sources.gpu import GpuSampler
+from tui.ui.app import AppConfig, EnginetopApp
 
 ROOT = Path(__file__).resolve().parent.parent
 
 # Listens at once (so readiness checks wait on /health, as they do while a model loads) and never answers.
 SLOW_ENGINE = ("import socket, time; s = socket.socket(); s.bind(('127.0.0.1', {port})); s.listen(); "
                "time.sleep(900)")
+
+pytestmark = pytest.mark.engine  # every test here starts a real engine
 
 
 def slow_profile(directory: Path, name: str = "slow-start") -> Path:

@@ -8,11 +8,11 @@ import time
 from pathlib import Path
 
 from tests.fake_pynvml import FakeNvml, h200
-from tui.app import AppConfig, EnginetopApp
 from tui.record.reader import Recording
 from tui.record.schema import SUFFIX
 from tui.record.writer import Recorder
 from tui.sources.gpu import GpuSampler
+from tui.ui.app import AppConfig, EnginetopApp
 
 
 def make_app(recorder: Recorder) -> EnginetopApp:
@@ -80,13 +80,13 @@ async def test_dashboard_sweep_and_ab_are_recorded_and_shown_again(llama_server,
     from tests.test_dashboard import make_app as dashboard_app
     from tests.test_dashboard import wait_for
     from tests.test_replay_notices import capture
-    from tui.cli import main
+    from tui.cli.main import main
     from tui.compare.ab import ABConfig
+    from tui.model.events import Event
+    from tui.model.targets import EngineTarget
     from tui.probe.sweep import SweepConfig
-    from tui.record.writer import Event
-    from tui.replay_app import ReplayApp
-    from tui.screens.sweep import SweepScreen
-    from tui.sources.engine import EngineTarget
+    from tui.ui.replay import ReplayApp
+    from tui.ui.screens.sweep import SweepScreen
 
     monkeypatch.setenv("ENGINETOP_CACHE", str(tmp_path / "cache"))  # where the A/B saves its files
     path = tmp_path / f"dash{SUFFIX}"

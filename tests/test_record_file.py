@@ -16,14 +16,9 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from tui.probe.results import ProbeResult, ServerTimings
-from tui.record.codec import scrub
-from tui.record.reader import Recording
-from tui.record.replay import ReplaySource, parse_goto
-from tui.record.retention import Retention, prune
-from tui.record.schema import DDL, SCHEMA_VERSION, SUFFIX, RecordingError
-from tui.record.writer import Event, Recorder
-from tui.sources.samples import (
+from tui.live.store import Store
+from tui.model.events import Event, ProbeEvent
+from tui.model.samples import (
     EngineReading,
     EngineSample,
     GpuProcess,
@@ -32,7 +27,13 @@ from tui.sources.samples import (
     HostSample,
     ProcessTreeMemory,
 )
-from tui.store import ProbeEvent, Store
+from tui.probe.results import ProbeResult, ServerTimings
+from tui.record.codec import scrub
+from tui.record.reader import Recording
+from tui.record.replay import ReplaySource, parse_goto
+from tui.record.retention import Retention, prune
+from tui.record.schema import DDL, SCHEMA_VERSION, SUFFIX, RecordingError
+from tui.record.writer import Recorder
 
 INF = float("inf")
 
@@ -275,7 +276,7 @@ def test_the_fleet_views_engine_keys_never_reach_its_recording(tmp_path: Path) -
     """The dashboard's recorder over a fleet (--prometheus): no engine targets, keys given by name."""
     import argparse
 
-    from tui.recording_cli import open_recorder
+    from tui.cli.record import open_recorder
 
     key = "sk-fleet-engine-key-77"
     path = tmp_path / f"a{SUFFIX}"
@@ -434,3 +435,41 @@ def test_replay_shows_a_recorded_crash_from_its_instant_on(tmp_path: Path) -> No
     replay.seek(t0 + 80)
     status = replay.engine_status("vllm")
     assert status.state == "crashed" and status.exit_code == -9 and status.log_tail == ("Killed",)
+
+
+def test_replay_finds_a_crash_however_many_events_came_after_it(tmp_path: Path) -> None:
+    """The crash is the engine's last state even with hundreds of other events of that engine after it
+    (a replay once looked only at the last 50 events)."""
+    path = tmp_path / f"a{SUFFIX}"
+    t0 = 1000.0
+    rec = Recorder(path, engines={"vllm": "http://127.0.0.1:8000"})
+    rec(engine_sample(0, t0))
+    rec.event("engine-state", "vllm", {"state": "crashed", "message": "exited with -9", "exit_code": -9},
+              t=t0 + 1)
+    for i in range(300):
+        rec.event("alert", "vllm", {"title": "t", "message": f"alert {i}", "severity": "warning"},
+                  t=t0 + 2 + i * 0.01)
+    rec.close()
+    replay = ReplaySource(Recording(path), Store())
+    replay.seek(t0 + 10)
+    status = replay.engine_status("vllm")
+    assert status is not None and status.state == "crashed" and status.exit_code == -9
+
+
+def test_a_failed_start_is_a_state_the_report_marks(tmp_path: Path) -> None:
+    """"failed" (a start or switch that failed, nothing running) is one of the lifecycle's states, and the
+    recording's report marks it on the time axis like a crash."""
+    from typing import get_args
+
+    from tui.model.status import RunState
+    from tui.record.report import render_recording
+
+    assert "failed" in get_args(RunState) and "exited" not in get_args(RunState)
+    path = tmp_path / f"a{SUFFIX}"
+    rec = Recorder(path, engines={"vllm": "http://127.0.0.1:8000"})
+    for i in range(20):
+        rec(engine_sample(i, 1000.0))
+    rec.event("engine-state", "vllm", {"state": "failed", "message": "port 8000 is held by nginx"}, t=1010.0)
+    rec.close()
+    html = render_recording(Recording(path))
+    assert "failed: port 8000 is held by nginx" in html

@@ -26,18 +26,18 @@ import pytest
 from rich.console import Console
 
 from tests.fake_pynvml import FakeNvml, h200
+from tui.live.store import EngineState, Store
+from tui.model.samples import EngineSample, GpuReport
 from tui.probe.runner import ProbeRunner
 from tui.probe.workloads import WorkloadParams
-from tui.record.headless import record
 from tui.record.reader import Recording
 from tui.record.replay import ReplaySource
 from tui.record.schema import SUFFIX
 from tui.record.writer import Recorder
+from tui.run.record import record
+from tui.run.sources import RunOptions
+from tui.run.targets import build_targets
 from tui.sources.gpu import GpuSampler
-from tui.sources.host import HostSampler
-from tui.sources.samples import EngineSample, GpuReport
-from tui.store import EngineState, Store
-from tui.targets import build_targets
 from widgets.engine_panel import render_engine
 
 pytestmark = pytest.mark.engine
@@ -87,7 +87,7 @@ def recorded(llama_server, tmp_path_factory) -> tuple[Path, CapturingStore]:
 
 def record_under_load(targets, url: str, path: Path, seconds: float,
                       model: str | None = None) -> CapturingStore:
-    from tui.record.headless import secrets_of
+    from tui.run.record import secrets_of
 
     name = targets[0].name
     recorder = Recorder(path, {t.name: t.url for t in targets}, secrets_of(targets))
@@ -122,8 +122,9 @@ def record_under_load(targets, url: str, path: Path, seconds: float,
 
         task = asyncio.create_task(probes())
         try:
-            await record(targets, recorder, interval_s=INTERVAL, gpu=GpuSampler(nvml), host=HostSampler(),
-                         say=lambda line: None, store=store, duration_s=seconds)
+            await record(RunOptions(watched=targets, poll_interval_s=INTERVAL), recorder,
+                         gpu_sampler=lambda: GpuSampler(nvml), say=lambda line: None, store=store,
+                         duration_s=seconds)
         finally:
             task.cancel()
             await runner.aclose()
@@ -267,8 +268,8 @@ def _live_at(live: CapturingStore, t: float) -> tuple:
 
 
 async def test_replay_dashboard_keys_move_the_cursor_and_panels_show_live_figures(recorded) -> None:
-    from tui.app import AppConfig
-    from tui.replay_app import ReplayApp
+    from tui.ui.app import AppConfig
+    from tui.ui.replay import ReplayApp
 
     path, live = recorded
     rec = Recording(path)
@@ -306,10 +307,11 @@ async def test_replay_dashboard_keys_move_the_cursor_and_panels_show_live_figure
         assert app.replay.speed == 5
         await pilot.press("minus")
         assert app.replay.speed == 2
-        for key in ("f", "c", "a", "1"):
+        for key in ("f", "c", "a", "1"):  # live-only keys: not offered, and they do nothing here
             await pilot.press(key)
         await pilot.pause()
-        assert sum("this is a replay" in m for m in said) == 4
+        assert not {"f", "c", "a", "l", "1"} & set(app.screen.active_bindings)
+        assert not [m for m in said if "this is a replay" in m]
         # the engine panel draws what the live panel drew at that instant
         busiest = max(live.engine_views, key=lambda v: v[1][1].gen_tps or 0.0)[0]
         app.replay.seek(busiest)
@@ -361,7 +363,7 @@ def test_export_openmetrics_loads_into_a_real_prometheus(recorded, tmp_path: Pat
 def serving(tsdb: Path, tmp: Path):
     """A real Prometheus serving the blocks promtool made (tests/prometheus_server.py picks its own TSDB
     folder, and Prometheus refuses a second --storage.tsdb.path)."""
-    from tui.lifecycle.process import free_port, launch, stop_group
+    from tui.base.process import free_port, launch, stop_group
 
     config = tmp / "prometheus.yml"
     config.write_text('{"global": {"scrape_interval": "15s"}, "scrape_configs": []}')
@@ -405,7 +407,7 @@ def test_export_csv_has_every_value(recorded, tmp_path: Path) -> None:
 def test_report_of_a_recording_renders_offline_in_chromium(recorded, tmp_path: Path) -> None:
     from test_report import render_in_chromium
 
-    from tui.cli import main
+    from tui.cli.main import main
 
     path, live = recorded
     out = tmp_path / "report.html"
@@ -420,15 +422,20 @@ def test_report_of_a_recording_renders_offline_in_chromium(recorded, tmp_path: P
 
 def test_record_a_profile_keeps_its_start_steps_and_its_crash(tmp_path: Path) -> None:
     """`enginetop record --profile` starts the engine (steps recorded), and when the engine dies the crash
-    is in the file with its exit code; SIGTERM then stops the recorder cleanly."""
+    is in the file with its exit code; SIGTERM then stops the recorder cleanly. The profile's API key (from
+    its api_key_file) is sent, and kept out of the file even where the engine says it: its model id here."""
     import psutil
 
-    from tui.lifecycle.process import free_port
+    from tui.base.process import free_port
 
     config = tmp_path / "config"
     (config / "enginetop" / "profiles").mkdir(parents=True)
+    key = "sk-rec-profile-7f3a9c"
+    (tmp_path / "key").write_text(key + "\n")
     text = (Path(__file__).parent.parent / "profiles" / "demo-cpu-threads2.toml").read_text()
-    text = text.replace('name = "demo-cpu-threads2"', 'name = "rec-crash"')
+    text = text.replace('name = "demo-cpu-threads2"',
+                        f'name = "rec-crash"\napi_key_file = "{tmp_path / "key"}"')
+    text += f'\n[env]\nLLAMA_ARG_ALIAS = "gemma-{key}"  # the model id says the key: never on argv\n'
     text = text.replace("port = 8090", f"port = {free_port()}")
     (config / "enginetop" / "profiles" / "rec-crash.toml").write_text(text)
     out = tmp_path / f"p{SUFFIX}"
@@ -462,6 +469,12 @@ def test_record_a_profile_keeps_its_start_steps_and_its_crash(tmp_path: Path) ->
     assert "start" in steps and "ready" in steps, steps
     assert any(e.kind == "switch-result" and e.data["ok"] for e in events)
     assert "rec-crash crashed" in err
+    rec = Recording(out)
+    polls = [r.item for r in rec.rows(kinds=("engine",))]
+    assert any(s.health == "up" and s.reading is not None for s in polls), "the key was not sent"
+    everything = (out.read_bytes().decode("latin-1") + repr([r.item for r in rec.rows()])
+                  + json.dumps(rec.meta))
+    assert key not in everything and key not in err
 
 
 def test_kill_9_of_the_dashboard_loses_at_most_two_seconds(llama_server, tmp_path: Path) -> None:

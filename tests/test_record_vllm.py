@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from test_record_llama import INTERVAL, compare_every_instant, record_under_load
 
+from tui.model.targets import EngineTarget
 from tui.record.schema import SUFFIX
-from tui.sources.engine import EngineTarget
 
 pytestmark = pytest.mark.engine
 

@@ -8,12 +8,12 @@ from pathlib import Path
 from tests.fake_pynvml import FakeNvml, h200
 from tests.test_dashboard import wait_for
 from tests.test_record_file import engine_sample
-from tui.app import AppConfig, EnginetopApp
 from tui.record.reader import Recording
 from tui.record.schema import SUFFIX
 from tui.record.writer import Recorder
-from tui.replay_app import ReplayApp
 from tui.sources.gpu import GpuSampler
+from tui.ui.app import AppConfig, EnginetopApp
+from tui.ui.replay import ReplayApp
 
 REPLAY_WORDS = "this is a replay"
 
@@ -125,3 +125,25 @@ async def test_failed_switch_and_crash_are_said_once_and_not_after_a_seek(tmp_pa
         await pilot.pause(0.3)
         assert said == want + want
     assert not [n for n in said if REPLAY_WORDS in n[1]]
+
+
+async def test_replay_offers_only_the_keys_that_work_on_a_recording(tmp_path: Path) -> None:
+    """A replay's footer shows the replay keys and none of the live keys that act on an engine (probe, sweep,
+    A/B, switch, log); pressing one of those does nothing and says nothing."""
+    path = tmp_path / f"rec{SUFFIX}"
+    recorder = Recorder(path)
+    recorder.event("note", None, {"what": "a recording with nothing else in it"})
+    recorder.close()
+    replay = ReplayApp(Recording(path), AppConfig(horizon_s=30))
+    said = capture(replay)
+    async with replay.run_test(size=(150, 45)) as pilot:
+        await pilot.pause()
+        offered = set(replay.screen.active_bindings)
+        assert {"space", "g", "q", "s"} <= offered
+        assert not {"f", "c", "a", "l", "1", "9"} & offered
+        for key in ("f", "c", "a", "l", "1"):
+            await pilot.press(key)
+        await pilot.pause()
+        assert said == []
+        footer = replay.export_screenshot()
+        assert "Probe" not in footer and "Play/pause" in footer

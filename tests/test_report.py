@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 
 from tests.sse_server import Scenario, SSEServer
-from tui.cli import main
+from tui.cli.main import main
 from tui.compare.ab import ABConfig, Arm, run_comparison
 from tui.compare.engines import Started, Target
-from tui.compare.report import load_result, render_html, write_report, write_result
+from tui.compare.report import render_html, write_report
+from tui.compare.result_files import load_result, write_result
 
 CHROMIUM_FLAGS = (
     "--headless",

@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tui import rules
-from tui.cli import main
+from tui.cli import rules
+from tui.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 from sse_server import Scenario, SSEServer, running
 
-from tui.probe.client import ProbeClient
-from tui.secrets import (
+from tui.base.secrets import (
     SecretError,
     is_key_flag,
     keys_on_argv,
@@ -22,7 +21,8 @@ from tui.secrets import (
     redact,
     redact_argv,
 )
-from tui.sources.engine import EngineTarget
+from tui.model.targets import EngineTarget
+from tui.probe.client import ProbeClient
 
 KEY = "sk-test-5f3a9c1e77d04b2a"
 ROOT = Path(__file__).resolve().parents[1]
@@ -198,8 +198,8 @@ def test_llama_key_file_read_as_llama_server_reads_it(tmp_path: Path) -> None:
 def test_engine_log_gets_the_argv_redacted(tmp_path: Path) -> None:
     """launch_instance writes the argv into the engine's log; a key on it (resolve() refuses one, but a
     ResolvedProfile can be built by hand) is written as ***."""
+    from tui.base.process import free_port, stop_group
     from tui.lifecycle.engine import launch_instance
-    from tui.lifecycle.process import free_port, stop_group
     from tui.lifecycle.profiles import Profile, ResolvedProfile
 
     port = free_port()

@@ -8,7 +8,7 @@ import sys
 
 import httpx
 
-from tui.lifecycle.process import free_port
+from tui.base.process import free_port
 
 KEYS = ("dialect", "health", "model", "running", "waiting", "prompt_processed_tps", "prompt_computed_tps",
         "gen_tps", "decode_tps_busy", "prefix_cache_hit_rate", "spec_accept_rate", "kv_cache_usage",

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from tui.live.store import MIN_PROBES_KEPT, Series, Store, _oldest_within
+from tui.model.samples import EngineReading, EngineSample, GpuReport, GpuSample
 from tui.sources.metrics import parse_reading
-from tui.sources.samples import EngineReading, EngineSample, GpuReport, GpuSample
-from tui.store import MIN_PROBES_KEPT, Series, Store, _oldest_within
 from widgets.engine_panel import render_engine
 
 DATA = Path(__file__).parent / "data" / "metrics"

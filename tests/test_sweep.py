@@ -10,10 +10,10 @@ from collections.abc import Iterator
 import pytest
 from sse_server import Scenario, SSEServer, running
 
+from tui.model.targets import EngineTarget
 from tui.probe.client import ProbeClient
 from tui.probe.sweep import ClientLoad, SelfMonitor, SweepConfig, run_sweep
 from tui.probe.workloads import WorkloadParams
-from tui.sources.engine import EngineTarget
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import httpx
 
 from tests.screen import screen_text
 from tests.test_dashboard import make_app, wait_for
-from tui.sources.engine import EngineTarget
+from tui.model.targets import EngineTarget
 
 
 def complete(url: str, max_tokens: int) -> int:

@@ -33,6 +33,7 @@ def digests(folder: Path) -> dict[str, str]:
 
 
 def test_empty_cache_names_the_make_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ENGINETOP_ENGINES")  # nothing is started: what is asked is what a missing one says
     monkeypatch.setenv("ENGINETOP_CACHE", str(tmp_path))
     for locate in (vllm_python, tiny_model_dir, gemma_hf_dir):
         with pytest.raises(EngineNotInstalled, match=r"run `make vllm`"):
@@ -41,6 +42,7 @@ def test_empty_cache_names_the_make_target(tmp_path: Path, monkeypatch: pytest.M
 
 def test_venv_without_stamp_counts_as_not_installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # An interrupted install leaves a venv with a python but no stamp; launching it would fail obscurely.
+    monkeypatch.delenv("ENGINETOP_ENGINES")
     monkeypatch.setenv("ENGINETOP_CACHE", str(tmp_path))
     (tmp_path / "vllm-venv" / "bin").mkdir(parents=True)
     (tmp_path / "vllm-venv" / "bin" / "python").symlink_to(sys.executable)
@@ -50,6 +52,7 @@ def test_venv_without_stamp_counts_as_not_installed(tmp_path: Path, monkeypatch:
     assert vllm_python() == tmp_path / "vllm-venv" / "bin" / "python"
 
 
+@pytest.mark.engine  # the installed vLLM venv and its models (make vllm)
 def test_argv_runs_the_server_module_with_the_venv_python() -> None:
     model = tiny_model_dir()
     argv = vllm_argv(model, 43210, "--enforce-eager", "--max-num-seqs", "8")
@@ -76,6 +79,7 @@ def test_env_has_whole_gib_kv_cache_and_stays_offline() -> None:
     assert all(isinstance(v, str) for v in env.values())
 
 
+@pytest.mark.engine  # the installed vLLM venv and its models (make vllm)
 def test_venv_imports_vllm_without_cuda_torchvision() -> None:
     script = (
         "import importlib.util, vllm, torch;"
@@ -90,6 +94,7 @@ def test_venv_imports_vllm_without_cuda_torchvision() -> None:
     assert leftovers == "[]"
 
 
+@pytest.mark.engine  # the installed vLLM venv and its models (make vllm)
 def test_tiny_model_rebuilds_byte_identical(tmp_path: Path) -> None:
     cached = tiny_model_dir()
     env = {**os.environ, "ENGINETOP_CACHE": str(tmp_path)}
@@ -104,6 +109,7 @@ def test_tiny_model_rebuilds_byte_identical(tmp_path: Path) -> None:
     assert [p.name for p in rebuilt.parent.iterdir()] == [models.TINY_NAME]
 
 
+@pytest.mark.engine  # the installed vLLM venv and its models (make vllm)
 def test_tiny_model_shape() -> None:
     import json
 
@@ -114,6 +120,7 @@ def test_tiny_model_shape() -> None:
     assert (tiny_model_dir() / "model.safetensors").stat().st_size < 8 * 1024 * 1024
 
 
+@pytest.mark.engine  # the installed vLLM venv and its models (make vllm)
 def test_gemma_folder_is_dense_and_has_a_chat_template() -> None:
     import json
 
@@ -129,6 +136,7 @@ def test_gemma_folder_is_dense_and_has_a_chat_template() -> None:
     assert post["single"][0] == {"SpecialToken": {"id": "<bos>", "type_id": 0}}
 
 
+@pytest.mark.engine  # the installed vLLM venv and its models (make vllm)
 def test_models_cli_in_enginetop_venv_says_which_python(tmp_path: Path) -> None:
     # enginetop's own venv has no torch: the builder must say so, not print a bare traceback.
     env = {**os.environ, "ENGINETOP_CACHE": str(tmp_path)}
@@ -138,6 +146,7 @@ def test_models_cli_in_enginetop_venv_says_which_python(tmp_path: Path) -> None:
     assert "vLLM venv" in out.stderr and "Traceback" not in out.stderr
 
 
+@pytest.mark.engine  # the installed vLLM venv and its models (make vllm)
 def test_gemma_builder_reports_missing_gguf(tmp_path: Path) -> None:
     env = {**os.environ, "ENGINETOP_CACHE": str(tmp_path)}
     out = subprocess.run(
@@ -148,6 +157,7 @@ def test_gemma_builder_reports_missing_gguf(tmp_path: Path) -> None:
     assert "none.gguf" in out.stderr and "Traceback" not in out.stderr
 
 
+@pytest.mark.engine  # the installed vLLM venv and its models (make vllm)
 def test_setup_script_skips_finished_steps() -> None:
     out = subprocess.run(["bash", "scripts/setup_vllm.sh"], cwd=ROOT, capture_output=True, text=True,
                          env={**os.environ, "MAIN_PY": sys.executable}, timeout=240)

@@ -19,9 +19,9 @@ import httpx
 import psutil
 from web_browser import WebView
 
-from tui.cli import build_parser
-from tui.lifecycle.process import free_port
-from tui.web import tab_command
+from tui.base.process import free_port
+from tui.cli.main import build_parser
+from tui.cli.web import tab_command
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "sk-web-test-7f3a9c"  # must never be on a command line
@@ -167,3 +167,24 @@ def test_refuses_to_start_an_engine_per_browser_tab() -> None:
     assert proc.returncode == 2
     assert "no engine of this profile is running" in proc.stderr
     assert "enginetop up demo-cpu-threads1" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_every_dashboard_option_is_a_long_flag_named_after_its_dest() -> None:
+    """What dashboard_argv relies on: `--` + dest with dashes is an option of the dashboard, taking a value
+    unless it is a switch; set to something not its default, each survives the trip to a tab's argv."""
+    import argparse
+
+    from tui.cli.dashboard import add_dashboard_args
+    from tui.cli.web import dashboard_argv
+
+    reference = argparse.ArgumentParser(add_help=False)
+    add_dashboard_args(reference)
+    defaults = vars(reference.parse_args([]))
+    assert len(defaults) > 20
+    for dest, default in defaults.items():
+        flag = "--" + dest.replace("_", "-")
+        choices = {"demo": "both", "probe_workload": "agent", "log_level": "DEBUG"}  # options with choices
+        argv = [flag] if default is False else [f"{flag}={choices.get(dest, '13')}"]
+        parsed = reference.parse_args(argv)
+        assert getattr(parsed, dest) != default, dest
+        assert reference.parse_args(dashboard_argv(parsed)) == parsed, dest

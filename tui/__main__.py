@@ -1,3 +1,3 @@
-from tui.cli import main
+from tui.cli.main import main
 
 raise SystemExit(main())

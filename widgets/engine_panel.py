@@ -6,13 +6,13 @@ from typing import TYPE_CHECKING
 
 from rich.text import Text
 
-from tui.store import EngineState
+from tui.live.store import EngineState
 from widgets.fmt import IDLE, NA, Rows, mib, ms, num, pct
 from widgets.panel import Panel
 
 if TYPE_CHECKING:  # a type only: widgets never reach into the lifecycle code
     from tui.compare.roofline import Roofline
-    from tui.lifecycle.switch import EngineStatus
+    from tui.model.status import EngineStatus
 
 HEALTH_STYLE = {"up": "bold green", "loading": "bold yellow", "starting": "bold yellow", "down": "bold red"}
 

@@ -4,9 +4,10 @@ engine across refreshes, sorts by any column and filters by a typed text."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from rich.cells import cell_len, set_cell_size
 from rich.segment import Segment
@@ -17,9 +18,9 @@ from textual.message import Message
 from textual.strip import Strip
 from textual.widget import Widget
 
-from tui.fleet.match import GpuMatcher, engine_pod
-from tui.sources.samples import EngineSample, GpuSample
-from tui.store import EngineState
+from tui.fleet.match import GpuMatcher
+from tui.live.store import EngineState
+from tui.model.samples import EngineSample, GpuSample
 from widgets.fmt import NA, ms, num, pct
 
 HEALTH_STYLE = {"up": "green", "loading": "yellow", "starting": "yellow", "down": "bold red"}
@@ -28,8 +29,8 @@ HEALTH_STYLE = {"up": "green", "loading": "yellow", "starting": "yellow", "down"
 @dataclass(frozen=True, slots=True)
 class Column:
     label: str
-    value: Callable[[EngineSample, EngineState, list[GpuSample]], object]  # what it sorts by
-    text: Callable[[object], str]
+    value: Callable[[EngineSample, EngineState, Sequence[GpuSample]], Any]  # sorts by it: figure or text
+    text: Callable[[Any], str]
 
 
 def _stat(attr: str):
@@ -86,10 +87,14 @@ COLUMNS = (
     Column("GPU W", lambda s, st, g: sum(x.power_w for x in g if x.power_w is not None) if g else None,
            lambda v: num(v, "{:.0f}")),
     Column("GPU °C", _gpu_max("temp_c"), lambda v: num(v, "{:.0f}")),
+    # whose the three GPU figures are: the engine's own GPUs, or its node's, shared with the engines there
+    Column("GPUs", lambda s, st, g: "", str),
     Column("throttle", _throttle, lambda v: v or ""),
     Column("alerts / why", lambda s, st, g: "; ".join(s.alerts) or (s.health_reason or "") or (
         s.metrics_error or ""), str),
 )
+GPUS, THROTTLE, WHY = (next(i for i, c in enumerate(COLUMNS) if c.label == label)
+                       for label in ("GPUs", "throttle", "alerts / why"))
 STATUS_STYLE = {**HEALTH_STYLE, "stale": "bold yellow", "alert": "bold white on red"}
 
 
@@ -102,22 +107,29 @@ class Row:
 
 
 def build_rows(engines: dict[str, EngineState], gpus: Iterable[GpuSample]) -> list[Row]:
-    matcher = GpuMatcher(gpus)  # by Kubernetes pod where both name one, else by node, as alerts and rules do
+    matcher = GpuMatcher(gpus)  # by pod, or GPU labels, else by node (tui.fleet.match)
     rows = []
     for name, state in engines.items():
         s = state.sample
         if s is None:
             continue
-        node = matcher.of(s.host, engine_pod(s))
-        values = tuple(c.value(s, state, node) for c in COLUMNS)
+        share = matcher.share(s)
+        values = tuple(c.value(s, state, share.gpus) for c in COLUMNS)
+        if share.gpus:
+            whose = f"{len(share.gpus)} {'own' if share.own else 'node'}"
+            values = (*values[:GPUS], whose, *values[GPUS + 1:])
         cells: list[Text | str] = [c.text(v) for c, v in zip(COLUMNS, values, strict=True)]
         status = values[0]
         cells[0] = Text(str(status), style=STATUS_STYLE.get(str(status), ""))
-        if values[17]:
-            cells[17] = Text(str(cells[17]), style="bold red")
+        if share.gpus and not share.own:  # the node's figures, not this engine's: said, and dimmed
+            for i in range(GPUS - 3, GPUS + 1):
+                cells[i] = Text(str(cells[i]), style="dim")
+        if values[THROTTLE]:
+            cells[THROTTLE] = Text(str(cells[THROTTLE]), style="bold red")
         if s.alerts or s.health != "up":
-            cells[18] = Text(str(cells[18]), style="red")
-        haystack = " ".join(str(v) for v in values[:5] if v).lower() + f" {status} " + str(values[18]).lower()
+            cells[WHY] = Text(str(cells[WHY]), style="red")
+        haystack = (" ".join(str(v) for v in values[:5] if v).lower() + f" {status} "
+                    + str(values[WHY]).lower())
         rows.append(Row(name, values, tuple(cells), haystack))
     return rows
 
@@ -134,8 +146,8 @@ def order(rows: list[Row], column: int, reverse: bool, text: str) -> list[Row]:
     return present + sorted(missing, key=lambda r: r.name)
 
 
-WIDTHS = (6, 24, 8, 14, 18, 9, 12, 8, 8, 8, 4, 4, 6, 10, 8, 6, 6, 22, 200)
-TEXT_COLUMNS = frozenset((0, 1, 2, 3, 4, 17, 18))  # sorted A to Z first; figures highest first
+WIDTHS = (6, 24, 8, 14, 18, 9, 12, 8, 8, 8, 4, 4, 6, 10, 8, 6, 6, 7, 22, 200)
+TEXT_COLUMNS = frozenset((0, 1, 2, 3, 4, GPUS, THROTTLE, WHY))  # sorted A to Z first; figures highest first
 
 
 def column_at(x: int) -> int | None:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from rich.console import Group
+from rich.console import Group, RenderableType
 from rich.text import Text
 
-from tui.sources.samples import GpuReport, GpuSample
+from tui.model.samples import GpuReport, GpuSample
 from widgets.fmt import NA, Rows, bar, gib, num
 from widgets.panel import Panel
 
@@ -30,7 +30,7 @@ def render_gpus(report: GpuReport | None) -> Group | Text:
         return Text(report.unavailable, style="dim")
     if not report.gpus:
         return Text("NVML found no GPU", style="dim")
-    parts = []
+    parts: list[RenderableType] = []
     if report.error:
         parts.append(Text(report.error, style="bold yellow"))
     if report.driver_version:

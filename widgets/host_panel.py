@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from tui.sources.samples import HostSample
+from tui.model.samples import HostSample
 from widgets.fmt import Rows, bar, gib, num
 from widgets.panel import Panel
 

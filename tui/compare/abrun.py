@@ -14,7 +14,8 @@ from typing import Any
 
 from tui.compare.ab import ABConfig, Arm, run_comparison
 from tui.compare.gpu_watch import GpuSource
-from tui.compare.report import write_report, write_result
+from tui.compare.report import write_report
+from tui.compare.result_files import write_result
 
 
 class ABRun:

@@ -17,8 +17,8 @@ import httpx
 from tui.lifecycle.engine import StepError
 from tui.lifecycle.profiles import Profile
 from tui.lifecycle.switch import EngineManager
-from tui.net import InsecureSecret, client_kwargs, target_headers
-from tui.sources.samples import GpuReport
+from tui.model.samples import GpuReport
+from tui.net.policy import InsecureSecret, client_kwargs, target_headers
 
 
 @dataclass(frozen=True, slots=True)

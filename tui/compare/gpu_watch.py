@@ -12,7 +12,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from tui.sources.samples import GpuReport
+from tui.model.samples import GpuReport
 
 GpuSource = Callable[[], GpuReport]
 
@@ -24,7 +24,12 @@ def _mean(values: list[float]) -> float | None:
 def summarize_reports(reports: list[GpuReport]) -> dict[str, Any]:
     """Across samples: power is summed over GPUs then averaged in time; temperature is the hottest seen."""
     unavailable = next((r.unavailable for r in reports if r.unavailable), None)
-    power, util, bw, sm_clock, temps, vram = [], [], [], [], [], []
+    power: list[float] = []
+    util: list[float] = []
+    bw: list[float] = []
+    sm_clock: list[float] = []
+    temps: list[float] = []
+    vram: list[float] = []
     reasons: list[str] = []
     throttled = False
     names: list[str] = []

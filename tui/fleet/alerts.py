@@ -16,7 +16,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from tui.fleet.queries import BY, FleetQueries
-from tui.sources.samples import REAL_THROTTLE_MASK, EngineReading, EngineStats
+from tui.model.samples import REAL_THROTTLE_MASK, EngineReading, EngineStats
 
 STALL_S = 60.0
 KV_FULL = 0.90

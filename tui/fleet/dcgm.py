@@ -22,9 +22,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tui.fleet.prometheus import Labels, PromError, PrometheusClient
 from tui.fleet.source import host_of
-from tui.net import proxy_for, public_url, split_credentials
+from tui.model.samples import REAL_THROTTLE_MASK, GpuReport, GpuSample
+from tui.net.policy import proxy_for, public_url, split_credentials
 from tui.sources.gpu import throttle_words
-from tui.sources.samples import REAL_THROTTLE_MASK, GpuReport, GpuSample
 
 MIB = 1 << 20
 FIELDS = {  # dcgm-exporter series -> what it becomes
@@ -99,7 +99,7 @@ def _sample(key: tuple[str, str, str], v: dict, t: float) -> GpuSample:
         vram_total_bytes=int(total * MIB) if total is not None else None,
         clock_event_mask=mask, throttle_reasons=throttle_words(mask) if mask is not None else (),
         throttled=bool(mask is not None and mask & REAL_THROTTLE_MASK),
-        host=host or None, xid_error=int(xid) if xid is not None else None, **pod_of(labels))
+        host=host or None, xid_error=int(xid) if xid is not None else None, **pod_of(labels))  # type: ignore[arg-type]  # pod_of gives only namespace and pod, both str | None
 
 
 def pod_of(labels: Labels) -> dict[str, str | None]:
@@ -115,7 +115,7 @@ def pod_of(labels: Labels) -> dict[str, str | None]:
 
 def parse_exposition(text: str, instance: str = "") -> list[tuple[str, Labels, float | None]]:
     """A dcgm-exporter /metrics body -> (name, labels, value); `instance` stands in for a missing host."""
-    out = []
+    out: list[tuple[str, Labels, float | None]] = []
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             if s.name in FIELDS:

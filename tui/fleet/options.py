@@ -1,4 +1,4 @@
-"""What the command line asks of the fleet view, and the sources it makes (all feed sources, tui.feed)."""
+"""What the command line asks of the fleet view, and the sources it makes (feed sources: tui.live.feed)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from tui.fleet.dcgm import DcgmDirectSource, DcgmPrometheusSource
 from tui.fleet.prometheus import PrometheusClient
 from tui.fleet.source import FleetSource
-from tui.sources.samples import GpuReport
+from tui.model.samples import GpuReport
 
 DEFAULT_REFRESH_S = 5.0
 

@@ -1,7 +1,7 @@
 """An async client for the Prometheus HTTP API (query, query_range, targets, readiness).
 
 Queries are sent as a POST form, so a long fleet-wide expression never hits a URL-length limit. The app's
-proxy policy (tui.net) picks the way, as it does for the engine poller (tui.sources.keepalive.Transports):
+proxy policy (tui.net.policy) picks the way, as it does for the engine poller (tui.net.keepalive.Transports):
 a Prometheus asked directly gets the poller's keep-alive pool (h11 over asyncio), a proxied one (or a test's
 injected transport) an httpx transport; what is sent, the trust for https and everything after the answer
 (status, body bytes) is the same either way. Why not httpx throughout: a refresh sends ~15 queries every
@@ -10,7 +10,7 @@ httpcore's pool, anyio streams) was ~40 % of the fleet view's CPU (2.19 % of a c
 bench/bench_fleet.py). Each failure becomes a `PromError` whose message
 says what to do: Prometheus down, not ready (503), a bad expression (400/422, Prometheus' own errorType and
 error verbatim), a timeout, a 401/403 from a protected Prometheus. The bearer token is sent as a header and
-never appears in a message (tui.net.public_url strips URL credentials too).
+never appears in a message (tui.net.policy.public_url strips URL credentials too).
 
 Sample values arrive as strings; "NaN", "+Inf", "-Inf" (a 0/0 ratio, an empty histogram_quantile) read as
 None, which is what "not available" is everywhere in enginetop.
@@ -28,8 +28,8 @@ from urllib.parse import urlencode
 
 import httpx
 
-from tui.net import auth_headers, check_secret_transport, public_url, split_credentials
-from tui.sources.keepalive import Transport, Transports, exchange
+from tui.net.keepalive import Transport, Transports, exchange
+from tui.net.policy import auth_headers, check_secret_transport, public_url, split_credentials
 
 Labels = dict[str, str]
 POOL = 4
@@ -135,7 +135,7 @@ class PrometheusClient:
         data = await self._api("/api/v1/query", form)
         kind = data.get("resultType")
         result = data.get("result")
-        if kind == "scalar":
+        if kind == "scalar" and isinstance(result, list):
             return [({}, value(result[1]))]
         if kind != "vector" or not isinstance(result, list):
             raise PromError("format", f"{self.shown}: expected an instant vector for {expr!r}, got {kind}")

@@ -26,7 +26,7 @@ from tui.fleet.alerts import DROP_WINDOW_S, AlertTracker
 from tui.fleet.match import GpuMatcher, pod_of_labels
 from tui.fleet.prometheus import Labels, PromError, PrometheusClient, Target
 from tui.fleet.queries import K8S_LABELS, KEY_LABELS, FleetQueries, Windows, window
-from tui.sources.samples import Dialect, EngineReading, EngineSample, EngineStats, GpuReport
+from tui.model.samples import Dialect, EngineReading, EngineSample, EngineStats, GpuReport, Health
 
 Key = tuple[str, str, str, str]  # job, instance, model_name, engine
 TARGETS_REFRESH_S = 60.0  # scrape intervals and target health: refetched sooner when a target is down
@@ -159,7 +159,7 @@ class FleetSource:
         pods: dict[Key, tuple[tuple[str, str], ...]] = {}
         for labels, _ in results["discovery"]:
             key = key_of(labels)
-            found[key] = labels.get("dialect", "unknown")  # type: ignore[assignment]
+            found[key] = labels.get("dialect", "unknown")
             pods[key] = tuple((k, labels[k]) for k in K8S_LABELS if labels.get(k))
         by_figure = {f: {key_of(labels): v for labels, v in results[f]} for f in figures}
         names_by_key = engine_names(sorted(found))
@@ -173,7 +173,7 @@ class FleetSource:
             dialect = found[key]
             self.engines[name] = (key, dialect)
             job, instance, model, rank = key
-            stats = EngineStats(**{f: by_figure[f].get(key) for f in STAT_FIGURES})
+            stats = EngineStats(**{f: by_figure[f].get(key) for f in STAT_FIGURES})  # type: ignore[arg-type]  # STAT_FIGURES are EngineStats' float fields
             reading = EngineReading(dialect=dialect, **{f: by_figure[f].get(key) for f in READING_FIGURES})
             health, reason = self._health(up, job, instance)
             host = host_of(instance)
@@ -200,7 +200,7 @@ class FleetSource:
         return samples
 
     def _health(self, up: dict[tuple[str, str], float | None], job: str,
-                instance: str) -> tuple[str, str | None]:
+                instance: str) -> tuple[Health, str | None]:
         value = up.get((job, instance))
         if value == 1:
             return "up", None

@@ -19,7 +19,8 @@ from pathlib import Path
 import httpx
 import psutil
 
-from tui.lifecycle.process import (
+from tui.base.paths import runs_dir, safe_name
+from tui.base.process import (
     Launched,
     OwnedGroup,
     describe_process,
@@ -31,10 +32,9 @@ from tui.lifecycle.process import (
     same_process,
     tail_lines,
 )
+from tui.base.secrets import redact_argv
 from tui.lifecycle.profiles import Profile, ResolvedProfile
-from tui.net import auth_headers, client_kwargs, error_text
-from tui.paths import runs_dir, safe_name
-from tui.secrets import redact_argv
+from tui.net.policy import auth_headers, client_kwargs, error_text
 
 LOG_TAIL_LINES = 20
 

@@ -9,7 +9,6 @@ The format is documented at the top of profiles/vllm-qwen27b.toml.
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import re
 import tomllib
@@ -18,8 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from tui.paths import config_dir
-from tui.secrets import SecretError, keys_on_argv, read_api_key, read_llama_key_file
+from tui.base.paths import config_dir
+from tui.base.secrets import SecretError, keys_on_argv, read_api_key, read_llama_key_file
+from tui.net.policy import is_loopback_host
 
 ENGINE_KINDS = ("llama.cpp", "vllm", "sglang", "other")
 DEFAULT_VRAM_THRESHOLD_GIB = 4.0
@@ -125,15 +125,6 @@ class Profile:
         return texts
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 # ---------------------------------------------------------------- variables
 
 
@@ -141,7 +132,7 @@ def _builtin_value(name: str) -> str:
     # Imported here so that listing profiles never touches the demo engines.
     from tui.engines import llamacpp, vllm
 
-    locate = {
+    locate: dict[str, Callable[[], Path]] = {
         "ENGINETOP_LLAMA_SERVER": llamacpp.llama_server_binary,
         "ENGINETOP_DEMO_MODEL": llamacpp.demo_model_path,
         "ENGINETOP_VLLM_PYTHON": vllm.vllm_python,
@@ -348,6 +339,7 @@ def parse_profile(
 
     if issues:
         return None, issues
+    assert isinstance(name, str) and isinstance(engine, str) and isinstance(port, int)  # checked above
 
     profile = Profile(
         name=name.strip(),
@@ -368,7 +360,7 @@ def parse_profile(
         notes=data.get("notes", ""),
     )
     issues += _unset_variables(profile, lines, environ)
-    if not is_loopback(profile.host) and profile.api_key_file is None:
+    if not is_loopback_host(profile.host) and profile.api_key_file is None:
         issues.append(
             ProfileIssue(
                 path,

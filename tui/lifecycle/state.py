@@ -12,10 +12,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+from tui.base.paths import runs_dir, safe_name
+from tui.base.process import pid_alive
 from tui.lifecycle.engine import EngineInstance
-from tui.lifecycle.process import pid_alive
 from tui.lifecycle.profiles import ResolvedProfile
-from tui.paths import runs_dir, safe_name
 
 
 def state_dir() -> Path:

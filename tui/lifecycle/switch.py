@@ -28,8 +28,9 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
+from tui.base.process import describe_process, pid_alive, port_listeners, port_open
 from tui.lifecycle import state
 from tui.lifecycle.engine import (
     Cancelled,
@@ -43,29 +44,12 @@ from tui.lifecycle.engine import (
     timeout_message,
     wait_ready,
 )
-from tui.lifecycle.process import describe_process, pid_alive, port_listeners, port_open
 from tui.lifecycle.profiles import GIB, Profile, ProfileError, ResolvedProfile, resolve
-from tui.sources.samples import GpuReport, GpuSample
+from tui.model.samples import GpuReport, GpuSample
+from tui.model.status import EngineStatus, RunState, StepEvent, StepStatus
 
-StepStatus = Literal["running", "ok", "failed", "skipped", "cancelled"]
 STEPS = ("resolve", "stop", "drain", "port", "start", "ready")
 DRAIN_POLL_S = 0.5
-
-
-@dataclass(frozen=True, slots=True)
-class StepEvent:
-    name: str  # one of STEPS
-    status: StepStatus  # "running" events repeat while a step waits, with what it waits for
-    elapsed_s: float  # since this step began
-    message: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "status": self.status,
-            "elapsed_s": round(self.elapsed_s, 3),
-            "message": self.message,
-        }
 
 
 @dataclass
@@ -96,24 +80,17 @@ class SwitchResult:
         }
 
 
-EngineState = Literal["idle", "switching", "ready", "crashed", "stopped"]
+class StateChanges:
+    """Each engine's run state as last recorded: `changed` says when it moved (a start, a crash, a stop)."""
 
+    def __init__(self) -> None:
+        self._last: dict[object, RunState] = {}
 
-@dataclass(frozen=True, slots=True)
-class EngineStatus:
-    """What the UI shows once a second. `log_tail` is filled for a crash (and on request)."""
-
-    state: EngineState
-    profile: str | None = None
-    pid: int | None = None
-    url: str | None = None
-    attached: bool = False
-    exit_code: int | None = None
-    cold_start_s: float | None = None
-    step: str | None = None  # the running step while switching
-    log_path: Path | None = None
-    log_tail: tuple[str, ...] = ()
-    message: str = ""
+    def changed(self, key: object, status: EngineStatus) -> bool:
+        if self._last.get(key) == status.state:
+            return False
+        self._last[key] = status.state
+        return True
 
 
 @dataclass
@@ -540,19 +517,19 @@ class EngineManager:
         to = resolved.profile
         threshold = to.vram_threshold_bytes
         deadline = time.monotonic() + to.drain_timeout_s
-        ours = old is not None and not old.attached
-        old_pids = set(old.pids_seen) if ours else set()
+        ours = old if old is not None and not old.attached else None  # an engine we stop and wait for
+        old_pids = set(ours.pids_seen) if ours else set()
         # On the GPU a PID is only a number: a dead engine's PID listed there is still its context.
         last = ""
         while True:
             run.check_cancel("drain")
             blockers: list[str] = []
             if ours:
-                alive = old.survivors()
+                alive = ours.survivors()
                 if alive:
                     blockers.append(f"old PIDs still running: {', '.join(map(str, alive))}")
-                if port_open(old.profile.connect_host, old.profile.port):
-                    blockers.append(f"old port {old.profile.port} still listening")
+                if port_open(ours.profile.connect_host, ours.profile.port):
+                    blockers.append(f"old port {ours.profile.port} still listening")
             report = self._gpu() if self._gpu is not None else None
             gpu_words = "no GPU"
             if report is not None and report.gpus:
@@ -622,7 +599,10 @@ class EngineManager:
         self._set_step("ready")
         run.emit("ready", "running", f"waiting for {new.url}")
         recorded = new.cold_start_s
-        cold = wait_ready(new, run.cancel, lambda msg: run.emit("ready", "running", msg))
+        def waiting(msg: str) -> None:
+            run.emit("ready", "running", msg)
+
+        cold = wait_ready(new, run.cancel, waiting)
         if new.adopted:
             new.cold_start_s = recorded  # its own cold start, as `up` measured it
             detail = "the adopted engine answers health and a 1-token completion"

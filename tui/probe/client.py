@@ -7,20 +7,22 @@ requests. Failures of any kind become a `ProbeResult` with `error` set; only can
 Clock: `time.monotonic()`, the dashboard store's clock. TTFT and end-to-end time start when the request
 is sent; setting up the connection (TCP connect, TLS) is timed apart (`connect_s`, `tls_s`).
 
-Proxies follow tui.net's one policy (environment proxies, loopback always direct, no secret in clear text
-through a proxy). The HTTP itself is tui.probe.http1: a streaming client far cheaper per read than httpx.
+Proxies follow tui.net.policy (environment proxies, loopback always direct, no secret in clear text
+through a proxy). The HTTP itself is tui.net.http1: a streaming client far cheaper per read than httpx.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from tui.net import InsecureSecret, error_text, public_url, target_headers
-from tui.probe.http1 import Exchange, HttpFailure, Phases
+import orjson
+
+from tui.base.secrets import redact
+from tui.net.http1 import Exchange, HttpFailure, Phases
+from tui.net.policy import InsecureSecret, error_text, public_url, target_headers
 from tui.probe.results import (
     CHUNK_ESTIMATE_NOTE,
     FailureKind,
@@ -29,7 +31,6 @@ from tui.probe.results import (
     TokenSource,
     cache_note,
 )
-from tui.secrets import redact
 
 CHAT_PATH = "/v1/chat/completions"
 
@@ -141,7 +142,7 @@ class _Recorder:
             self.done = True
             return
         try:
-            obj = json.loads(payload)
+            obj = orjson.loads(payload)  # a stream event a token: ~3x cheaper than json's parser
         except ValueError:
             raise _StreamError(f"invalid JSON in stream event {self.events}: {_start(payload)}") from None
         if not isinstance(obj, dict):
@@ -212,7 +213,7 @@ class ProbeClient:
         body = {**body, "stream": True}
         body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
         # Encoded before the clock starts, so the client's own JSON work is not counted as server time.
-        content = json.dumps(body).encode()
+        content = orjson.dumps(body)
         headers = {"Content-Type": "application/json", "Accept": "text/event-stream", "Connection": "close",
                    "Accept-Encoding": "identity"}
         key = target.api_key

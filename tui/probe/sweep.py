@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tui.net import public_url
+from tui.net.policy import public_url
 from tui.probe.client import ProbeClient, ProbeTarget
 from tui.probe.results import ProbeResult, token_source_of
 from tui.probe.stats import median, quantile

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import random
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -150,7 +150,7 @@ def request_body(workload: str, params: WorkloadParams, index: int) -> dict[str,
 
 async def run_workload(
     client: ProbeClient, target: ProbeTarget, workload: str, params: WorkloadParams, repeat: int = 1
-) -> AsyncIterator[ProbeResult]:
+) -> AsyncGenerator[ProbeResult, None]:
     """Send `repeat` requests one after another (agent: `repeat` turns), yielding each result."""
     if workload not in WORKLOADS:
         raise ValueError(f"unknown workload {workload!r}; choose one of {', '.join(WORKLOADS)}")

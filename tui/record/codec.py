@@ -15,8 +15,7 @@ from collections.abc import Callable
 from functools import cache
 from typing import Any
 
-from tui.probe.results import ProbeResult, ServerTimings
-from tui.sources.samples import (
+from tui.model.samples import (
     EngineReading,
     EngineSample,
     EngineStats,
@@ -26,6 +25,7 @@ from tui.sources.samples import (
     HostSample,
     ProcessTreeMemory,
 )
+from tui.probe.results import ProbeResult, ServerTimings
 
 # Kinds of row, as written in the `kind` column; the dataclass each one decodes to.
 SAMPLE_TYPES: dict[str, type] = {"engine": EngineSample, "gpu": GpuReport, "host": HostSample,
@@ -34,7 +34,7 @@ KIND_OF = {cls: kind for kind, cls in SAMPLE_TYPES.items()}
 _KNOWN = (EngineSample, EngineReading, EngineStats, GpuReport, GpuSample, GpuProcess, HostSample,
           ProcessTreeMemory, ProbeResult, ServerTimings)
 # Not recorded: a probe's reply text (large, and it is what the user asked, not what was measured).
-_DROPPED = {ProbeResult: {"text"}}
+_DROPPED: dict[type, set[str]] = {ProbeResult: {"text"}}
 
 # JSON has no infinities (Python's json writes a non-standard `Infinity`, which orjson refuses): they are
 # written as Prometheus writes them, and a float field reads them back with float().
@@ -166,7 +166,8 @@ def _converter(hint: Any) -> Callable[[Any], Any]:
     args = _args(hint)
     for arg in args:
         if isinstance(arg, type) and arg in _KNOWN:
-            return lambda v, arg=arg: None if v is None else _decoder(arg)(v)
+            known: type = arg
+            return lambda v: None if v is None else _decoder(known)(v)
     for arg in args:
         if typing.get_origin(arg) is tuple:
             inner = typing.get_args(arg)

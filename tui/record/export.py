@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import IO
 from urllib.parse import urlsplit
 
+from tui.model.events import ProbeEvent
+from tui.model.samples import EngineSample, GpuReport, HostSample
 from tui.probe.results import ProbeResult
 from tui.record.reader import Recording
 from tui.sources.metrics import metric_names
-from tui.sources.samples import EngineSample, GpuReport, HostSample
-from tui.store import ProbeEvent
 
 Point = tuple[str, str, dict[str, str], float, float]  # family, type, labels, value, unix time
 
@@ -141,7 +141,7 @@ def write_openmetrics(rec: Recording, out: IO[str], job: str = "enginetop") -> i
         for family, f in files.items():
             out.write(f"# TYPE {family} {kinds[family]}\n")
             f.seek(0)
-            for chunk in iter(lambda f=f: f.read(1 << 20), ""):
+            while chunk := f.read(1 << 20):
                 out.write(chunk)
             f.close()
     out.write("# EOF\n")

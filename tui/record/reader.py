@@ -16,10 +16,9 @@ from typing import Any
 import orjson
 import zstandard
 
+from tui.model.events import Event, ProbeEvent
 from tui.record.codec import SAMPLE_TYPES, decode
 from tui.record.schema import RecordingError, check_version
-from tui.record.writer import Event
-from tui.store import ProbeEvent
 
 BATCH = 512
 _JSON = json.JSONDecoder()
@@ -221,3 +220,15 @@ class Recording:
             return []
         rows = [self._decode(r) for r in reversed(found)]
         return [r for r in rows if r is not None]
+
+    def last_event(self, event_kind: str, t: float, source: str | None = None, page: int = 64) -> Row | None:
+        """The newest event of `event_kind` (e.g. "engine-state") before t, however far back: events are
+        read newest first, a page at a time, until one is of that kind."""
+        while True:
+            rows = self.last_before("event", t, page, source)
+            for row in reversed(rows):
+                if row.item is not None and row.item.kind == event_kind:
+                    return row
+            if len(rows) < page:
+                return None
+            t = rows[0].t

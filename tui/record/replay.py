@@ -17,15 +17,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from tui.lifecycle.switch import EngineStatus
-from tui.record.reader import Recording
-from tui.record.writer import Event
-from tui.store import MIN_PROBES_KEPT, Store
+from tui.live.store import MIN_PROBES_KEPT, Sample, Store
+from tui.model.events import Event, Severity
+from tui.model.status import EngineStatus
+from tui.record.reader import Recording, Row
 
 SPEEDS = (1, 2, 5, 10, 30, 60)
 EXTRA_S = 2.0  # beyond the latency window: the oldest reading it compares with
 SAME_NOTICE_S = 1.0  # one incident recorded as two events (a switch result and its alert) is said once
-SEVERITIES = ("information", "warning", "error")
+SEVERITIES: dict[object, Severity] = {"information": "information", "warning": "warning", "error": "error"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +34,7 @@ class Notice:
 
     title: str
     message: str
-    severity: str  # information | warning | error
+    severity: Severity
 
 
 def notice_of(event: Event) -> Notice | None:
@@ -49,9 +49,8 @@ def notice_of(event: Event) -> Notice | None:
     """
     data = event.data
     if event.kind == "alert":
-        severity = data.get("severity")
         return Notice(str(data.get("title") or ""), str(data.get("message") or ""),
-                      severity if severity in SEVERITIES else "warning")
+                      SEVERITIES.get(data.get("severity"), "warning"))
     if event.kind == "switch-result" and data.get("ok") is False:
         return Notice(f"{data.get('to')}: {data.get('failed_step')} failed", str(data.get("message") or ""),
                       "error")
@@ -91,14 +90,14 @@ class ReplaySource:
     def at_end(self) -> bool:
         return self.rec.end is None or self.now >= self.rec.end
 
-    async def read(self) -> Iterable[object]:
+    async def read(self) -> Iterable[Sample]:
         real = time.monotonic()
         if self._real is not None and not self.paused and not self.at_end:
             self.now = min(self.rec.end, self.now + (real - self._real) * self.speed)
         self._real = real
         return self.take()
 
-    def take(self) -> list[object]:
+    def take(self) -> list[Sample]:
         """What the store has not been given yet, up to the cursor. After a seek the store is rebuilt here
         (everything the windows need) and nothing is returned."""
         if self.rec.empty:
@@ -137,15 +136,14 @@ class ReplaySource:
 
     def engine_status(self, name: str) -> EngineStatus | None:
         """The launcher's state of an engine enginetop started, as recorded last before the cursor."""
-        rows = [r for r in self.rec.last_before("event", self.now + 1e-9, 50, name)
-                if r.item is not None and r.item.kind == "engine-state"]
-        if not rows:
+        row = self.rec.last_event("engine-state", self.now + 1e-9, name)
+        if row is None:
             return None
-        data = rows[-1].item.data
+        data = row.item.data
         return EngineStatus(state=data.get("state", "idle"), profile=name, message=data.get("message") or "",
                             exit_code=data.get("exit_code"), log_tail=tuple(data.get("log_tail") or ()))
 
-    def _prime(self) -> list[object]:
+    def _prime(self) -> list[Sample]:
         self.store.reset()
         self._said.clear()
         for name in self._engines:  # every column keeps its engine, whether or not it polled yet
@@ -192,8 +190,8 @@ class ReplaySource:
 
         return skip
 
-    def _split(self, rows: list, played: bool = False) -> list[object]:
-        out = []
+    def _split(self, rows: list[Row], played: bool = False) -> list[Sample]:
+        out: list[Sample] = []
         for row in rows:
             if row.item is None:
                 continue

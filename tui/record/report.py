@@ -13,12 +13,13 @@ from datetime import datetime
 from html import escape
 from pathlib import Path
 
-from tui.compare.report import CSS, _f, _ms, _section, _table
-from tui.compare.svg import FONT, PALETTE, _fmt, nice_max
+from tui.html.page import document, ms, num, section, table
+from tui.html.svg import PALETTE, frame, nice_max, tick_label
+from tui.live.store import Store
+from tui.model.events import Event, ProbeEvent
+from tui.model.samples import EngineSample, GpuReport
+from tui.probe.results import ProbeResult
 from tui.record.reader import Recording
-from tui.record.writer import Event
-from tui.sources.samples import EngineSample, GpuReport
-from tui.store import ProbeEvent, Store
 
 MAX_POINTS = 600  # per line: a day at 1 Hz is drawn from means over 2.4 min buckets
 
@@ -28,7 +29,7 @@ class Summary:
     engines: dict[str, dict[str, list[tuple[float, float]]]] = field(default_factory=dict)  # name->key->pts
     throttle: list[tuple[float, float]] = field(default_factory=list)  # wall spans
     marks: list[tuple[float, str, str]] = field(default_factory=list)  # (wall, engine, what)
-    probes: list[tuple[float, str, object]] = field(default_factory=list)
+    probes: list[tuple[float, str, ProbeResult]] = field(default_factory=list)
     verdicts: list[tuple[float, dict]] = field(default_factory=list)
     sweeps: list[tuple[float, str, dict]] = field(default_factory=list)
     alerts: list[tuple[float, str]] = field(default_factory=list)
@@ -68,7 +69,7 @@ def summarize(rec: Recording) -> Summary:
                 what = f"switch to {data.get('to')}: " + ("ok" if data.get("ok") else
                                                            f"{data.get('failed_step')} failed")
                 out.marks.append((row.wall, item.source or "", what))
-            elif item.kind == "engine-state" and data.get("state") in ("crashed", "failed", "exited"):
+            elif item.kind == "engine-state" and data.get("state") in ("crashed", "failed"):
                 what = f"{data.get('state')}: {data.get('message', '')}"
                 out.marks.append((row.wall, item.source or "", what))
             elif item.kind == "ab":
@@ -107,9 +108,7 @@ def time_chart(lines: dict[str, list[tuple[float, float]]], t0: float, t1: float
     span = (t1 - t0) or 1.0
     px = lambda t: left + plot_w * (t - t0) / span  # noqa: E731
     py = lambda v: top + plot_h * (1 - v * scale / ymax)  # noqa: E731
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" width="100%" role="img" '
-           f'aria-label="{escape(title)}" class="chart" {FONT}>',
-           f'<text x="0" y="18" font-size="14" font-weight="600" fill="#111827">{escape(title)}</text>']
+    out = frame(title, width, height)
     for a, b in spans:
         out.append(f'<rect x="{px(a):.1f}" y="{top}" width="{max(1.0, px(b) - px(a)):.1f}" height="{plot_h}" '
                    f'fill="#dc2626" fill-opacity="0.15"><title>GPU throttled {_clock(a)}–{_clock(b)}'
@@ -119,7 +118,7 @@ def time_chart(lines: dict[str, list[tuple[float, float]]], t0: float, t1: float
         ty = top + plot_h * (1 - tick / ymax)
         out.append(f'<line x1="{left}" y1="{ty:.1f}" x2="{left + plot_w}" y2="{ty:.1f}" stroke="#e5e7eb"/>')
         out.append(f'<text x="{left - 6}" y="{ty + 4:.1f}" font-size="11" fill="#6b7280" '
-                   f'text-anchor="end">{_fmt(tick)}</text>')
+                   f'text-anchor="end">{tick_label(tick)}</text>')
         tx = t0 + span * i / 4
         out.append(f'<text x="{px(tx):.1f}" y="{top + plot_h + 16}" font-size="11" fill="#6b7280" '
                    f'text-anchor="middle">{_clock(tx)}</text>')
@@ -133,7 +132,8 @@ def time_chart(lines: dict[str, list[tuple[float, float]]], t0: float, t1: float
         color = PALETTE[i % len(PALETTE)]
         for t, v in dots.get(name, []):
             out.append(f'<circle cx="{px(t):.1f}" cy="{py(v):.1f}" r="3.5" fill="#ffffff" stroke="{color}" '
-                       f'stroke-width="2"><title>probe {escape(name)} {_clock(t)}: {_fmt(v * scale)}</title>'
+                       f'stroke-width="2"><title>probe {escape(name)} {_clock(t)}: '
+                       f"{tick_label(v * scale)}</title>"
                        "</circle>")
         pts = _thin(pts, t0, t1)
         if pts:
@@ -180,39 +180,34 @@ def render_recording(rec: Recording) -> str:
               + time_chart(ttft, t0, t1, title="TTFT p50: engine histograms (lines), probes (dots)",
                            unit="ms", scale=1000.0, spans=s.throttle, marks=s.marks, dots=probe_ttft))
     throttled = sum(b - a for a, b in s.throttle)
-    body = [head, _section("Over time", f"GPU throttled {throttled:.0f} s in {len(s.throttle)} span(s) "
+    body = [head, section("Over time", f"GPU throttled {throttled:.0f} s in {len(s.throttle)} span(s) "
                            "(red); switches and crashes dashed", charts)]
     rows = [[escape(n), *(str(c.get(h, 0)) for h in ("up", "loading", "starting", "down"))]
             for n, c in s.health.items()]
-    body.append(_section("Engines", "polls by health", _table(["engine", "up", "loading", "starting", "down"],
+    body.append(section("Engines", "polls by health", table(["engine", "up", "loading", "starting", "down"],
                                                               rows, numeric=(1, 2, 3, 4))))
     probe_rows = [[_clock(w), escape(e), escape(r.workload), "ok" if r.ok else escape(r.error or "failed"),
-                   _ms(r.ttft_s), _f(r.decode_tps), _f(r.prefill_tps), str(r.completion_tokens or "")]
+                   ms(r.ttft_s), num(r.decode_tps), num(r.prefill_tps), str(r.completion_tokens or "")]
                   for w, e, r in s.probes]
-    body.append(_section("Probes", f"{len(s.probes)} probe request(s)", _table(
+    body.append(section("Probes", f"{len(s.probes)} probe request(s)", table(
         ["time", "engine", "workload", "result", "TTFT", "decode tok/s", "prefill tok/s", "tokens"],
         probe_rows, numeric=(4, 5, 6, 7))))
     events = [[_clock(w), escape(e), escape(what)] for w, e, what in s.marks]
-    body.append(_section("Switches and crashes", f"{len(events)} event(s)",
-                         _table(["time", "engine", "what"], events)))
-    body.append(_section("A/B verdicts", f"{len(s.verdicts)} comparison(s) in this session", _table(
+    body.append(section("Switches and crashes", f"{len(events)} event(s)",
+                         table(["time", "engine", "what"], events)))
+    body.append(section("A/B verdicts", f"{len(s.verdicts)} comparison(s) in this session", table(
         ["time", "pair", "decode ratio", "95% interval", "verdict"],
-        [[_clock(w), escape(v.get("pair", "")), _f(v.get("decode_ratio"), 3),
-          f"{_f(v.get('ci_low'), 3)} – {_f(v.get('ci_high'), 3)}", escape(str(v.get("verdict", "")))]
+        [[_clock(w), escape(v.get("pair", "")), num(v.get("decode_ratio"), 3),
+          f"{num(v.get('ci_low'), 3)} – {num(v.get('ci_high'), 3)}", escape(str(v.get("verdict", "")))]
          for w, v in s.verdicts], numeric=(2,))))
-    body.append(_section("Concurrency sweeps", f"{len(s.sweeps)} level(s) measured", _table(
+    body.append(section("Concurrency sweeps", f"{len(s.sweeps)} level(s) measured", table(
         ["time", "engine", "streams", "ok", "aggregate tok/s", "TTFT p50"],
         [[_clock(w), escape(e), str(d.get("level")), f"{d.get('ok')}/{d.get('requests')}",
-          _f(d.get("aggregate_tps")), _ms(d.get("ttft_s_p50"))] for w, e, d in s.sweeps],
+          num(d.get("aggregate_tps")), ms(d.get("ttft_s_p50"))] for w, e, d in s.sweeps],
         numeric=(2, 3, 4, 5))))
-    body.append(_section("Alerts", f"{len(s.alerts)} warning(s) shown",
-                         _table(["time", "alert"], [[_clock(w), escape(a)] for w, a in s.alerts])))
-    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-            f'<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f"<title>enginetop recording · {escape(names)}</title><style>{CSS}</style></head><body><main>"
-            + "".join(body)
-            + f'<footer class="muted"><p>Written by enginetop from {escape(str(rec.path))}.</p></footer>'
-            "</main></body></html>\n")
+    body.append(section("Alerts", f"{len(s.alerts)} warning(s) shown",
+                         table(["time", "alert"], [[_clock(w), escape(a)] for w, a in s.alerts])))
+    return document(f"enginetop recording · {names}", "".join(body), str(rec.path))
 
 
 def write_recording_report(rec: Recording, out: Path) -> Path:

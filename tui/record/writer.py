@@ -18,17 +18,16 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 import zstandard
 
+from tui.model.events import Event, ProbeEvent
 from tui.record.codec import KIND_OF, encode, scrub
 from tui.record.retention import Retention, prune
 from tui.record.schema import DDL, SCHEMA_VERSION
-from tui.store import ProbeEvent
 
 log = logging.getLogger(__name__)
 
@@ -36,17 +35,6 @@ FLUSH_S = 1.0  # kill -9 loses at most this much, plus what is on its way to the
 TRAIN_AT = (300, 3000)  # rows after which a dictionary is trained (again, if the first try failed)
 DICT_BYTES = 16 * 1024
 LEVEL = 3
-
-
-@dataclass(frozen=True, slots=True)
-class Event:
-    """Something that happened rather than was sampled: a switch step, a crash, an alert, an A/B verdict."""
-
-    kind: str  # e.g. "switch", "engine-state", "alert", "ab", "sweep"
-    source: str | None
-    t: float
-    wall: float
-    data: dict[str, Any]
 
 
 class Recorder:
@@ -149,6 +137,7 @@ class Recorder:
                 self.on_delete(path)
 
     def _row(self, item: Any, offset: float) -> tuple[Any, ...]:
+        source: str | None
         if isinstance(item, ProbeEvent):
             kind, source, t, payload = "probe", item.engine, item.t, encode(item.result, self.secrets)
             wall = offset + t

@@ -1,6 +1,6 @@
 """Poll one engine: /health, /v1/models, /metrics. Never raises: each failure becomes words to act on.
 
-The transport is passed in so the app keeps one connection per engine (tui.sources.keepalive). The API key
+The transport is passed in so the app keeps one connection per engine (tui.net.keepalive). The API key
 is sent as `Authorization: Bearer` (vLLM, llama.cpp and SGLang all accept it) and is scrubbed from every
 message this module produces.
 """
@@ -11,34 +11,21 @@ import asyncio
 import json
 import logging
 import time
-from dataclasses import dataclass, field
 
 import httpx
 
-from tui.net import InsecureSecret, error_text, public_url, target_headers
-from tui.sources.keepalive import Transport, exchange
+from tui.model.samples import EngineReading, EngineSample, Health
+from tui.model.targets import EngineTarget
+from tui.net.keepalive import Transport, exchange
+from tui.net.policy import InsecureSecret, error_text, public_url, target_headers
 from tui.sources.metrics import MetricsFormatError, parse_reading
-from tui.sources.samples import EngineReading, EngineSample, Health
 
-# One line per request, off unless --log-http (tui.cli.log_to_file): four engines a second say nothing.
+# One line per request, off unless --log-http (tui.cli.dashboard.log_to_file): four engines a second say
+# nothing.
 http_log = logging.getLogger("tui.http")
 
 # The poller's own keep-alive pool, or an httpx transport (a proxied engine; tests that pass their own)
 _ERROR_BODY_BYTES = 4096  # enough of an error response to quote its message
-
-
-@dataclass(frozen=True)
-class EngineTarget:
-    name: str
-    url: str  # base URL without credentials, e.g. http://127.0.0.1:8080 (see tui.net.split_credentials)
-    api_key: str | None = field(default=None, repr=False)
-    basic_auth: tuple[str, str] | None = field(default=None, repr=False)  # user:password from the URL
-    health_path: str = "/health"
-    metrics_path: str = "/metrics"
-
-    @property
-    def base(self) -> str:
-        return self.url.rstrip("/")
 
 
 class _Failed(Exception):

@@ -1,4 +1,4 @@
-"""An engine polled directly, as a feed source (tui.feed), and which local process serves it.
+"""An engine polled directly, as a feed source (tui.live.feed), and which local process serves it.
 
 The dashboard's columns and `enginetop record` both poll through `EngineSource`, so what is recorded
 headless is exactly what the dashboard would have shown. Nothing here imports Textual.
@@ -9,12 +9,13 @@ from __future__ import annotations
 import time
 from urllib.parse import urlsplit
 
-from tui.lifecycle.process import pid_alive
-from tui.net import is_loopback_host
-from tui.sources.engine import EngineTarget, poll_engine
+from tui.base.process import pid_alive
+from tui.model.samples import EngineSample
+from tui.model.targets import EngineTarget
+from tui.net.keepalive import Transports
+from tui.net.policy import is_loopback_host
+from tui.sources.engine import poll_engine
 from tui.sources.host import pids_listening
-from tui.sources.keepalive import Transports
-from tui.sources.samples import EngineSample
 
 MODEL_REFRESH_S = 30.0
 HEALTH_REFRESH_S = 5.0  # while /metrics answers; any failure asks /health at once
@@ -26,8 +27,9 @@ class EngineSource:
     an answer from the engine it replaced is dropped."""
 
     def __init__(self, target: EngineTarget, transports: Transports, interval_s: float = 1.0,
-                 launched_by_us: bool = False) -> None:
+                 launched_by_us: bool = False, timeout_s: float | None = None) -> None:
         self.target = target
+        self.timeout_s = min(2.0, interval_s * 2) if timeout_s is None else timeout_s
         self.transports = transports
         self.interval_s = interval_s
         self.launched_by_us = launched_by_us  # a refused connection then reads "starting", not "down"
@@ -52,7 +54,7 @@ class EngineSource:
         if check_health:
             self._health_asked = started
         sample = await poll_engine(self.transports.for_url(target.url), target,
-                                   timeout=min(2.0, self.interval_s * 2), launched_by_us=self.launched_by_us,
+                                   timeout=self.timeout_s, launched_by_us=self.launched_by_us,
                                    known_model=known, check_health=check_health)
         if target is not self.target:
             return []  # switched meanwhile: the old engine's answer
@@ -70,8 +72,8 @@ class LocalPids:
     so it is looked up again only every `every_s`, and not even then while every process found is alive."""
 
     def __init__(self, targets: list[EngineTarget], every_s: float = PID_RESCAN_S) -> None:
-        self.watched = {t.name: (None, urlsplit(t.url).port) for t in targets
-                        if is_local(t.url) and urlsplit(t.url).port}
+        self.watched: dict[str, tuple[str | None, int]] = {
+            t.name: (None, port) for t in targets if is_local(t.url) and (port := urlsplit(t.url).port)}
         self.every_s = every_s
         self._next = 0.0
         self._pids: dict[str, int] = {}

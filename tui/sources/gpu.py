@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from tui.sources.samples import (
+from tui.model.samples import (
     REAL_THROTTLE_MASK,
     THROTTLE_REASON_WORDS,
     GpuProcess,
@@ -83,7 +83,7 @@ class GpuSampler:
     def __init__(
         self, nvml: ModuleType | Any | None = None, clock: Callable[[], float] = time.monotonic
     ) -> None:
-        self._nvml = nvml
+        self._nvml: Any = nvml  # pynvml, or a stand-in with the same names: duck-typed
         self._clock = clock
         self._initialized = False
         self._unavailable: str | None = None

@@ -8,7 +8,7 @@ import time
 
 import psutil
 
-from tui.sources.samples import HostSample, ProcessTreeMemory
+from tui.model.samples import HostSample, ProcessTreeMemory
 
 log = logging.getLogger(__name__)
 

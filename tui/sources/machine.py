@@ -6,9 +6,9 @@ import asyncio
 import time
 from collections.abc import Callable
 
+from tui.model.samples import GpuReport, HostSample
 from tui.sources.gpu import GpuSampler
 from tui.sources.host import HostSampler
-from tui.sources.samples import GpuReport, HostSample
 
 
 class MachineSource:

@@ -18,10 +18,11 @@ import functools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tui.sources.samples import Buckets, Dialect, EngineReading
+from tui.model.samples import Buckets, Dialect, EngineReading
 
 
 class MetricsFormatError(ValueError):
@@ -111,7 +112,7 @@ def detect_dialect(text: str) -> Dialect:
     for dialect in ("llamacpp", "vllm", "sglang"):
         prefix = dialect + ":"
         if text.startswith(prefix) or f"\n{prefix}" in text or f"# TYPE {prefix}" in text:
-            return dialect  # type: ignore[return-value]
+            return dialect
     return "unknown"
 
 
@@ -186,7 +187,7 @@ def _parse_selected(dialect: Dialect, selected: str) -> EngineReading:
     histograms: set[str] = set()
     n = 0
     last = "the start"
-    families = text_string_to_metric_families(selected)
+    families = iter(text_string_to_metric_families(selected))
     while True:
         try:
             fam = next(families)
@@ -208,7 +209,7 @@ def _parse_selected(dialect: Dialect, selected: str) -> EngineReading:
         if fam.type == "histogram":
             histograms.add(name)
 
-    values: dict[str, object] = {}
+    values: dict[str, Any] = {}  # EngineReading fields by name: float | None, bucket tuples
     for field, src in sources.items():
         for fam_name in src.families:  # preference order: the first family present wins
             if fam_name not in samples:
@@ -222,13 +223,13 @@ def _parse_selected(dialect: Dialect, selected: str) -> EngineReading:
     return _finish(dialect, values, set(samples))
 
 
-def _finish(dialect: Dialect, values: dict[str, object], present: set[str]) -> EngineReading:
+def _finish(dialect: Dialect, values: dict[str, Any], present: set[str]) -> EngineReading:
     if dialect == "llamacpp":
         # Every prompt token is either computed or reused from the cache: both are the cache lookups.
         computed = values.get("prompt_tokens_computed_total")
         cached = values.get("prompt_tokens_cached_total")
         if computed is not None and cached is not None:
-            values["prompt_tokens_processed_total"] = computed + cached  # type: ignore[operator]
+            values["prompt_tokens_processed_total"] = computed + cached
             values["prefix_cache_queries_total"] = values["prompt_tokens_processed_total"]
             values["prefix_cache_hits_total"] = cached
     elif dialect == "vllm":
@@ -249,7 +250,7 @@ def _finish(dialect: Dialect, values: dict[str, object], present: set[str]) -> E
             # SGLang reports 0 for both gauges when speculative decoding is off (length is >= 1 when on).
             values["spec_accept_length_gauge"] = None
             values["spec_accept_rate_gauge"] = None
-    return EngineReading(dialect=dialect, **values)  # type: ignore[arg-type]
+    return EngineReading(dialect=dialect, **values)
 
 
 def metric_names(dialect: Dialect) -> dict[str, tuple[str, tuple[str, str] | None]]:

@@ -16,7 +16,7 @@ import operator
 from collections.abc import Sequence
 from itertools import compress
 
-from tui.sources.samples import Buckets, EngineReading, EngineStats
+from tui.model.samples import Buckets, EngineReading, EngineStats
 
 # Tokens per busy second (llama.cpp's decode time): each request's first token comes from the prompt's last
 # batch and costs no decode time, so n tokens are timed over n-1 steps and one request reads n/(n-1) high.
@@ -184,7 +184,8 @@ def derive(prev: EngineReading, prev_t: float, cur: EngineReading, cur_t: float,
         return None if tokens is None or dt < MIN_WINDOW_S else tokens / dt
 
     def quantile(field: str, q: float) -> float | None:
-        return None if not quantiles or hist[field] is None else histogram_quantile(q, hist[field])
+        buckets = hist[field]
+        return None if not quantiles or buckets is None else histogram_quantile(q, buckets)
 
     # The counters win whenever the engine has them; the engine's own gauges only stand in when it does not.
     counters_hit = d["prefix_cache_queries_total"] is not None and d["prefix_cache_hits_total"] is not None
@@ -229,7 +230,7 @@ def _bounds(buckets: Buckets | None) -> tuple[float, ...] | None:
 
 def present(shape_: tuple[object, ...]) -> tuple[bool, ...]:
     """Which counters a reading of this shape has (for went_back_same_shape)."""
-    return tuple(t is not type(None) for t in shape_[1])  # type: ignore[attr-defined]
+    return tuple(t is not type(None) for t in shape_[1])  # type: ignore[attr-defined]  # shape's item 1: types
 
 
 def went_back_same_shape(prev: EngineReading, cur: EngineReading, has: tuple[bool, ...]) -> bool:
@@ -244,8 +245,8 @@ def went_back_same_shape(prev: EngineReading, cur: EngineReading, has: tuple[boo
     return False
 
 
-# What the plots draw for every reading (tui.store.ENGINE_SERIES), alone: when a replay seeks, it rebuilds
-# minutes of plots at once, and derive() makes every figure for every reading. Each gives exactly the
+# What the plots draw for every reading (tui.live.store.ENGINE_SERIES), alone: when a replay seeks, it
+# rebuilds minutes of plots at once, and derive() makes every figure for every reading. Each gives exactly the
 # figure derive() gives for the same window (tests/test_store.py holds them to it). `chained`: the caller
 # knows that nothing went back from prev to cur (readings of one shape, each checked against the last).
 

@@ -1,0 +1,1 @@
+"""The command line: one parser, shared option groups, one exit-code table, a module per command."""

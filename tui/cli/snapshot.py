@@ -1,0 +1,70 @@
+"""`enginetop snapshot`: two readings of every source, as JSON (--json) or a table."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from typing import Any
+
+from tui.cli.options import (
+    EXIT_BAD_INPUT,
+    EXIT_ENGINE_DOWN,
+    EXIT_FAILED,
+    EXIT_OK,
+    add_fleet,
+    add_output,
+    add_targets,
+    fleet_options,
+)
+
+
+def register(sub: Any) -> None:
+    snap = sub.add_parser("snapshot", help="two readings of every source, as JSON (--json) or a table")
+    add_targets(snap)
+    snap.add_argument("--interval", type=float, default=1.0, help="seconds between the two readings")
+    snap.add_argument("--timeout", type=float, default=2.0, help="per-request timeout, seconds")
+    add_output(snap, json="print one JSON object (default: a table)")
+    add_fleet(snap)
+    snap.set_defaults(func=cmd_snapshot)
+
+
+def _na(value: Any, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def table(snapshot: dict[str, Any]) -> str:
+    lines = [f"{'engine':<16} {'health':<9} {'gen tok/s':>9} {'prompt tok/s':>12} {'running':>7} "
+             f"{'waiting':>7}  model"]
+    for name, e in snapshot["engines"].items():
+        lines.append(f"{name[:16]:<16} {e['health']:<9} {_na(e.get('gen_tps'), '.1f'):>9} "
+                     f"{_na(e.get('prompt_processed_tps'), '.1f'):>12} {_na(e.get('running'), '.0f'):>7} "
+                     f"{_na(e.get('waiting'), '.0f'):>7}  {e.get('model') or 'n/a'}")
+        if e["health"] != "up" and e.get("health_reason"):
+            lines.append(f"{'':<16} {e['health_reason']}")
+    for g in snapshot["gpus"]:
+        lines.append(f"GPU {g.get('index')}: {g.get('name')} util {_na(g.get('util_pct'), '.0f')} %")
+    if snapshot.get("gpu_unavailable"):
+        lines.append(f"GPU: {snapshot['gpu_unavailable']}")
+    return "\n".join(lines)
+
+
+def cmd_snapshot(args: argparse.Namespace) -> int:
+    from tui.run.snapshot import any_engine_down, take_snapshot
+    from tui.run.sources import RunOptions
+    from tui.run.targets import build_targets
+
+    fleet = fleet_options(args)
+    if not args.engine and fleet is None:
+        print("enginetop snapshot: give at least one --engine NAME=URL, or --prometheus URL / --dcgm URL",
+              file=sys.stderr)
+        return EXIT_BAD_INPUT
+    targets = build_targets(args.engine, args.api_key_file, args.api_key_env)
+    options = RunOptions(watched=targets, fleet=fleet, poll_timeout_s=args.timeout)
+    snapshot = asyncio.run(take_snapshot(options, interval=args.interval))
+    print(json.dumps(snapshot, indent=2) if args.json else table(snapshot))
+    if snapshot.get("error"):
+        print(f"enginetop snapshot: {snapshot['error']}", file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_ENGINE_DOWN if any_engine_down(snapshot) else EXIT_OK

@@ -1,0 +1,1 @@
+"""Offline HTML pages: the page skeleton, tables and SVG charts shared by every report."""

@@ -1,0 +1,286 @@
+"""Bounded history of everything polled: memory grows with neither session length nor horizon.
+
+Counters become rates here (over a short window, so llama.cpp's end-of-request counter updates do not
+read as bursts) and histograms become quantiles over a longer window. Every plotted series keeps at most
+`max_points` points over the horizon (see Series), so a 24 h horizon costs what a 1 h one does, and each
+poll costs the same whatever the horizon. Nothing here imports Textual.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tui.model.events import ProbeEvent
+from tui.model.samples import EngineReading, EngineSample, EngineStats, GpuReport, HostSample
+from tui.sources.rates import derive, gen_tps, present, shape, ttft_p50, went_back, went_back_same_shape
+
+# What a source makes (tui.live.feed); a replay adds the probe results it recorded.
+Sample = EngineSample | GpuReport | HostSample | ProbeEvent
+
+Point = tuple[float, float]  # (time.monotonic(), value)
+
+ENGINE_SERIES = ("gen_tps", "ttft_p50_s")  # what the plots draw, from EngineStats (see Store._plotted)
+MIN_PROBES_KEPT = 10  # the probe panel lists and medians the last few, however old they are
+
+
+class Series:
+    """(t, value) points over the last `horizon_s`, at most `max_points` + 1 of them.
+
+    Samples that fall in the same time bucket of horizon/max_points seconds share one point: the first
+    sample's time and the mean of the values, or their maximum with `peak=True` (a throttled second must
+    never be averaged away). Samples further apart than a bucket keep a point each, so a short horizon
+    keeps full resolution. Values that are not available are not stored.
+    """
+
+    def __init__(self, horizon_s: float, max_points: int, peak: bool = False) -> None:
+        self.horizon_s = horizon_s
+        self.bucket_s = horizon_s / max_points
+        self.peak = peak
+        self.points: deque[Point] = deque(maxlen=max_points + 1)
+        self._bucket: int | None = None  # bucket of the newest point
+        self._sum = 0.0
+        self._n = 0
+
+    def add(self, t: float, value: float | None) -> None:
+        if value is None:
+            return
+        bucket = math.floor(t / self.bucket_s)
+        if bucket == self._bucket and self.points:
+            first_t, kept = self.points[-1]
+            self._sum += value
+            self._n += 1
+            self.points[-1] = (first_t, max(kept, value) if self.peak else self._sum / self._n)
+        else:
+            self.points.append((t, value))
+            self._bucket, self._sum, self._n = bucket, value, 1
+        cutoff = t - self.horizon_s
+        while self.points[0][0] < cutoff:
+            self.points.popleft()
+
+    def since(self, t0: float) -> list[Point]:
+        return [p for p in self.points if p[0] >= t0]
+
+
+@dataclass
+class EngineState:
+    name: str
+    url: str
+    sample: EngineSample | None = None
+    stats: EngineStats = field(default_factory=EngineStats)
+    # (t, reading) for the longest window we derive over, all from the engine's current run
+    readings: deque[tuple[float, EngineReading]] = field(default_factory=deque)
+    reset_t: float | None = None  # when the counters last went back (the engine restarted)
+    # The newest reading's shape (tui.sources.rates.shape), its counters, and since when readings had it
+    shape: tuple[object, ...] | None = None
+    has: tuple[bool, ...] = ()
+    shape_t: float = math.inf
+    series: dict[str, Series] = field(default_factory=dict)
+    probes: deque[tuple[float, Any]] = field(default_factory=deque)  # (t, ProbeResult), oldest first
+    rss_bytes: int | None = None
+
+
+class Store:
+    def __init__(self, horizon_s: float = 600.0, rate_window_s: float = 10.0,
+                 latency_window_s: float = 60.0, max_points: int = 3600, max_probes: int = 1000) -> None:
+        if not horizon_s > 0:
+            raise ValueError(f"the plots' horizon must be a positive number of seconds, got {horizon_s}")
+        self.horizon_s = horizon_s
+        self.rate_window_s = rate_window_s
+        self.latency_window_s = latency_window_s
+        self.max_points = max_points
+        self.max_probes = max_probes
+        self.engines: dict[str, EngineState] = {}
+        self.gpu: GpuReport | None = None
+        self.host: HostSample | None = None
+        # 1.0 while any GPU reports a real throttle reason
+        self.throttle = Series(horizon_s, max_points, peak=True)
+        # Called with every sample and probe result the store takes, as it takes it (a recorder listens
+        # here, so whatever fed the store is kept, whichever source it came from).
+        self.listeners: list[Callable[[Any], None]] = []
+
+    def add(self, sample: Sample) -> None:
+        """Take one sample from any source."""
+        if isinstance(sample, EngineSample):
+            self.add_engine_sample(sample)
+        elif isinstance(sample, GpuReport):
+            self.add_gpu_report(sample)
+        elif isinstance(sample, HostSample):
+            self.add_host_sample(sample)
+        elif isinstance(sample, ProbeEvent):  # a recorded probe result, replayed
+            self.add_probe(sample.engine, sample.result, sample.t)
+        else:
+            raise TypeError(f"the store takes engine, GPU and host samples, not {type(sample).__name__}")
+
+    def add_many(self, samples: Iterable[Any]) -> None:
+        """Take many samples at once, as a replay does when it rebuilds the windows after a seek. The state
+        is the one adding them one by one gives; but an engine's full stats, which only its last reading
+        shows, are derived only for that one: the readings before it only give the plots their points."""
+        samples = list(samples)
+        last: dict[str, int] = {}  # engine -> its last sample that derives stats from a reading
+        for i, sample in enumerate(samples):
+            if type(sample) is EngineSample and sample.stats is None and sample.reading is not None:
+                last[sample.name] = i
+        for i, sample in enumerate(samples):
+            if type(sample) is EngineSample and sample.reading is not None and last.get(sample.name, i) != i:
+                self.add_engine_sample(sample, plotted_only=True)
+            else:
+                self.add(sample)
+
+    def reset(self) -> None:
+        """Forget everything (a replay seeking backwards rebuilds from the file); listeners stay."""
+        listeners = self.listeners
+        # one place sets every field: __init__, run again (mypy forbids calling it on an instance)
+        self.__init__(self.horizon_s, self.rate_window_s, self.latency_window_s,  # type: ignore[misc]
+                      self.max_points, self.max_probes)
+        self.listeners = listeners
+
+    def _tell(self, item: Any) -> None:
+        for listener in self.listeners:
+            listener(item)
+
+    def engine(self, name: str, url: str = "") -> EngineState:
+        state = self.engines.get(name)
+        if state is None:
+            series = {k: Series(self.horizon_s, self.max_points) for k in ENGINE_SERIES}
+            state = EngineState(name=name, url=url, series=series, probes=deque(maxlen=self.max_probes))
+            self.engines[name] = state
+        return state
+
+    def add_engine_sample(self, sample: EngineSample, plotted_only: bool = False) -> EngineState:
+        """plotted_only (add_many): the series get their points, `stats` is left to a later reading."""
+        self._tell(sample)
+        state = self.engine(sample.name, sample.url)
+        state.sample = sample
+        t = sample.t
+        if sample.stats is not None:
+            # figures the source computed itself (Prometheus rates and quantiles): shown as they are
+            state.stats = sample.stats
+            for key in ENGINE_SERIES:
+                state.series[key].add(t, getattr(sample.stats, key))
+            return state
+        if sample.reading is None:
+            if sample.health != "up":
+                state.stats = EngineStats()
+            return state
+        readings = state.readings
+        now_shape = shape(sample.reading)
+        if readings and now_shape == state.shape:
+            back = went_back_same_shape(readings[-1][1], sample.reading, state.has)
+        else:
+            back = bool(readings) and went_back(readings[-1][1], sample.reading)
+            state.shape, state.has, state.shape_t = now_shape, present(now_shape), t
+        if back:
+            # The engine restarted: nothing before this reading can be compared with what follows, so
+            # the windows start again here instead of staying void until the old readings age out.
+            readings.clear()
+            state.reset_t = t
+        readings.append((t, sample.reading))
+        while t - readings[0][0] > self.latency_window_s + 1.0:
+            readings.popleft()
+        if plotted_only:
+            for key, value in zip(ENGINE_SERIES, self._plotted(state), strict=True):
+                state.series[key].add(t, value)
+            return state
+        state.stats = self._stats(state, t)
+        for key in ENGINE_SERIES:
+            state.series[key].add(t, getattr(state.stats, key))
+        return state
+
+    def _plotted(self, state: EngineState) -> tuple[float | None, float | None]:
+        """_stats(state, t)'s gen_tps and ttft_p50_s (ENGINE_SERIES), without the other figures."""
+        readings = state.readings
+        if len(readings) < 2:
+            return None, None
+        cur_t, cur = readings[-1]
+        rate_t, rate_prev = _oldest_within(readings, cur_t - self.rate_window_s)
+        lat_t, lat_prev = readings[0]
+        # Readings since shape_t each passed went_back against the one before: none went back since.
+        return (gen_tps(rate_prev, rate_t, cur, cur_t, chained=rate_t >= state.shape_t),
+                ttft_p50(lat_prev, lat_t, cur, cur_t, chained=lat_t >= state.shape_t))
+
+    def _stats(self, state: EngineState, t: float) -> EngineStats:
+        # Shown until the latency window holds only the new run: its figures cover less time meanwhile.
+        reset = state.reset_t is not None and t - state.reset_t < self.latency_window_s
+        readings = state.readings
+        if len(readings) < 2:
+            return EngineStats(counter_reset=reset)
+        cur_t, cur = readings[-1]
+        rate_t, rate_prev = _oldest_within(readings, t - self.rate_window_s)
+        lat_t, lat_prev = readings[0]
+        rates = derive(rate_prev, rate_t, cur, cur_t, quantiles=False)  # only its rates are shown
+        lat = derive(lat_prev, lat_t, cur, cur_t)
+        return EngineStats(
+            prompt_processed_tps=rates.prompt_processed_tps,
+            prompt_computed_tps=rates.prompt_computed_tps,
+            gen_tps=rates.gen_tps,
+            decode_tps_busy=lat.decode_tps_busy,
+            prefix_cache_hit_rate=lat.prefix_cache_hit_rate,
+            spec_accept_rate=lat.spec_accept_rate,
+            spec_accept_length=lat.spec_accept_length,
+            ttft_p50_s=lat.ttft_p50_s,
+            ttft_p90_s=lat.ttft_p90_s,
+            itl_p50_s=lat.itl_p50_s,
+            itl_p90_s=lat.itl_p90_s,
+            counter_reset=reset,
+        )
+
+    def add_gpu_report(self, report: GpuReport) -> None:
+        self._tell(report)
+        self.gpu = report
+        self.throttle.add(report.t, 1.0 if any(g.throttled for g in report.gpus) else 0.0)
+
+    def add_host_sample(self, sample: HostSample) -> None:
+        self._tell(sample)
+        self.host = sample
+        by_engine = {m.engine: m.rss_bytes for m in sample.engines}
+        for name, state in self.engines.items():
+            state.rss_bytes = by_engine.get(name)
+
+    def add_probe(self, name: str, result: Any, t: float | None = None) -> None:
+        t = time.monotonic() if t is None else t
+        self._tell(ProbeEvent(name, t, result))
+        probes = self.engine(name).probes
+        probes.append((t, result))
+        while len(probes) > MIN_PROBES_KEPT and probes[0][0] < t - self.horizon_s:
+            probes.popleft()
+
+    def throttle_spans(self, t0: float) -> list[tuple[float, float]]:
+        """Periods (start, end) since t0 in which a GPU reported a real throttle reason; a span still open
+        ends at the last report."""
+        return spans(self.throttle, t0)
+
+
+def spans(series: Series, t0: float) -> list[tuple[float, float]]:
+    """Periods (start, end) since t0 in which a 0/1 series was 1; a span still open ends at its last point."""
+    out: list[tuple[float, float]] = []
+    start: float | None = None
+    last_t = t0
+    for t, v in series.since(t0):
+        if v and start is None:
+            start = t
+        elif not v and start is not None:
+            out.append((start, t))
+            start = None
+        last_t = t
+    if start is not None:
+        out.append((start, last_t))
+    return out
+
+
+def _oldest_within(readings: deque[tuple[float, EngineReading]], t0: float) -> tuple[float, EngineReading]:
+    """The oldest reading at or after t0, but never the newest one (a rate needs two readings). Readings
+    are in time order (appended as polled): a binary search, not a walk over the latency window's minute."""
+    if len(readings) < 2:
+        raise ValueError("a window needs two readings")
+    i = bisect.bisect_left(readings, t0, key=_time)
+    return readings[min(i, len(readings) - 2)]
+
+
+def _time(item: tuple[float, EngineReading]) -> float:
+    return item[0]

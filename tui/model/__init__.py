@@ -1,0 +1,1 @@
+"""Plain value types (targets, samples, events, statuses): they import nothing of the project."""

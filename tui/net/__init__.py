@@ -1,0 +1,1 @@
+"""HTTP: the one network policy (proxies, credentials), the keep-alive client, listen addresses."""

@@ -1,0 +1,126 @@
+"""The column-and-plots view: engine columns with their probes below, the tok/s and TTFT plots (probe markers,
+throttle spans), the GPU panel and the host panel. The main screen is one; an engine opened from the fleet
+table is another (one column, its node's remote GPUs, no host panel).
+
+It only lays the widgets out and hands them what it is given: the caller says which engines, what their
+lifecycle says, which GPUs, and the time "now" is (a replay's cursor, or time.monotonic()).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from textual.app import ComposeResult
+from textual.containers import Container, Horizontal, Vertical
+
+from tui.live.store import EngineState
+from tui.model.samples import GpuReport, HostSample
+from tui.probe.results import DEFAULT_TTFT_GAP_FACTOR
+from widgets.engine_panel import EnginePanel
+from widgets.gpu_panel import GpuPanel
+from widgets.host_panel import HostPanel
+from widgets.plots import PlotData, TimePlot
+from widgets.probe_panel import ProbePanel
+
+if TYPE_CHECKING:
+    from tui.compare.roofline import Roofline
+    from tui.model.status import EngineStatus
+
+GEN_TITLE = "generation tok/s: counters (lines), probe decode (x)"
+TTFT_TITLE = "TTFT p50: histograms (lines), probes (x)"
+
+
+@dataclass
+class Column:
+    """What one engine column shows."""
+
+    state: EngineState
+    status: EngineStatus | None = None  # the launcher's state, for an engine enginetop started
+    roof: Roofline | None = None
+    probing: bool = False
+    probe_every_s: float | None = None
+
+
+class Dashboard(Vertical):
+    DEFAULT_CSS = """
+    Dashboard { height: 1fr; }
+    Dashboard > #engines { layout: grid; grid-rows: auto auto; height: auto; }
+    Dashboard > #plots { height: 1fr; min-height: 12; }
+    Dashboard #plots > TimePlot { width: 1fr; }
+    /* a node of 8 GPUs scrolls: the plots keep their room */
+    Dashboard > #bottom { height: auto; max-height: 30%; overflow-y: auto; }
+    Dashboard #bottom > GpuPanel { width: 2fr; }
+    Dashboard #bottom > HostPanel { width: 1fr; }
+    """
+
+    def __init__(self, names: Sequence[str], host: bool = True, gen_title: str = GEN_TITLE,
+                 ttft_title: str = TTFT_TITLE, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.names = list(names)
+        self.host = host
+        self.titles = {"gen_tps": gen_title, "ttft_p50_s": ttft_title}
+
+    def compose(self) -> ComposeResult:
+        # A grid, engines in the first row and their probes below, one column each: no container per column
+        # (every container is one more widget to paint when a panel beside it changes).
+        with Container(id="engines") as engines:
+            engines.styles.grid_size_columns = max(1, len(self.names))
+            for i, name in enumerate(self.names):
+                yield EnginePanel(name, id=f"engine-{i}")
+            for i in range(len(self.names)):
+                yield ProbePanel(id=f"probes-{i}")
+        with Horizontal(id="plots"):
+            yield TimePlot(id="plot-gen")
+            yield TimePlot(id="plot-ttft")
+        with Horizontal(id="bottom"):
+            yield GpuPanel(id="gpu")
+            if self.host:
+                yield HostPanel(id="host")
+
+    def show(self, columns: Sequence[Column], plotted: dict[str, EngineState], now: float, horizon_s: float,
+             spans: list[tuple[float, float]], gpu: GpuReport | None, host: HostSample | None = None,
+             note: str = "", ttft_gap_factor: float = DEFAULT_TTFT_GAP_FACTOR) -> None:
+        """`plotted`: the engines drawn on the plots (a switched column keeps its old line); `spans`:
+        throttled periods on the plots' clock; `note`: said after the plots' titles (a back-fill running)."""
+        for i, column in enumerate(columns):
+            state = column.state
+            self.query_one(f"#engine-{i}", EnginePanel).show(state, column.status, column.roof)
+            self.query_one(f"#probes-{i}", ProbePanel).show(
+                [r for _, r in state.probes], column.probing, column.probe_every_s, ttft_gap_factor)
+        rel_spans = [(a - now, b - now) for a, b in spans]
+        # the newest probe's time, not the count: probes older than the horizon are dropped
+        events = (len(rel_spans), note, tuple((name, st.probes[-1][0] if st.probes else None)
+                                              for name, st in plotted.items()))
+        for plot_id, key, ylabel, probe_value in (
+                ("#plot-gen", "gen_tps", "tok/s", lambda r: (r.decode_at, r.decode_tps)),
+                ("#plot-ttft", "ttft_p50_s", "seconds", lambda r: (r.ttft_at, r.ttft_s))):
+            plot = self.query_one(plot_id, TimePlot)
+            if plot.due(now, horizon_s, events):  # a plotext rebuild is the costliest thing here
+                title = f"{self.titles[key]} — {note}" if note else self.titles[key]
+                plot.show(plot_data(title, ylabel, key, probe_value, plotted, now, horizon_s, rel_spans), now)
+        self.query_one("#gpu", GpuPanel).show(gpu)
+        if self.host:
+            self.query_one("#host", HostPanel).show(host)
+
+
+ProbeValue = Callable[[Any], tuple[float | None, float | None]]  # a probe result -> (when, figure)
+
+
+def plot_data(title: str, ylabel: str, key: str, probe_value: ProbeValue,
+              engines: dict[str, EngineState], now: float, horizon_s: float,
+              spans: list[tuple[float, float]]) -> PlotData:
+    """Each engine's series as a line and its probes as markers, x in seconds relative to `now`."""
+    t0 = now - horizon_s
+    lines: dict[str, tuple[list[float], list[float]]] = {}
+    markers: dict[str, tuple[list[float], list[float]]] = {}
+    for name, state in engines.items():
+        points = state.series[key].since(t0)
+        lines[name] = ([t - now for t, _ in points], [v for _, v in points])
+        # a marker sits at the instant its figure measured (mid-span), not when the request ended
+        probes = [probe_value(r) for _, r in state.probes]
+        kept = [(at - now, y) for at, y in probes if at is not None and y is not None and at >= t0]
+        markers[name] = ([x for x, _ in kept], [y for _, y in kept])
+    return PlotData(title=title, ylabel=ylabel, horizon_s=horizon_s, lines=lines, markers=markers,
+                    throttle_spans=spans)
