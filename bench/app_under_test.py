@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import cProfile
 import sys
 from pathlib import Path
 
@@ -19,14 +20,22 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--engine", action="append", required=True)
     parser.add_argument("--record", type=Path, default=None, help="record as the dashboard does by default")
+    parser.add_argument("--profile", type=Path, default=None,
+                        help="run under cProfile and write its stats here when the app ends (SIGTERM)")
     args = parser.parse_args()
     targets = build_targets(args.engine)
     config = AppConfig(targets=targets, gpu_sampler=lambda: GpuSampler(FakeNvml([h200()])))
     if args.record is not None:
         config.recorder = Recorder(args.record, {t.name: t.url for t in targets})
+    profiler = cProfile.Profile() if args.profile is not None else None
     try:
+        if profiler is not None:
+            profiler.enable()
         EnginetopApp(config).run(headless=True, size=(200, 60))
     finally:
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(args.profile)
         if config.recorder is not None:
             config.recorder.close()
 

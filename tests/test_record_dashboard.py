@@ -4,10 +4,10 @@ visible warning when the disk fills up."""
 from __future__ import annotations
 
 import subprocess
-import time
 from pathlib import Path
 
 from tests.fake_pynvml import FakeNvml, h200
+from tests.test_dashboard import wait_for
 from tui.record.reader import Recording
 from tui.record.schema import SUFFIX
 from tui.record.writer import Recorder
@@ -27,12 +27,9 @@ async def test_dashboard_records_its_samples_and_names_the_file(tmp_path: Path) 
     recorder = Recorder(path)
     app = make_app(recorder)
     async with app.run_test(size=(150, 45)) as pilot:
-        await pilot.pause(0.2)
-        assert f"recording to {path}" in app.sub_title
+        await wait_for(pilot, lambda: f"recording to {path}" in app.sub_title, what="the file named")
         app.notify("something the user was warned about", severity="warning")
-        deadline = time.monotonic() + 10
-        while recorder.rows < 20 and time.monotonic() < deadline:
-            await pilot.pause(0.2)
+        await wait_for(pilot, lambda: recorder.rows >= 20, timeout=10, what="20 rows recorded")
     recorder.close()
     rows = list(Recording(path).rows())
     kinds = {r.kind for r in rows}
@@ -55,16 +52,14 @@ async def test_disk_full_stops_recording_with_a_visible_warning_and_the_dashboar
         app.notify = lambda message, **kw: (  # type: ignore[method-assign]
             said.append(message), notify(message, **kw))
         async with app.run_test(size=(150, 45)) as pilot:
-            deadline = time.monotonic() + 60
-            while recorder.error is None and time.monotonic() < deadline:
-                await pilot.pause(0.2)
+            await wait_for(pilot, lambda: recorder.error is not None, timeout=60, what="the disk full")
             assert recorder.error and "disk full" in recorder.error
-            await pilot.pause(0.5)  # a redraw
-            assert "RECORDING STOPPED: disk full" in app.sub_title
+            await wait_for(pilot, lambda: "RECORDING STOPPED: disk full" in app.sub_title, what="a redraw")
             assert any("disk full" in m for m in said)
             shown = app.store.gpu.t if app.store.gpu else None
-            await pilot.pause(0.5)
-            assert app.is_running and app.store.gpu is not None and app.store.gpu.t != shown  # still polling
+            await wait_for(pilot, lambda: app.store.gpu is not None and app.store.gpu.t != shown,
+                           what="still polling")
+            assert app.is_running
         recorder.close()
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=True)
@@ -78,7 +73,6 @@ async def test_dashboard_sweep_and_ab_are_recorded_and_shown_again(llama_server,
     from html import escape as html_escape
 
     from tests.test_dashboard import make_app as dashboard_app
-    from tests.test_dashboard import wait_for
     from tests.test_replay_notices import capture
     from tui.cli.main import main
     from tui.compare.ab import ABConfig
@@ -103,23 +97,19 @@ async def test_dashboard_sweep_and_ab_are_recorded_and_shown_again(llama_server,
         await wait_for(pilot, lambda: all(s.sample and s.sample.health == "up" for s in states), timeout=30,
                        what="both columns up")
         await pilot.press("c")
-        await pilot.pause(0.2)
-        screen = app.screen
-        assert isinstance(screen, SweepScreen)
+        screen = await wait_for(pilot, lambda: isinstance(app.screen, SweepScreen) and app.screen,
+                                what="the sweep screen")
         await wait_for(pilot, lambda: screen.status["A"] == "done" and screen.status["B"] == "done",
                        timeout=180, what="the sweep of both columns")
         swept = {name: [lv.to_json() for lv in levels] for name, levels in screen.levels.items()}
         await pilot.press("escape")
-        await pilot.pause(0.2)
+        await wait_for(pilot, lambda: not isinstance(app.screen, SweepScreen), what="the sweep screen closed")
         await pilot.press("a")
-        await pilot.pause(0.2)
-        run = app.ab_run
-        assert run is not None
+        run = await wait_for(pilot, lambda: app.ab_run, what="the A/B run started")
         await wait_for(pilot, lambda: run.done, timeout=240, what="the A/B run")
         await wait_for(pilot, lambda: any(m == run.summary() for _, m, _ in told), timeout=10,
                        what="the dashboard saying the A/B is done")
-        await pilot.pause(1.2)  # the recorder commits every second
-    recorder.close()
+    recorder.close()  # writes what is queued
     assert run.error is None, run.error
     comparisons = run.result["analysis"]["comparisons"]
     assert comparisons

@@ -41,13 +41,20 @@ async def test_replay_says_what_the_live_dashboard_said_once_each(tmp_path: Path
                                  gpu_sampler=lambda: GpuSampler(nvml), recorder=recorder))
     live = capture(app)
     async with app.run_test(size=(150, 45)) as pilot:
-        await pilot.pause(1.0)
+        # each notice a few recorded rows after the one before: the replay plays up to and past each
+        def rows_on(n: int):
+            mark = recorder.rows + n
+            return lambda: recorder.rows >= mark
+
+        await wait_for(pilot, rows_on(10), what="some rows recorded")
         await pilot.press("a")  # A/B with no engines: a warning
-        await pilot.pause(1.0)
+        await wait_for(pilot, lambda: len(live) >= 1, what="the A/B warning")
+        await wait_for(pilot, rows_on(10), what="rows after it")
         await pilot.press("l")  # no engine started here, so no log: a warning
-        await pilot.pause(1.0)
+        await wait_for(pilot, lambda: len(live) >= 2, what="the log warning")
+        await wait_for(pilot, rows_on(10), what="rows after it")
         app.notify("the GPU fell off the bus", title="NVML", severity="error")
-        await pilot.pause(1.0)
+        await wait_for(pilot, rows_on(10), what="rows after the last notice")
     recorder.close()
     live = [n for n in live if n[2] in ("warning", "error")]  # information is not an alert: not recorded
     assert len(live) == 3, live
@@ -108,21 +115,20 @@ async def test_failed_switch_and_crash_are_said_once_and_not_after_a_seek(tmp_pa
         await pilot.press("space")  # pause: only the keys move the cursor
         for _ in range(30):
             await pilot.press("right")
-        await pilot.pause(0.3)
-        assert replay.replay.now == t0 + 35
+        await wait_for(pilot, lambda: replay.replay.now == t0 + 35 and len(said) >= len(want),
+                       what="the cursor past the events")
         assert said == want
         assert replay.slots[0].status.state == "crashed"
         await pilot.press("left_square_bracket")  # back to the start: nothing said
         await pilot.press("g")
         await pilot.press(*"-5s", "enter")  # past them all, from before them: nothing said
-        await pilot.pause(0.3)
-        assert replay.replay.now == rec.end - 5
+        await wait_for(pilot, lambda: replay.replay.now == rec.end - 5, what="the cursor at the end - 5 s")
         assert said == want
         replay.replay.seek(t0 + 9)
         replay._moved()
         for _ in range(25):
             await pilot.press("right")
-        await pilot.pause(0.3)
+        await wait_for(pilot, lambda: len(said) >= 2 * len(want), what="the events said again")
         assert said == want + want
     assert not [n for n in said if REPLAY_WORDS in n[1]]
 

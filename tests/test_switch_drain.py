@@ -98,6 +98,7 @@ def fast_poll(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(switch_mod, "DRAIN_POLL_S", 0.05)
 
 
+@pytest.mark.engine  # resolves the demo profile: the real llama-server
 def test_vram_that_stays_high_never_starts_the_next_engine(
     tmp_path: Path, old_engine: EngineInstance, fast_poll: None
 ) -> None:
@@ -118,6 +119,7 @@ def test_vram_that_stays_high_never_starts_the_next_engine(
     assert manager.poll_status().state == "idle"
 
 
+@pytest.mark.engine  # resolves the demo profile: the real llama-server
 def test_vram_falling_in_steps_starts_only_once_drained(
     tmp_path: Path, old_engine: EngineInstance, fast_poll: None
 ) -> None:
@@ -147,6 +149,7 @@ def test_vram_falling_in_steps_starts_only_once_drained(
         assert manager.stop().ok
 
 
+@pytest.mark.engine  # resolves the demo profile: the real llama-server
 def test_cancel_during_drain_starts_nothing(
     tmp_path: Path, old_engine: EngineInstance, fast_poll: None
 ) -> None:
@@ -229,6 +232,7 @@ def switch_with(tmp_path: Path, old: EngineInstance, target: Profile, gpu: Stage
     return manager, manager.switch(target)
 
 
+@pytest.mark.engine  # resolves the demo profile: the real llama-server
 def test_another_engine_on_a_second_gpu_does_not_block_the_switch(
     tmp_path: Path, old_engine: EngineInstance, other_engine: subprocess.Popen[bytes], fast_poll: None
 ) -> None:
@@ -254,6 +258,7 @@ def test_another_engine_on_a_second_gpu_does_not_block_the_switch(
         assert manager.stop().ok
 
 
+@pytest.mark.engine  # resolves the demo profile: the real llama-server
 def test_another_engines_memory_on_the_same_gpu_is_not_counted(
     tmp_path: Path, old_engine: EngineInstance, other_engine: subprocess.Popen[bytes], fast_poll: None
 ) -> None:
@@ -278,6 +283,7 @@ def test_another_engines_memory_on_the_same_gpu_is_not_counted(
         assert manager.stop().ok
 
 
+@pytest.mark.engine  # resolves the demo profile: the real llama-server
 @pytest.mark.parametrize("visible", ["1", "GPU-b", ""])
 def test_cuda_visible_devices_of_the_new_profile_picks_the_gpus(
     tmp_path: Path, old_engine: EngineInstance, fast_poll: None, visible: str

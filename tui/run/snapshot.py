@@ -1,9 +1,9 @@
-"""`enginetop snapshot`: two readings of every source of the run, `interval` apart, as one JSON object.
+"""`enginetop snapshot`: every source of the run read into one store, as one JSON object.
 
 The sources are the run's own (tui.run.sources.build_sources): engines polled directly, this machine's
-GPUs and host, and a fleet's Prometheus and dcgm-exporters. Engines polled directly give rates over the
-two readings; the fleet's over Prometheus' own rate window. "gpus" are this machine's (NVML) unless
-dcgm-exporters read them, never both.
+GPUs and host, and a fleet's Prometheus and dcgm-exporters, all feeding a Store as they feed the
+dashboard's. Engines polled directly give rates over two readings `interval` apart; the fleet's over
+Prometheus' own rate window. "gpus" are this machine's (NVML) unless dcgm-exporters read them, never both.
 """
 
 from __future__ import annotations
@@ -14,25 +14,26 @@ from collections.abc import Callable
 from typing import Any
 
 from tui.fleet.source import FleetSource
-from tui.model.samples import EngineSample, EngineStats, GpuReport, HostSample
+from tui.live.feed import Source
+from tui.live.store import EngineState, Store
+from tui.model.samples import EngineSample, EngineStats
 from tui.run.sources import RunOptions, build_sources
 from tui.sources.gpu import GpuSampler
 from tui.sources.host import HostSampler
-from tui.sources.rates import derive
 
 
-def engine_json(first: EngineSample, second: EngineSample) -> dict[str, Any]:
-    reading = second.reading
-    stats = EngineStats()
-    if first.reading is not None and reading is not None:
-        stats = derive(first.reading, first.t, reading, second.t)
+def engine_json(state: EngineState) -> dict[str, Any]:
+    """An engine polled directly: its last reading, and the rates the store derived over the two."""
+    sample = state.sample
+    assert sample is not None
+    reading = sample.reading
     out: dict[str, Any] = {
-        "url": second.url,
+        "url": sample.url,
         "dialect": reading.dialect if reading else None,
-        "health": second.health,
-        "health_reason": second.health_reason,
-        "metrics_error": second.metrics_error,
-        "model": second.model,
+        "health": sample.health,
+        "health_reason": sample.health_reason,
+        "metrics_error": sample.metrics_error,
+        "model": sample.model,
         "running": reading.running if reading else None,
         "waiting": reading.waiting if reading else None,
         "kv_cache_usage": reading.kv_cache_usage if reading else None,
@@ -40,9 +41,9 @@ def engine_json(first: EngineSample, second: EngineSample) -> dict[str, Any]:
         "prompt_tokens_computed_total": reading.prompt_tokens_computed_total if reading else None,
         "prompt_tokens_cached_total": reading.prompt_tokens_cached_total if reading else None,
         "generation_tokens_total": reading.generation_tokens_total if reading else None,
-        "interval_s": round(second.t - first.t, 3),
+        "interval_s": round(state.readings[-1][0] - state.readings[0][0], 3) if state.readings else 0.0,
     }
-    out.update(dataclasses.asdict(stats))
+    out.update(dataclasses.asdict(state.stats))
     return out
 
 
@@ -64,54 +65,49 @@ def fleet_engine_json(s: EngineSample, source: FleetSource) -> dict[str, Any]:
     return out
 
 
-def _gpus_json(report: GpuReport | None) -> dict[str, Any]:
-    if report is None:
-        return {"gpus": [], "gpu_unavailable": None, "driver_version": None}
-    return {"gpus": [dataclasses.asdict(g) for g in report.gpus], "gpu_unavailable": report.unavailable,
-            "driver_version": report.driver_version}
-
-
 async def take_snapshot(options: RunOptions, interval: float = 1.0, *,
                         gpu_sampler: Callable[[], GpuSampler] = GpuSampler,
                         host_sampler: Callable[[], HostSampler] = HostSampler) -> dict[str, Any]:
-    gpu: GpuReport | None = None
-    run = build_sources(dataclasses.replace(options, machine=True), gpu_report=lambda: gpu,
-                        gpu_sampler=gpu_sampler, host_sampler=host_sampler)
+    """Every source read into one store, twice `interval` apart (the fleet's once: Prometheus has its own
+    rate window), and the store's engines, GPUs and host as JSON."""
+    store = Store()
+    run = build_sources(dataclasses.replace(options, machine=True, gpu_interval_s=interval,
+                                            host_interval_s=interval),
+                        gpu_report=lambda: store.gpu, gpu_sampler=gpu_sampler, host_sampler=host_sampler)
+
+    async def read(sources: list[Source]) -> None:
+        for samples in await asyncio.gather(*(s.read() for s in sources)):
+            for sample in samples:
+                store.add(sample)
+
+    direct: list[Source] = [*run.engines, *([run.machine] if run.machine else [])]
     try:
-        assert run.host is not None
-        await asyncio.to_thread(run.host.sample, {})  # primes the CPU meter: the second reading is a real %
         started = asyncio.get_running_loop().time()
-        first = await asyncio.gather(*(e.read() for e in run.engines))
+        await read(direct)  # the host's first reading primes its CPU meter
         await asyncio.sleep(max(0.0, interval - (asyncio.get_running_loop().time() - started)))
-        second = await asyncio.gather(*(e.read() for e in run.engines))
-        host = await asyncio.to_thread(run.host.sample, run.local_pids())
-        if run.gpu is not None:
-            gpu = await asyncio.to_thread(run.gpu.sample, {})
-        out: dict[str, Any] = {
-            "engines": {e.target.name: engine_json(a[0], b[0])
-                        for e, a, b in zip(run.engines, first, second, strict=True)},
-            **_gpus_json(gpu),
-            "host": dataclasses.asdict(host) if isinstance(host, HostSample) else None,
-        }
-        fleet = run.fleet
-        if fleet is None:
-            return out
-        errors = []
-        if fleet.gpus is not None:
-            [gpu] = await fleet.gpus.read()
-            out.update(_gpus_json(gpu), driver_version=None)
-            if fleet.gpus.error:
-                errors.append(fleet.gpus.error)
-        if fleet.engines is not None:
-            samples = await fleet.engines.read()
-            if fleet.engines.error:
-                errors.append(fleet.engines.error)
-            out["engines"].update({s.name: fleet_engine_json(s, fleet.engines) for s in samples})
-            out["prometheus"] = fleet.client.shown if fleet.client else None
-        out["error"] = "; ".join(errors) or None
-        return out
+        await read([*direct, *(run.fleet.all() if run.fleet else [])])
     finally:
         await run.aclose()
+    names = {e.target.name for e in run.engines}
+    engines = {name: engine_json(store.engines[name]) for name in names}
+    gpu, host = store.gpu, store.host
+    out: dict[str, Any] = {
+        "engines": engines,
+        "gpus": [dataclasses.asdict(g) for g in gpu.gpus] if gpu else [],
+        "gpu_unavailable": gpu.unavailable if gpu else None,
+        "driver_version": gpu.driver_version if gpu else None,
+        "host": dataclasses.asdict(host) if host else None,
+    }
+    fleet = run.fleet
+    if fleet is None:
+        return out
+    if fleet.engines is not None:
+        engines.update({name: fleet_engine_json(state.sample, fleet.engines)
+                        for name, state in store.engines.items() if name not in names and state.sample})
+        out["prometheus"] = fleet.client.shown if fleet.client else None
+    errors = [source.error for source in (fleet.gpus, fleet.engines) if source is not None and source.error]
+    out["error"] = "; ".join(errors) or None
+    return out
 
 
 def any_engine_down(snapshot: dict[str, Any]) -> bool:

@@ -559,9 +559,11 @@ class EnginetopApp(App[None]):
         now = self.clock()
         horizon = self.config.horizon_s
         store = self.store
-        self._main.query_one(Dashboard).show(columns, store.engines, now, horizon,
-                                             store.throttle_spans(now - horizon), store.gpu, store.host,
-                                             ttft_gap_factor=self.config.ttft_gap_factor)
+        dashboard = self._main.query(Dashboard)
+        if not dashboard:  # the app is quitting: its screen's widgets are gone before its timers
+            return
+        dashboard.first().show(columns, store.engines, now, horizon, store.throttle_spans(now - horizon),
+                               store.gpu, store.host, ttft_gap_factor=self.config.ttft_gap_factor)
 
     def _subtitle(self) -> str:
         fleet = self.config.fleet
