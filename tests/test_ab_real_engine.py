@@ -213,13 +213,12 @@ async def test_dashboard_ab_goes_on_after_escape_saves_and_keeps_probes_paused(l
         await wait_for(pilot, lambda: all(probes.values()), timeout=90, what="a timer probe on each engine")
         await pilot.press("a")
         await pilot.press("escape")  # at once
-        await pilot.pause(0.2)
-        run = app.ab_run
-        assert run is not None and not isinstance(app.screen, ABScreen)
+        run = await wait_for(pilot, lambda: not isinstance(app.screen, ABScreen) and app.ab_run,
+                             what="the A/B running with its screen closed")
         assert not run.done, "the run ended before the test could look: give it more blocks"
         await pilot.press("a")  # while it runs: its progress again, not a second run
-        await pilot.pause(0.3)
-        assert isinstance(app.screen, ABScreen) and app.screen.run is run and app.ab_run is run
+        await wait_for(pilot, lambda: isinstance(app.screen, ABScreen), what="the A/B screen again")
+        assert app.screen.run is run and app.ab_run is run
         await pilot.press("escape")
         await wait_for(pilot, lambda: run.done, timeout=240, what="the A/B to finish in the background")
         assert run.error is None and run.result is not None

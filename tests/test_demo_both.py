@@ -77,9 +77,8 @@ async def test_llama_and_vllm_side_by_side_on_gemma(tmp_path):
                            what="running back to 0")
 
             await pilot.press("c")
-            await pilot.pause(0.2)
-            sweep = app.screen
-            assert isinstance(sweep, SweepScreen)
+            sweep = await wait_for(pilot, lambda: isinstance(app.screen, SweepScreen) and app.screen,
+                                   what="the sweep screen")
             await wait_for(pilot, lambda: all(v == "done" for v in sweep.status.values()), timeout=240,
                            what="sweep on both engines")
             for name in (llama.name, vllm.name):

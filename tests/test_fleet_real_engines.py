@@ -23,9 +23,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+import waiting
 from prometheus_server import running_prometheus
 from screen import screen_text
 from textual.widgets import Input
+from waiting import until_async
 
 from tui.base.paths import runs_dir
 from tui.base.process import Launched, free_port, launch, stop_group
@@ -155,24 +157,22 @@ def start_keyed_llama(key_file: Path) -> tuple[str, Launched]:
     launched = launch(demo_argv(port, "--threads", "1", "--api-key-file", str(key_file)),
                       runs_dir() / f"test-llama-keyed-{port}.log")
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
+
+    def healthy() -> bool:
         assert launched.alive(), "\n".join(launched.log_tail(40))
         with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return f"127.0.0.1:{port}", launched
-        assert time.monotonic() < deadline, "the keyed llama-server did not become healthy"
-        time.sleep(0.5)
+            return httpx.get(f"{url}/health", timeout=2).status_code == 200
+        return False
+
+    waiting.until(healthy, "the keyed llama-server healthy", 120, every=0.5)
+    return f"127.0.0.1:{port}", launched
 
 
 async def open_from_table(pilot, app: EnginetopApp, instance: str) -> EngineScreen:
     view = app.screen.query_one(FleetView)
     view.query_one(Input).value = ""
     await pilot.press(*instance)
-    deadline = time.monotonic() + 10
-    while view.table.selected != instance:
-        assert time.monotonic() < deadline, [r.name for r in view.table.rows]
-        await pilot.pause(0.2)
+    await until(pilot, lambda: view.table.selected == instance, 10, f"{instance} selected in the table")
     await pilot.press("enter")
     screen = app.screen
     assert isinstance(screen, EngineScreen) and screen.engine_name == instance
@@ -180,10 +180,7 @@ async def open_from_table(pilot, app: EnginetopApp, instance: str) -> EngineScre
 
 
 async def until(pilot, condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await pilot.pause(0.3)
+    await until_async(condition, what, timeout, every=0.3, pause=pilot.pause)
 
 
 async def test_an_engine_opened_from_the_fleet_table_is_probed_with_f(llama_server, tmp_path):
@@ -216,7 +213,7 @@ async def test_an_engine_opened_from_the_fleet_table_is_probed_with_f(llama_serv
                 assert result.ok, result.error
                 assert result.url == llama_server.url and result.token_source == "server"
                 assert result.completion_tokens == app.config.probe_max_tokens
-                await pilot.pause(1.0)
+                await until(pilot, lambda: f"{name} probe" in screen_text(app), 10, "the probe drawn")
                 text = screen_text(app)
                 assert "median of last 1: decode" in text and f"{name} probe" in text  # panel, plot legend
                 for plot_id, at, value in (("#plot-gen", result.decode_at, result.decode_tps),
@@ -232,7 +229,7 @@ async def test_an_engine_opened_from_the_fleet_table_is_probed_with_f(llama_serv
                 await until(pilot, lambda: state.probes, 30, "the keyed engine's probe result")
                 _, refused = state.probes[-1]
                 assert not refused.ok and refused.status == 401
-                await pilot.pause(1.0)
+                await until(pilot, lambda: "failed: HTTP 401" in screen_text(app), 10, "the refusal drawn")
                 text = screen_text(app)
                 assert "failed: HTTP 401" in text and "! HTTP 401" in text, text
                 assert "(the engine wants an API key)" in text and key not in text
@@ -250,7 +247,7 @@ async def test_an_engine_opened_from_the_fleet_table_is_probed_with_f(llama_serv
                 _, answered = state.probes[-1]
                 assert answered.ok and answered.status == 200, answered.error
                 assert answered.completion_tokens == app.config.probe_max_tokens
-                await pilot.pause(1.0)
+                await until(pilot, lambda: "median of last 1" in screen_text(app), 10, "the probe drawn")
                 text = screen_text(app)
                 assert "median of last 1: decode" in text and key not in text
     finally:

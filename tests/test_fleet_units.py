@@ -6,6 +6,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from waiting import until_async
+
 from tui.fleet.dcgm import is_blank
 from tui.fleet.prometheus import _duration_s, value
 from tui.fleet.source import engine_names, host_of
@@ -130,7 +132,8 @@ async def test_an_engine_screen_drawn_before_it_is_composed_waits_for_the_next_r
         screen = EngineScreen("node-1:8000", 300.0)
         app.push_screen(screen)
         screen.show(app.store, now)  # before compose: nothing to draw into, and no error
-        await pilot.pause(0.3)
+        await until_async(lambda: screen.is_mounted and screen.query(GpuPanel), "the screen composed",
+                          timeout=10, pause=pilot.pause)
         screen.show(app.store, time.monotonic())
         assert screen.query_one(GpuPanel).border_title == "GPUs of node-1"
         assert app.is_running

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_record_file import gpu_report, host_sample, probe
+from test_record_file import engine_sample, gpu_report, host_sample, probe
 
 from tui.compare.ab import ABConfig, Arm
 from tui.compare.abrun import ABRun
@@ -31,7 +31,6 @@ from tui.ui.screens.ab import ABScreen
 DATA = Path(__file__).parent / "data"
 T0 = 1000.0
 WALL0 = 1.7e9
-INF = float("inf")
 
 
 def _llama(i: int) -> EngineSample:
@@ -46,18 +45,6 @@ def _llama(i: int) -> EngineSample:
             generation_seconds_total=1.0 * i, requests_finished_total=float(i // 2)))
 
 
-def _vllm(i: int) -> EngineSample:
-    return EngineSample(
-        name="vllm", url="http://127.0.0.1:8000", t=T0 + i, wall=WALL0 + i, health="up", model="gemma",
-        reading=EngineReading(
-            dialect="vllm", running=float(i % 3), waiting=0.0, kv_cache_usage=0.25,
-            prompt_tokens_processed_total=100.0 * i, prompt_tokens_computed_total=80.0 * i,
-            generation_tokens_total=37.0 * i, prefix_cache_queries_total=100.0 * i,
-            prefix_cache_hits_total=20.0 * i, requests_finished_total=float(i),
-            ttft_buckets=((0.01, 0.0), (0.1, float(i)), (1.0, 2.0 * i), (INF, 2.0 * i)),
-            itl_buckets=((0.01, 5.0 * i), (0.1, 30.0 * i), (INF, 36.0 * i))))
-
-
 @pytest.fixture(scope="module")
 def engines_recording(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Two engines, a GPU that throttles every 10 s, the host, probes, a switch and a crash: 5 minutes."""
@@ -66,7 +53,7 @@ def engines_recording(tmp_path_factory: pytest.TempPathFactory) -> Path:
                    meta={"host": "snapshot-host"})
     for i in range(300):
         rec(_llama(i))
-        rec(_vllm(i))
+        rec(engine_sample(i, T0))
         rec(gpu_report(i, T0))
         if i % 2:
             rec(host_sample(i, T0))
@@ -85,7 +72,7 @@ def fleet_recording(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for i in range(60):
         for n in range(6):
             node = f"node-{n % 2}"
-            sample = _vllm(i * 5 + n)
+            sample = engine_sample(i * 5 + n, T0)
             down = n == 5
             rec(EngineSample(
                 name=f"vllm-{n}", url=f"http://10.0.0.{n}:8000", t=T0 + i * 5, wall=WALL0 + i * 5,

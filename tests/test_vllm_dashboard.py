@@ -51,7 +51,8 @@ async def test_dashboard_shows_vllm_values(vllm_server, tmp_path):
         await wait_for(pilot, lambda: state.sample.reading.generation_tokens_total == before + produced,
                        timeout=30, what="generation counter moved by the reported completion tokens")
         await wait_for(pilot, lambda: state.stats.ttft_p50_s is not None, timeout=30, what="TTFT quantile")
-        await pilot.pause(1.2)
+        await wait_for(pilot, lambda: re.search(r"TTFT p50/p90\s*\d+ ms", screen_text(app)), timeout=10,
+                       what="the TTFT quantile drawn")
         text = screen_text(app)
         assert "vllm" in text and "enginetop-tiny-llama" in text
         assert re.search(r"KV cache\s*\d+\.\d%", text)  # vLLM exposes it: a value, not n/a

@@ -26,7 +26,7 @@ import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 from urllib.parse import unquote, urlsplit
 
 import h11
@@ -115,8 +115,8 @@ class Connection(asyncio.Protocol):
 
     # -- asyncio callbacks ------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # a stream transport (uvloop's are not asyncio.Transport subclasses, so no isinstance check)
+        self.transport = cast(asyncio.Transport, transport)
         sock = transport.get_extra_info("socket")
         if sock is not None:  # a request is one small write: never hold it back for Nagle
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -284,7 +284,9 @@ class Exchange:
         began = time.monotonic()
         try:
             async with asyncio.timeout(connect_s):
-                await loop.create_connection(lambda: proto, hop.host, hop.port)
+                transport, _ = await loop.create_connection(lambda: proto, hop.host, hop.port)
+            if proto.transport is None:  # uvloop may call connection_made after create_connection returns
+                proto.connection_made(transport)
         except TimeoutError:
             raise HttpFailure("connect-timeout", f"{connect_s:g}s") from None
         except OSError as exc:
