@@ -127,3 +127,17 @@ async def test_throttle_reason_is_shown_and_marked_on_plots(llama_server, tmp_pa
         now = time.monotonic()
         assert app.store.throttle_spans(now - 60), "throttled period recorded for the plots"
         assert "GPU throttled" in text  # the plots' legend names the red marking
+
+
+async def test_a_redraw_while_the_screen_is_torn_down_draws_nothing(tmp_path):
+    """Quitting removes the screen's widgets before the redraw timer stops: a redraw then must not end the
+    app with NoMatches (seen in a full run when a test left the app right after a condition held)."""
+    from tui.ui.screens.dashboard import Dashboard
+
+    app = make_app([], tmp_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        await app.query_one(Dashboard).remove_children()
+        app.redraw()
+        await pilot.pause()
+        assert app.is_running

@@ -24,6 +24,7 @@ from typing import Any
 
 from textual.app import App, ComposeResult
 from textual.binding import Binding
+from textual.css.query import NoMatches
 from textual.notifications import SeverityLevel
 from textual.widgets import Footer, Header
 from textual.worker import Worker, WorkerState
@@ -536,6 +537,14 @@ class EnginetopApp(App[None]):
 
     # ---- drawing ------------------------------------------------------------------------
     def redraw(self, force: bool = False) -> None:
+        try:
+            self._draw(force)
+        except NoMatches:
+            # The app is quitting: its screen's widgets are removed before its timers stop. Anything else
+            # that misses a widget draws nothing, which every test of the screens would see.
+            return
+
+    def _draw(self, force: bool) -> None:
         if self.config.fleet_table:
             if not self.paused and hasattr(self, "_main"):
                 self.redraw_fleet(force)
@@ -559,11 +568,9 @@ class EnginetopApp(App[None]):
         now = self.clock()
         horizon = self.config.horizon_s
         store = self.store
-        dashboard = self._main.query(Dashboard)
-        if not dashboard:  # the app is quitting: its screen's widgets are gone before its timers
-            return
-        dashboard.first().show(columns, store.engines, now, horizon, store.throttle_spans(now - horizon),
-                               store.gpu, store.host, ttft_gap_factor=self.config.ttft_gap_factor)
+        self._main.query_one(Dashboard).show(columns, store.engines, now, horizon,
+                                             store.throttle_spans(now - horizon), store.gpu, store.host,
+                                             ttft_gap_factor=self.config.ttft_gap_factor)
 
     def _subtitle(self) -> str:
         fleet = self.config.fleet
