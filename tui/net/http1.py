@@ -284,9 +284,7 @@ class Exchange:
         began = time.monotonic()
         try:
             async with asyncio.timeout(connect_s):
-                transport, _ = await loop.create_connection(lambda: proto, hop.host, hop.port)
-            if proto.transport is None:  # uvloop may call connection_made after create_connection returns
-                proto.connection_made(transport)
+                await loop.create_connection(lambda: proto, hop.host, hop.port)
         except TimeoutError:
             raise HttpFailure("connect-timeout", f"{connect_s:g}s") from None
         except OSError as exc:
