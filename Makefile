@@ -70,6 +70,7 @@ bench: engine vllm prometheus
 	$(BIN)/python bench/bench_record.py
 	$(BIN)/python bench/bench_exporter.py
 	$(BIN)/python bench/bench_fleet.py
+	$(BIN)/python bench/bench_proxy.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

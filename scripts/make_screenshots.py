@@ -14,6 +14,8 @@
 - recording-report.png: `enginetop report` of a 2-minute recording of a real llama-server under load with
   probes every 10 s; the GPU is the tests' fake H200, scripted to hit its power cap now and then (this
   machine has no GPU), so throttled spans show.
+- traffic-llama.svg: the dashboard running the traffic proxy (--proxy-listen) in front of the real
+  llama-server, with an agent-like load sent through the proxy: the column's "traffic" rows.
 The GPU panel shows what this machine has (no NVIDIA driver here: one line saying so).
 """
 
@@ -88,6 +90,27 @@ async def shoot(names: tuple[str, ...], stem: str, sweep_stem: str | None) -> No
                     await pilot.pause(1)
                     app.save_screenshot(filename=f"{sweep_stem}.svg", path=str(OUT))
                     print(f"wrote {OUT / sweep_stem}.svg")
+        finally:
+            app.stop_managed()
+
+
+async def shoot_traffic() -> None:
+    from tui.net.listen import Listen
+    from tui.proxy.options import ProxyOptions
+
+    with tempfile.TemporaryDirectory() as tmp:
+        (profile,) = profiles_on_free_ports(Path(tmp), "demo-cpu-threads2")
+        proxy = ProxyOptions({profile.name: Listen("127.0.0.1", free_port())}, key_file=Path(tmp) / "key")
+        app = EnginetopApp(AppConfig(profiles=[profile], switchable=[profile], probe_every_managed_s=10.0,
+                                     probe_max_tokens=32, horizon_s=120.0, screenshot_dir=OUT, proxy=proxy))
+        try:
+            async with app.run_test(size=(170, 62)) as pilot:
+                await wait(pilot, lambda: all(s.status and s.status.state == "ready" for s in app.slots), 300)
+                via = f"http://{proxy.listens[profile.name].display}"
+                await asyncio.gather(load(via, 40, streams=3), pilot.pause(41))
+                await pilot.pause(2)
+                app.save_screenshot(filename="traffic-llama.svg", path=str(OUT))
+                print(f"wrote {OUT / 'traffic-llama.svg'}")
         finally:
             app.stop_managed()
 
@@ -202,7 +225,7 @@ async def shoot_fleet() -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--only", choices=["llama", "both", "report", "recording", "fleet"])
+    parser.add_argument("--only", choices=["llama", "both", "report", "recording", "fleet", "traffic"])
     args = parser.parse_args()
     if args.only in (None, "llama"):
         asyncio.run(shoot(("demo-cpu-threads2",), "dashboard-llama", None))
@@ -214,6 +237,8 @@ def main() -> None:
         shoot_recording_report()
     if args.only in (None, "fleet"):
         asyncio.run(shoot_fleet())
+    if args.only in (None, "traffic"):
+        asyncio.run(shoot_traffic())
 
 
 if __name__ == "__main__":

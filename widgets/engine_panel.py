@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from rich.text import Text
 
 from tui.live.store import EngineState
+from tui.model.traffic import TrafficSample
 from widgets.fmt import IDLE, NA, Rows, mib, ms, num, pct
 from widgets.panel import Panel
 
@@ -59,6 +60,24 @@ def _lifecycle_rows(grid: Rows, status: EngineStatus) -> None:
             grid.add_row("", Text(tail[-100:], style="red"))
 
 
+def _traffic_rows(grid: Rows, traffic: TrafficSample) -> None:
+    """The user's own requests through the proxy: labelled "traffic" so they are never read as probes."""
+    s = traffic.stats
+    if traffic.error:
+        grid.add_row("traffic", Text(traffic.error, style="bold red"))
+        return
+    head = Text(f"{num(s.requests_per_s, '{:.2f}', IDLE)} req/s, {s.in_flight} in flight", style="bold")
+    if s.errors or s.abandoned:
+        head.append(f", {s.errors} errors, {s.abandoned} abandoned", style="bold red")
+    head.append(f"  (last {s.window_s:.0f} s via {traffic.proxy_url})", style="dim")
+    grid.add_row("traffic", head)
+    grid.add_row("traffic TTFT", f"{ms(s.ttft_p50_s, IDLE)} / {ms(s.ttft_p90_s, IDLE)}  p50/p90")
+    grid.add_row("traffic ITL", f"{ms(s.itl_p50_s, IDLE)} / {ms(s.itl_p90_s, IDLE)}  p50/p90")
+    grid.add_row("traffic decode", f"{num(s.decode_tps_p50, missing=IDLE)} tok/s per request (p50)")
+    grid.add_row("traffic prompt", f"{num(s.prompt_tokens_mean, '{:.0f}', IDLE)} tokens/request, "
+                 f"{pct(s.cached_share, IDLE)} cached")
+
+
 def render_engine(state: EngineState, status: EngineStatus | None = None,
                   roof: Roofline | None = None) -> Text:
     sample, stats = state.sample, state.stats
@@ -87,6 +106,8 @@ def render_engine(state: EngineState, status: EngineStatus | None = None,
     if sample.metrics_error:
         grid.add_row("metrics", Text(sample.metrics_error, style="bold red"))
     if reading is None:
+        if state.traffic is not None:  # the engine's own metrics failing does not stop its traffic
+            _traffic_rows(grid, state.traffic)
         return grid.text()
 
     def has(attr: str) -> bool:
@@ -116,6 +137,8 @@ def render_engine(state: EngineState, status: EngineStatus | None = None,
     grid.add_row("ITL p50/p90", f"{_shown(itl_exposed, ms(stats.itl_p50_s))} / "
                  f"{_shown(itl_exposed, ms(stats.itl_p90_s))}")
     grid.add_row("host RSS", mib(state.rss_bytes) if state.rss_bytes is not None else NA)
+    if state.traffic is not None:
+        _traffic_rows(grid, state.traffic)
     if roof is not None:
         line = f"ceiling {roof.ceiling_tps:.0f} tok/s ({roof.bytes_per_token / 1e9:.2f} GB/token at " \
                f"{roof.bandwidth_bps / 1e9:.0f} GB/s {roof.bandwidth_source})"

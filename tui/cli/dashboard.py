@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from tui.cli.options import add_fleet, add_retention, add_targets, fleet_options
+from tui.cli.proxy import add_proxy_trace_args, proxy_options
 from tui.probe.results import DEFAULT_TTFT_GAP_FACTOR
 from tui.run.targets import build_targets, keys_by_name
 
@@ -52,6 +53,13 @@ def add_dashboard_args(parser: argparse.ArgumentParser) -> None:
                         help="record this session to PATH (default: a new file per session in "
                              "~/.local/share/enginetop/recordings)")
     parser.add_argument("--no-record", action="store_true", help="do not record this session")
+    parser.add_argument("--proxy-listen", action="append", metavar="[NAME=]HOST:PORT",
+                        help="run a traffic proxy for engine NAME here and show its traffic (one per proxied "
+                             "engine; point your app at it instead of the engine)")
+    add_proxy_trace_args(parser, prefix="proxy-")
+    parser.add_argument("--traffic", action="append", metavar="URL",
+                        help="show the traffic a separate `enginetop proxy` measures, e.g. "
+                             "http://127.0.0.1:8081 (repeatable)")
     add_retention(parser)
 
 
@@ -96,7 +104,19 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
                             duration_s=args.sweep_seconds)
         bandwidth = parse_bandwidth(args.bandwidth) if args.bandwidth else None
         model_bytes = parse_bytes(args.model_bytes) if args.model_bytes else None
-    except ValueError as exc:
+        proxy = None
+        if args.proxy_listen:
+            names = [t.name for t in targets] + [p.name for p in profiles]
+            proxied = [spec.partition("=")[0] for spec in args.proxy_listen if "=" in spec] or names[:1]
+            proxy = proxy_options(args.proxy_listen, [n for n in names if n in proxied], False,
+                                  args.proxy_trace, args.proxy_block_size, args.proxy_capture_content,
+                                  flag="--proxy-listen")
+        elif args.proxy_trace or args.proxy_capture_content:
+            raise ValueError("--proxy-trace and --proxy-capture-content need --proxy-listen")
+        for url in args.traffic or ():
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"--traffic: expected the proxy's http(s) URL, got {url!r}")
+    except (ValueError, OSError) as exc:
         print(f"enginetop: {exc}", file=sys.stderr)
         return 2
     log_to_file(runs_dir() / "enginetop.log", getattr(logging, args.log_level), http=args.log_http)
@@ -107,7 +127,8 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         probe_workload=args.probe_workload, probe_max_tokens=args.probe_max_tokens, sweep=sweep,
         ttft_gap_factor=args.ttft_gap_factor,
         poll_interval_s=args.interval, horizon_s=args.horizon, screenshot_dir=args.screenshots,
-        bandwidth_bps=bandwidth, model_bytes=model_bytes, fleet=fleet)
+        bandwidth_bps=bandwidth, model_bytes=model_bytes, fleet=fleet, proxy=proxy,
+        traffic=list(args.traffic or ()))
     if not args.no_record:
         from tui.cli.record import fleet_meta, open_recorder
         from tui.run.targets import profile_target

@@ -30,6 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     rec.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
     rec.add_argument("--status-every", type=float, default=60.0, metavar="SECONDS",
                      help="a line on stderr this often saying what was written (default 60)")
+    rec.add_argument("--traffic", action="append", metavar="URL",
+                     help="also record the traffic a separate `enginetop proxy` measures (repeatable)")
     add_retention(rec)
     rec.set_defaults(func=cmd_record)
 
@@ -115,7 +117,7 @@ def cmd_record(args: argparse.Namespace) -> int:
                 return 1
             launched.append(target)
         options = RunOptions(watched=targets, launched=launched, fleet=fleet_opts,
-                             poll_interval_s=args.interval)
+                             poll_interval_s=args.interval, traffic=list(args.traffic or ()))
         why = asyncio.run(record(options, recorder, say=say, duration_s=args.duration,
                                  line_every_s=args.status_every, managers=managers))
     finally:

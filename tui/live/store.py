@@ -18,10 +18,11 @@ from typing import Any
 
 from tui.model.events import ProbeEvent
 from tui.model.samples import EngineReading, EngineSample, EngineStats, GpuReport, HostSample
+from tui.model.traffic import TrafficSample
 from tui.sources.rates import derive, gen_tps, present, shape, ttft_p50, went_back, went_back_same_shape
 
 # What a source makes (tui.live.feed); a replay adds the probe results it recorded.
-Sample = EngineSample | GpuReport | HostSample | ProbeEvent
+Sample = EngineSample | GpuReport | HostSample | ProbeEvent | TrafficSample
 
 Point = tuple[float, float]  # (time.monotonic(), value)
 
@@ -83,6 +84,7 @@ class EngineState:
     series: dict[str, Series] = field(default_factory=dict)
     probes: deque[tuple[float, Any]] = field(default_factory=deque)  # (t, ProbeResult), oldest first
     rss_bytes: int | None = None
+    traffic: TrafficSample | None = None  # the user's own requests, measured by the proxy in front of it
 
 
 class Store:
@@ -114,8 +116,12 @@ class Store:
             self.add_host_sample(sample)
         elif isinstance(sample, ProbeEvent):  # a recorded probe result, replayed
             self.add_probe(sample.engine, sample.result, sample.t)
+        elif isinstance(sample, TrafficSample):
+            self._tell(sample)
+            self.engine(sample.name).traffic = sample
         else:
-            raise TypeError(f"the store takes engine, GPU and host samples, not {type(sample).__name__}")
+            raise TypeError(f"the store takes engine, GPU, host and traffic samples, not "
+                            f"{type(sample).__name__}")
 
     def add_many(self, samples: Iterable[Any]) -> None:
         """Take many samples at once, as a replay does when it rebuilds the windows after a seek. The state

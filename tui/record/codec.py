@@ -25,14 +25,15 @@ from tui.model.samples import (
     HostSample,
     ProcessTreeMemory,
 )
+from tui.model.traffic import TrafficSample, TrafficStats
 from tui.probe.results import ProbeResult, ServerTimings
 
 # Kinds of row, as written in the `kind` column; the dataclass each one decodes to.
 SAMPLE_TYPES: dict[str, type] = {"engine": EngineSample, "gpu": GpuReport, "host": HostSample,
-                                 "probe": ProbeResult}
+                                 "probe": ProbeResult, "traffic": TrafficSample}
 KIND_OF = {cls: kind for kind, cls in SAMPLE_TYPES.items()}
 _KNOWN = (EngineSample, EngineReading, EngineStats, GpuReport, GpuSample, GpuProcess, HostSample,
-          ProcessTreeMemory, ProbeResult, ServerTimings)
+          ProcessTreeMemory, ProbeResult, ServerTimings, TrafficSample, TrafficStats)
 # Not recorded: a probe's reply text (large, and it is what the user asked, not what was measured).
 _DROPPED: dict[type, set[str]] = {ProbeResult: {"text"}}
 

@@ -18,6 +18,7 @@ from tui.html.svg import PALETTE, frame, nice_max, tick_label
 from tui.live.store import Store
 from tui.model.events import Event, ProbeEvent
 from tui.model.samples import EngineSample, GpuReport
+from tui.model.traffic import TrafficSample
 from tui.probe.results import ProbeResult
 from tui.record.reader import Recording
 
@@ -34,6 +35,7 @@ class Summary:
     sweeps: list[tuple[float, str, dict]] = field(default_factory=list)
     alerts: list[tuple[float, str]] = field(default_factory=list)
     health: dict[str, dict[str, int]] = field(default_factory=dict)
+    traffic: dict[str, TrafficSample] = field(default_factory=dict)  # the proxy's last figures per engine
 
 
 def summarize(rec: Recording) -> Summary:
@@ -61,6 +63,8 @@ def summarize(rec: Recording) -> Summary:
                 out.throttle.append((span_start, row.wall))
                 span_start = None
             last_wall = row.wall
+        elif isinstance(item, TrafficSample):
+            out.traffic[item.name] = item
         elif isinstance(item, ProbeEvent):
             out.probes.append((row.wall, item.engine, item.result))
         elif isinstance(item, Event):
@@ -205,6 +209,16 @@ def render_recording(rec: Recording) -> str:
         [[_clock(w), escape(e), str(d.get("level")), f"{d.get('ok')}/{d.get('requests')}",
           num(d.get("aggregate_tps")), ms(d.get("ttft_s_p50"))] for w, e, d in s.sweeps],
         numeric=(2, 3, 4, 5))))
+    traffic_rows = [[escape(n), str(t.stats.total_requests), str(t.stats.total_errors),
+                     str(t.stats.total_abandoned), f"{ms(t.stats.ttft_p50_s)} / {ms(t.stats.ttft_p90_s)}",
+                     f"{ms(t.stats.itl_p50_s)} / {ms(t.stats.itl_p90_s)}", num(t.stats.decode_tps_p50),
+                     num(t.stats.prompt_tokens_mean, 0),
+                     "n/a" if t.stats.cached_share is None else f"{t.stats.cached_share * 100:.1f}%"]
+                    for n, t in s.traffic.items()]
+    body.append(section("Real traffic", "the user's own requests, measured by enginetop's proxy (totals; "
+                        "latencies over the last window of the session)", table(
+        ["engine", "requests", "errors", "abandoned", "TTFT p50/p90", "ITL p50/p90", "decode tok/s",
+         "prompt tokens", "cached"], traffic_rows, numeric=(1, 2, 3, 6, 7, 8))))
     body.append(section("Alerts", f"{len(s.alerts)} warning(s) shown",
                          table(["time", "alert"], [[_clock(w), escape(a)] for w, a in s.alerts])))
     return document(f"enginetop recording · {names}", "".join(body), str(rec.path))

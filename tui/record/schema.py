@@ -9,8 +9,9 @@
     rows(id INTEGER PRIMARY KEY, t REAL, wall REAL, kind TEXT, source TEXT, dict INTEGER, data BLOB)
         t      the sample's time.monotonic() in the recording process (what the store's windows use)
         wall   time.time() of the same instant
-        kind   engine | gpu | host | probe | event
-        source the engine's name (engine, probe, most events); NULL for gpu and host
+        kind   engine | gpu | host | probe | event | traffic (the proxy's figures for an engine; readers
+               before it skip the rows)
+        source the engine's name (engine, probe, traffic, most events); NULL for gpu and host
         dict   the dicts.id that compresses `data`; NULL: a plain zstd frame
         data   zstd-compressed JSON: the dataclass's fields (tui.record.codec), an event's dict; since
                schema 2, infinities and NaN are the strings "+Inf", "-Inf", "NaN" (as Prometheus writes

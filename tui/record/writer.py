@@ -147,7 +147,7 @@ class Recorder:
             payload = {"kind": item.kind, **encode(json.loads(text))}
         else:
             kind = KIND_OF[type(item)]
-            source = getattr(item, "name", None) if kind == "engine" else None
+            source = getattr(item, "name", None) if kind in ("engine", "traffic") else None
             t = item.t
             wall = getattr(item, "wall", None) or offset + t
             payload = encode(item, self.secrets)

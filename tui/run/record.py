@@ -78,6 +78,7 @@ async def record(options: RunOptions, recorder: Recorder, *,
     def on_error(name: str, exc: BaseException) -> None:
         say(f"{name} failed: {type(exc).__name__}: {exc}")
 
+    await run.start()
     feed = asyncio.create_task(Feed(store, run.all(), on_error=on_error).run())
     watch = asyncio.create_task(_watch_managers(managers, recorder, say))
     started = time.monotonic()

@@ -17,6 +17,9 @@ from tui.live.feed import Source
 from tui.model.samples import GpuReport
 from tui.model.targets import EngineTarget
 from tui.net.keepalive import Transports
+from tui.proxy.options import ProxyOptions, build_proxy
+from tui.proxy.server import TrafficProxy
+from tui.proxy.source import ProxyTraffic, RemoteTraffic
 from tui.sources.engine_source import EngineSource, LocalPids
 from tui.sources.gpu import GpuSampler
 from tui.sources.host import HostSampler
@@ -28,6 +31,8 @@ class RunOptions:
     watched: list[EngineTarget] = field(default_factory=list)  # engines only looked at
     launched: list[EngineTarget] = field(default_factory=list)  # engines enginetop starts (profiles)
     fleet: FleetOptions | None = None  # Prometheus and/or dcgm-exporters
+    proxy: ProxyOptions | None = None  # a traffic proxy in front of some of the engines, run by this process
+    traffic: list[str] = field(default_factory=list)  # URLs of separate `enginetop proxy` processes to read
     nvml: bool | None = None  # None: this machine's NVML unless dcgm-exporters read the GPUs
     machine: bool = True  # GPU and host of this machine (the fleet table has no place for them)
     poll_interval_s: float = 1.0
@@ -55,6 +60,8 @@ class RunSources:
     machine: MachineSource | None
     fleet: FleetSources | None
     local_pids: LocalPids
+    proxy: TrafficProxy | None = None
+    traffic: list[ProxyTraffic | RemoteTraffic] = field(default_factory=list)
 
     def all(self) -> list[Source]:
         sources: list[Source] = list(self.engines)
@@ -62,9 +69,26 @@ class RunSources:
             sources.extend(self.fleet.all())
         if self.machine is not None:
             sources.append(self.machine)
+        sources.extend(self.traffic)
         return sources
 
+    async def start(self) -> None:
+        """What listens rather than polls: the proxy. When its address cannot be bound, ListenError, and the
+        run goes on without it."""
+        if self.proxy is not None:
+            try:
+                await self.proxy.start()
+            except BaseException:
+                self.proxy = None
+                self.traffic = [s for s in self.traffic if not isinstance(s, ProxyTraffic)]
+                raise
+
     async def aclose(self) -> None:
+        if self.proxy is not None:
+            await self.proxy.stop()
+        for source in self.traffic:
+            if isinstance(source, RemoteTraffic):
+                await source.aclose()
         await self.transports.aclose()
         if self.fleet is not None:
             await self.fleet.aclose()
@@ -93,4 +117,7 @@ def build_sources(options: RunOptions, *, gpu_report: Callable[[], GpuReport | N
     if host is not None:
         machine = MachineSource(gpu, host, engine_pids or local_pids, options.gpu_interval_s,
                                 options.host_interval_s)
-    return RunSources(engines, transports, gpu, host, machine, fleet, local_pids)
+    proxy = build_proxy(options.proxy, options.watched + options.launched) if options.proxy else None
+    traffic: list[ProxyTraffic | RemoteTraffic] = [ProxyTraffic(proxy, every)] if proxy is not None else []
+    traffic += [RemoteTraffic(url, every) for url in options.traffic]
+    return RunSources(engines, transports, gpu, host, machine, fleet, local_pids, proxy, traffic)

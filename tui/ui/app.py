@@ -41,11 +41,13 @@ from tui.live.feed import Feed
 from tui.live.store import EngineState, Store
 from tui.model.status import EngineStatus, StepEvent
 from tui.model.targets import EngineTarget
+from tui.net.listen import ListenError
 from tui.probe.results import DEFAULT_TTFT_GAP_FACTOR, ProbeResult
 from tui.probe.runner import ProbeRunner
 from tui.probe.stats import median
 from tui.probe.sweep import SweepConfig
 from tui.probe.workloads import WorkloadParams
+from tui.proxy.options import ProxyOptions
 from tui.record.writer import Recorder
 from tui.run.sources import RunOptions, build_sources
 from tui.run.targets import profile_target
@@ -116,6 +118,8 @@ class AppConfig:
     # With only --dcgm, the usual columns with the GPU panel fed by those dcgm-exporters instead of NVML.
     fleet: FleetOptions | None = None
     fleet_replay: bool = False  # the fleet table, fed by a replayed recording of a Prometheus (no queries)
+    proxy: ProxyOptions | None = None  # a traffic proxy this dashboard runs in front of its engines
+    traffic: list[str] = field(default_factory=list)  # separate `enginetop proxy` processes to watch
 
     @property
     def fleet_table(self) -> bool:
@@ -153,7 +157,8 @@ class EnginetopApp(App[None]):
         self._fleet_drawn: tuple[float, int] | None = None
         self.run_sources = build_sources(
             RunOptions(watched=config.targets, launched=[profile_target(p) for p in config.profiles],
-                       fleet=config.fleet, machine=not config.fleet_table,
+                       fleet=config.fleet, machine=not config.fleet_table, proxy=config.proxy,
+                       traffic=config.traffic,
                        poll_interval_s=config.poll_interval_s, gpu_interval_s=config.gpu_interval_s,
                        host_interval_s=config.host_interval_s),
             gpu_report=lambda: self.store.gpu, engine_pids=self._engine_pids,
@@ -216,6 +221,10 @@ class EnginetopApp(App[None]):
         return Feed(self.store, self.run_sources.all(), on_error=self._report_failure)
 
     async def _sample_loop(self) -> None:
+        try:
+            await self.run_sources.start()
+        except ListenError as exc:  # the port was taken since the command line checked it
+            self.notify(f"traffic proxy not started: {exc}", severity="error", timeout=30)
         await self._feed().run()
 
     def _engine_pids(self) -> dict[str, int]:

@@ -1,0 +1,168 @@
+"""What the traffic proxy adds: TTFT on the real llama-server, and CPU per relayed event under load.
+
+    .venv/bin/python bench/bench_proxy.py [--sections ttft,load] [--pairs 40] [--streams 64] [--tokens 200]
+
+TTFT (a): the real llama-server (demo model, --parallel 1, started here) and `enginetop proxy` in front of it
+(its own process, as a user runs it). --pairs pairs of one streamed request direct and one through the proxy,
+in alternating order, the same short prompt every time (so prefill is the prompt cache's, and the engine's
+own noise is as small as it gets); TTFT is measured by a raw-socket client as the time to the first event
+that carries text. Printed: direct and proxied TTFT p50/p99, and the per-pair difference's p50/p99 (targets:
+p50 <= 1 ms, p99 <= 5 ms).
+
+Load (b): a loopback SSE server streaming as fast as it can (tests/sse_server.py, its own process),
+--streams concurrent streams of --tokens one-token events each, from an asyncio client reading raw sockets,
+direct, then through `enginetop proxy`. Printed: events/s each way and their ratio, and the proxy process's
+CPU time per relayed event (goal <= 25 us).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.bench_probe import start_llama, start_server  # noqa: E402
+from tui.base.process import free_port, stop_group  # noqa: E402
+from tui.probe.stats import quantile  # noqa: E402
+
+
+def start_proxy(upstream: str) -> tuple[subprocess.Popen[str], str]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "tui", "proxy", "--engine", f"e={upstream}", "--listen",
+                             f"127.0.0.1:{port}"], cwd=ROOT, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert proc.stderr is not None
+    line = proc.stderr.readline()
+    if " on http://" not in line:
+        proc.kill()
+        raise SystemExit(f"enginetop proxy did not start: {line!r}")
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def request_bytes(url: str, body: dict) -> bytes:
+    parts = urlsplit(url)
+    payload = json.dumps(body).encode()
+    return (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {parts.netloc}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
+            "Connection: close\r\n\r\n").encode() + payload
+
+
+def ttft_once(url: str, body: dict) -> float:
+    """Seconds from sending the request to the first event with text, on a raw socket."""
+    parts = urlsplit(url)
+    data = request_bytes(url, body)
+    with socket.create_connection((parts.hostname, parts.port)) as sock:
+        started = time.perf_counter()
+        sock.sendall(data)
+        seen = b""
+        first = None
+        while chunk := sock.recv(65536):
+            if first is None:
+                seen += chunk
+                if b'"content":"' in seen:
+                    first = time.perf_counter() - started
+        assert first is not None, seen[:300]
+        return first
+
+
+def section_ttft(pairs: int) -> None:
+    launched, engine = start_llama()
+    proxy, via = start_proxy(engine)
+    body = {"messages": [{"role": "user", "content": "Say one word."}], "max_tokens": 4, "stream": True,
+            "temperature": 0}
+    try:
+        for _ in range(3):  # warm the prompt cache and both paths
+            ttft_once(engine, body), ttft_once(via, body)
+        direct, proxied = [], []
+        for i in range(pairs):
+            if i % 2:
+                proxied.append(ttft_once(via, body))
+                direct.append(ttft_once(engine, body))
+            else:
+                direct.append(ttft_once(engine, body))
+                proxied.append(ttft_once(via, body))
+    finally:
+        proxy.send_signal(signal.SIGTERM)
+        proxy.wait(10)
+        stop_group(launched)
+    added = sorted(p - d for p, d in zip(proxied, direct, strict=True))
+    d, p = sorted(direct), sorted(proxied)
+    ms = 1000.0
+    print(f"TTFT on the real llama-server, {pairs} interleaved pairs (ms):")
+    print(f"  direct   p50 {quantile(d, 0.5) * ms:7.2f}  p99 {quantile(d, 0.99) * ms:7.2f}")
+    print(f"  proxied  p50 {quantile(p, 0.5) * ms:7.2f}  p99 {quantile(p, 0.99) * ms:7.2f}")
+    print(f"  added (per pair)  p50 {quantile(added, 0.5) * ms:6.2f}  p99 {quantile(added, 0.99) * ms:6.2f}"
+          "   (targets: p50 <= 1, p99 <= 5)")
+
+
+async def stream_events(url: str, body: bytes) -> int:
+    parts = urlsplit(url)
+    reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+    writer.write(body)
+    events = 0
+    while chunk := await reader.read(65536):
+        events += chunk.count(b'"content":"')
+    writer.close()
+    return events
+
+
+async def load(url: str, streams: int, tokens: int) -> tuple[int, float]:
+    body = request_bytes(url, {"messages": [{"role": "user", "content": "x"}], "max_tokens": tokens,
+                               "stream": True, "stream_options": {"include_usage": True}})
+    started = time.perf_counter()
+    counts = await asyncio.gather(*(stream_events(url, body) for _ in range(streams)))
+    return sum(counts), time.perf_counter() - started
+
+
+def section_load(streams: int, tokens: int) -> None:
+    server, upstream = start_server()
+    proxy, via = start_proxy(upstream)
+    me = psutil.Process(proxy.pid)
+    try:
+        asyncio.run(load(upstream, 4, 20))
+        asyncio.run(load(via, 4, 20))
+        d_events, d_s = asyncio.run(load(upstream, streams, tokens))
+        cpu0 = me.cpu_times()
+        p_events, p_s = asyncio.run(load(via, streams, tokens))
+        cpu1 = me.cpu_times()
+    finally:
+        proxy.send_signal(signal.SIGTERM)
+        proxy.wait(10)
+        server.kill()
+    cpu = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
+    print(f"{streams} concurrent streams x {tokens} events, loopback SSE server at full speed:")
+    print(f"  direct   {d_events} events in {d_s:.2f} s = {d_events / d_s:9.0f} events/s")
+    print(f"  proxied  {p_events} events in {p_s:.2f} s = {p_events / p_s:9.0f} events/s"
+          f"   ratio to direct {p_events / p_s / (d_events / d_s):.2f}")
+    print(f"  proxy CPU {cpu:.2f} s = {cpu / max(1, p_events) * 1e6:.1f} us per relayed event   (goal <= 25)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sections", default="ttft,load")
+    parser.add_argument("--pairs", type=int, default=40)
+    parser.add_argument("--streams", type=int, default=64)
+    parser.add_argument("--tokens", type=int, default=200)
+    args = parser.parse_args()
+    sections = args.sections.split(",")
+    if "ttft" in sections:
+        section_ttft(args.pairs)
+    if "load" in sections:
+        section_load(args.streams, args.tokens)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""The proxy's account of each engine's traffic: requests in flight, and those that ended in the last window,
+from which `stats` gives the figures the dashboard shows. Bounded: a record leaves when it ages out of the
+window, and the window keeps at most `max_records`."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from tui.model.traffic import RequestRecord, TrafficStats
+from tui.proxy.stream import quantile
+
+WINDOW_S = 60.0
+RATE_WINDOW_S = 10.0
+
+
+class TrafficBook:
+    def __init__(self, engine: str, window_s: float = WINDOW_S, rate_window_s: float = RATE_WINDOW_S,
+                 max_records: int = 100_000) -> None:
+        self.engine = engine
+        self.window_s = window_s
+        self.rate_window_s = rate_window_s
+        self.in_flight = 0
+        self.total = 0
+        self.total_errors = 0
+        self.total_abandoned = 0
+        self.started = time.monotonic()
+        # (monotonic end time, record, its inter-token gaps)
+        self._ended: deque[tuple[float, RequestRecord, tuple[float, ...]]] = deque(maxlen=max_records)
+
+    @contextmanager
+    def flight(self) -> Iterator[None]:
+        self.in_flight += 1
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
+
+    def add(self, record: RequestRecord, gaps: tuple[float, ...] = (), now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        self.total += 1
+        self.total_errors += record.outcome == "error"
+        self.total_abandoned += record.outcome == "abandoned"
+        self._ended.append((now, record, gaps))
+
+    def recent(self) -> list[RequestRecord]:
+        """The records of the window, oldest first."""
+        return [r for _, r, _ in self._ended]
+
+    def stats(self, now: float | None = None) -> TrafficStats:
+        now = time.monotonic() if now is None else now
+        ended = self._ended
+        while ended and ended[0][0] < now - self.window_s:
+            ended.popleft()
+        records = [r for _, r, _ in ended]
+        recent = sum(1 for t, _, _ in ended if t >= now - self.rate_window_s)
+        span = min(self.rate_window_s, max(now - self.started, 1e-9))
+        ok = [r for r in records if r.outcome == "ok"]
+        ttfts = sorted(r.ttft_s for r in ok if r.ttft_s is not None)
+        gaps = sorted(g for _, r, gs in ended if r.outcome == "ok" for g in gs)
+        rates = sorted(tps for r in ok if (tps := r.decode_tps) is not None)
+        prompts = [r.prompt_tokens for r in ok if r.prompt_tokens is not None]
+        cached_pairs = [(r.cached_tokens, r.prompt_tokens) for r in ok
+                        if r.cached_tokens is not None and r.prompt_tokens]
+        cached_share = None
+        if cached_pairs:
+            cached_share = sum(c for c, _ in cached_pairs) / sum(p for _, p in cached_pairs if p)
+        return TrafficStats(
+            window_s=self.window_s,
+            requests=len(records),
+            requests_per_s=recent / span,
+            in_flight=self.in_flight,
+            errors=sum(r.outcome == "error" for r in records),
+            abandoned=sum(r.outcome == "abandoned" for r in records),
+            ttft_p50_s=quantile(ttfts, 0.5),
+            ttft_p90_s=quantile(ttfts, 0.9),
+            itl_p50_s=quantile(gaps, 0.5),
+            itl_p90_s=quantile(gaps, 0.9),
+            decode_tps_p50=quantile(rates, 0.5),
+            prompt_tokens_mean=sum(prompts) / len(prompts) if prompts else None,
+            cached_share=cached_share,
+            total_requests=self.total,
+            total_errors=self.total_errors,
+            total_abandoned=self.total_abandoned,
+        )

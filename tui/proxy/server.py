@@ -1,0 +1,352 @@
+"""The traffic proxy: one listen address per engine, every path and method forwarded unchanged (the OpenAI
+API, /metrics, /health, /slots), streams relayed event by event, and every generation request measured
+(tui.proxy.stream), counted (tui.proxy.book, tui.proxy.metrics) and traced (tui.proxy.trace).
+
+Built on aiohttp's server and client. The server runs with handler cancellation on, so a client that goes
+away cancels its handler at once, and leaving the upstream request's context closes the engine's
+connection, which is how llama-server and vLLM learn to stop generating. There is a connect timeout but no
+total timeout: a long generation is not cut.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+from multidict import CIMultiDict, CIMultiDictProxy
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from tui.model.traffic import Outcome, RequestRecord, TrafficSample
+from tui.net.listen import Listen, ListenError, bind_message
+from tui.proxy.book import TrafficBook
+from tui.proxy.metrics import METRICS_PATH, TRAFFIC_PATH, ProxyMetrics
+from tui.proxy.stream import StreamReading, StreamRelay, quantile
+from tui.proxy.trace import SESSION_HEADERS, TraceItem, TraceWriter
+
+MAX_BODY_BYTES = 32 * 1024 * 1024
+CONNECT_TIMEOUT_S = 10.0
+GENERATION_SUFFIXES = ("/chat/completions", "/completions", "/completion")
+OPENAI_SUFFIXES = ("/chat/completions", "/completions")  # where stream_options exists
+# RFC 9110 7.6.1: meant for one connection, never forwarded. Host and Content-Length are set anew.
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
+                        "trailer", "transfer-encoding", "upgrade", "host", "content-length"})
+# aiohttp's client adds these when absent; the engine should get only what the client sent
+_AUTO_HEADERS = ("User-Agent", "Accept-Encoding", "Accept", "Content-Type")
+
+
+@dataclass(frozen=True)
+class Route:
+    engine: str
+    upstream: str  # the engine's base URL, no trailing slash
+    listen: Listen
+
+    @property
+    def proxy_url(self) -> str:
+        return f"http://{self.listen.display}"
+
+
+def forwarded_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
+    named = {v.strip().lower() for h in headers.getall("Connection", ()) for v in h.split(",")}
+    return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in HOP_BY_HOP | named)
+
+
+def openai_error(status: int, message: str, kind: str) -> web.Response:
+    body = {"error": {"message": message, "type": kind, "code": status}}
+    return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
+
+
+def is_generation(method: str, path: str) -> bool:
+    return method == "POST" and path.rstrip("/").endswith(GENERATION_SUFFIXES)
+
+
+@dataclass
+class _Exchange:
+    """One measured request while it is relayed."""
+
+    route: Route
+    path: str
+    stream: bool
+    request: dict[str, Any]
+    reading: StreamReading
+    started_wall: float
+    status: int | None = None
+    error: str | None = None
+    outcome: Outcome = "ok"
+    injected: bool = False  # the proxy asked for usage itself (StreamRelay takes it back)
+
+
+class TrafficProxy:
+    def __init__(self, routes: Iterable[Route], *, max_body_bytes: int = MAX_BODY_BYTES,
+                 connect_timeout_s: float = CONNECT_TIMEOUT_S, trace: TraceWriter | None = None) -> None:
+        self.routes = list(routes)
+        self.max_body_bytes = max_body_bytes
+        self.connect_timeout_s = connect_timeout_s
+        self.trace = trace
+        self.books = {r.engine: TrafficBook(r.engine) for r in self.routes}
+        self.metrics = ProxyMetrics()
+        self.listeners: list[Callable[[RequestRecord], None]] = []  # told of every request that ended
+        self._runners: list[web.AppRunner] = []
+        self._session: aiohttp.ClientSession | None = None
+
+    # --- lifecycle --------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Listen on every route's address; a port that cannot be bound raises ListenError and nothing stays
+        open."""
+        self._session = aiohttp.ClientSession(
+            # no pool: llama-server closes a connection after a stream although it advertises keep-alive
+            connector=aiohttp.TCPConnector(limit=0, force_close=True),
+            timeout=aiohttp.ClientTimeout(total=None, connect=self.connect_timeout_s,
+                                          sock_connect=self.connect_timeout_s),
+            auto_decompress=False, skip_auto_headers=_AUTO_HEADERS)
+        try:
+            for route in self.routes:
+                app = web.Application(client_max_size=self.max_body_bytes)
+                app.router.add_route("*", "/{tail:.*}", self._handler(route))
+                runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+                await runner.setup()
+                self._runners.append(runner)
+                try:
+                    await web.TCPSite(runner, route.listen.host, route.listen.port).start()
+                except OSError as exc:
+                    flag = f"the proxy for {route.engine}"
+                    raise ListenError(bind_message(route.listen, exc, flag)) from None
+            if self.trace is not None:
+                self.trace.start()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def stop(self) -> None:
+        for runner in self._runners:
+            await runner.cleanup()
+        self._runners.clear()
+        if self.trace is not None:
+            await self.trace.close()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    # --- what the dashboard reads -------------------------------------------------------------------------
+    def samples(self) -> list[TrafficSample]:
+        t, wall = time.monotonic(), time.time()
+        return [TrafficSample(r.engine, r.proxy_url, t, wall, self.books[r.engine].stats(t))
+                for r in self.routes]
+
+    # --- the relay ----------------------------------------------------------------------------------------
+    def _handler(self, route: Route) -> Callable[[web.Request], Any]:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            if request.path == METRICS_PATH:
+                return web.Response(body=self.metrics.text(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+            if request.path == TRAFFIC_PATH:
+                return web.Response(body=orjson.dumps([_sample_json(s) for s in self.samples()]),
+                                    content_type="application/json")
+            return await self._relay(route, request)
+        return handle
+
+    async def _relay(self, route: Route, request: web.Request) -> web.StreamResponse:
+        started, started_wall = time.monotonic(), time.time()
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return openai_error(413, f"enginetop proxy: the request body is over {self.max_body_bytes} bytes "
+                                     "(--max-body)", "request_too_large")
+        headers = forwarded_headers(request.headers)
+        exchange = None
+        if is_generation(request.method, request.path):
+            body, exchange = self._measured(route, request.path, body, started, started_wall)
+        if exchange is None:
+            return await self._forward(route, request, body, headers, None)
+        book = self.books[route.engine]
+        in_flight = self.metrics.in_flight.labels(route.engine, str(exchange.request.get("model") or ""))
+        in_flight.inc()
+        try:
+            with book.flight():
+                return await self._forward(route, request, body, headers, exchange)
+        finally:
+            in_flight.dec()
+            self._ended(exchange, request, started)
+
+    def _measured(self, route: Route, path: str, body: bytes, started: float,
+                  started_wall: float) -> tuple[bytes, _Exchange | None]:
+        """The body to send (with include_usage when the proxy asks for it) and the exchange to measure."""
+        try:
+            req = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return body, None  # not JSON: the engine will say what is wrong; nothing to measure
+        if not isinstance(req, dict):
+            return body, None
+        stream = bool(req.get("stream"))
+        injected = False
+        options = req.get("stream_options")
+        if stream and path.rstrip("/").endswith(OPENAI_SUFFIXES) and not (
+                isinstance(options, dict) and options.get("include_usage")):
+            # usage is the only truthful token count on a stream: ask for it, and take it back (StreamRelay)
+            sent = {**req, "stream_options": {**(options if isinstance(options, dict) else {}),
+                                              "include_usage": True}}
+            body, injected = orjson.dumps(sent), True
+        return body, _Exchange(route, path, stream, req, StreamReading(started), started_wall,
+                               injected=injected)
+
+    async def _forward(self, route: Route, request: web.Request, body: bytes, headers: CIMultiDict[str],
+                       exchange: _Exchange | None) -> web.StreamResponse:
+        assert self._session is not None
+        url = route.upstream + request.rel_url.raw_path_qs  # path and query exactly as the client sent them
+        response: web.StreamResponse | None = None
+        try:
+            async with self._session.request(request.method, url, data=body or None, headers=headers,
+                                             allow_redirects=False) as upstream:
+                out_headers = forwarded_headers(upstream.headers)
+                relay = None
+                if exchange is not None:
+                    exchange.status = upstream.status
+                    encoded = "Content-Encoding" in upstream.headers
+                    if upstream.content_type == "text/event-stream" and not encoded:
+                        relay = StreamRelay(exchange.reading, exchange.injected)
+                response = web.StreamResponse(status=upstream.status, reason=upstream.reason,
+                                              headers=out_headers)
+                if relay is None and upstream.content_length is not None:
+                    response.content_length = upstream.content_length
+                await response.prepare(request)
+                copy = bytearray() if exchange is not None and relay is None else None
+                async for data in upstream.content.iter_any():
+                    if relay is None:
+                        await response.write(data)
+                        if copy is not None and len(copy) < self.max_body_bytes:
+                            copy += data
+                        continue
+                    for event in relay.feed(data, time.monotonic()):
+                        await response.write(event)
+                if relay is not None:
+                    for event in relay.close():
+                        await response.write(event)
+                if copy is not None and exchange is not None and "Content-Encoding" not in upstream.headers:
+                    exchange.reading.take_body(bytes(copy))
+                await response.write_eof()
+                if exchange is not None and exchange.reading.error and upstream.status == 200:
+                    exchange.outcome, exchange.error = "error", exchange.reading.error
+                elif exchange is not None and upstream.status >= 400:
+                    exchange.outcome = "error"
+                    exchange.error = f"the engine answered HTTP {upstream.status}"
+                return response
+        except asyncio.CancelledError:
+            if exchange is not None:  # the client went away: its handler was cancelled
+                exchange.outcome, exchange.error = "abandoned", "the client disconnected"
+            raise
+        except (ConnectionResetError, aiohttp.ClientConnectionResetError) as exc:
+            if exchange is not None:
+                exchange.outcome, exchange.error = "abandoned", f"the client disconnected ({exc})"
+            raise
+        except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError,
+                aiohttp.ServerTimeoutError, aiohttp.ClientPayloadError) as exc:
+            why = f"engine {route.engine!r} at {route.upstream}: {_connect_words(exc)}"
+            if exchange is not None:
+                exchange.outcome, exchange.error = "error", why
+            if response is not None and response.prepared:
+                raise  # headers already sent: the client sees the stream cut, as it would without the proxy
+            return openai_error(502, f"enginetop proxy: {why}", "upstream_unavailable")
+
+    def _ended(self, exchange: _Exchange, request: web.Request, started: float) -> None:
+        now = time.monotonic()
+        reading = exchange.reading
+        times = reading.token_times
+        gaps = tuple(b - a for a, b in itertools.pairwise(times))
+        ordered = sorted(gaps)
+        usage = reading.usage or {}
+        timings = reading.timings or {}
+        details = usage.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        if cached is None and isinstance(timings.get("cache_n"), int):
+            cached = timings["cache_n"]
+        prompt = usage.get("prompt_tokens")
+        completion = usage.get("completion_tokens")
+        if prompt is None and isinstance(timings.get("prompt_n"), int):  # llama.cpp's /completion
+            prompt = timings["prompt_n"] + (timings.get("cache_n") or 0)
+        if completion is None and isinstance(timings.get("predicted_n"), int):
+            completion = timings["predicted_n"]
+        metrics = reading.metrics or {}
+        model = exchange.request.get("model") or reading.model
+        record = RequestRecord(
+            engine=exchange.route.engine, path=exchange.path, stream=exchange.stream,
+            started_wall=exchange.started_wall, outcome=exchange.outcome, status=exchange.status,
+            error=exchange.error, model=str(model) if model else None,
+            ttft_s=times[0] - started if times and exchange.stream else None,
+            e2e_s=now - started, itl_p50_s=quantile(ordered, 0.5), itl_p90_s=quantile(ordered, 0.9),
+            itl_max_s=ordered[-1] if ordered else None, token_events=len(times),
+            prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached,
+            engine_prompt_ms=timings.get("prompt_ms"), engine_decode_ms=timings.get("predicted_ms"),
+            engine_ttft_ms=metrics.get("time_to_first_token_ms"))
+        if self.trace is not None and record.outcome == "ok":
+            header = next((request.headers[h] for h in SESSION_HEADERS if h in request.headers), None)
+            reply = "".join(reading.text)
+            session, delay = self.trace.session(exchange.request, header, record.started_wall, reply,
+                                                record.started_wall + (record.e2e_s or 0.0))
+            record = replace(record, session_id=session)
+            self.trace.submit(TraceItem(record, exchange.route.upstream, exchange.path, exchange.request,
+                                        session, delay, auth=request.headers.get("Authorization"),
+                                        reply=reply if self.trace.capture_content else ""))
+        self.books[record.engine].add(record, gaps, now)
+        self.metrics.observe(record, gaps)
+        for listener in self.listeners:
+            listener(record)
+
+    # --- the engine's tokenizer, for the trace ------------------------------------------------------------
+    async def tokenize(self, item: TraceItem) -> list[int] | None:
+        """The prompt's tokens as the engine makes them, chat template applied: llama.cpp's /apply-template
+        then /tokenize, or vLLM's /tokenize with the messages. None when neither answers."""
+        assert self._session is not None
+        headers = {"Authorization": item.auth} if item.auth else {}
+        req = item.request
+        model = req.get("model")
+        base = item.upstream
+        attempts: list[tuple[str, dict[str, Any]]] = []
+        if isinstance(req.get("messages"), list):
+            template = {"messages": req["messages"], **({"tools": req["tools"]} if "tools" in req else {})}
+            prompt = await self._post(base + "/apply-template", template, headers)
+            if isinstance(prompt, dict) and isinstance(prompt.get("prompt"), str):
+                attempts.append(("/tokenize", {"content": prompt["prompt"], "add_special": True,
+                                               "parse_special": True}))
+            else:
+                attempts.append(("/tokenize", {"model": model, "messages": req["messages"],
+                                               "add_generation_prompt": True}))
+        elif isinstance(req.get("prompt"), str):
+            attempts.append(("/tokenize", {"content": req["prompt"], "add_special": True}))
+            attempts.append(("/tokenize", {"model": model, "prompt": req["prompt"]}))
+        for path, payload in attempts:
+            answer = await self._post(base + path, payload, headers)
+            tokens = answer.get("tokens") if isinstance(answer, dict) else None
+            if isinstance(tokens, list) and all(isinstance(t, int) for t in tokens):
+                return tokens
+        return None
+
+    async def _post(self, url: str, payload: dict[str, Any], headers: dict[str, str]) -> Any:
+        assert self._session is not None
+        try:
+            async with self._session.post(url, data=orjson.dumps(payload),
+                                          headers={**headers, "Content-Type": "application/json"},
+                                          timeout=aiohttp.ClientTimeout(total=30)) as reply:
+                if reply.status != 200:
+                    return None
+                return orjson.loads(await reply.read())
+        except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError):
+            return None
+
+
+def _connect_words(exc: BaseException) -> str:
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return f"not reachable ({exc.os_error.strerror or exc.os_error})"
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return "closed the connection without answering"
+    if isinstance(exc, aiohttp.ServerTimeoutError):
+        return "did not accept the connection in time"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _sample_json(sample: TrafficSample) -> dict[str, Any]:
+    return {"name": sample.name, "proxy_url": sample.proxy_url, "stats": asdict(sample.stats)}
