@@ -92,6 +92,9 @@ class TrafficProxy:
         self.books = {r.engine: TrafficBook(r.engine) for r in self.routes}
         self.metrics = ProxyMetrics()
         self.listeners: list[Callable[[RequestRecord], None]] = []  # told of every request that ended
+        # Engines whose streams end with llama.cpp's `timings` (prompt_n, cache_n, predicted_n): their own
+        # counts are there, so the proxy stops asking them for usage (it costs the client ~1 ms of TTFT).
+        self._counts_itself: set[str] = set()
         self._runners: list[web.AppRunner] = []
         self._session: aiohttp.ClientSession | None = None
 
@@ -185,8 +188,8 @@ class TrafficProxy:
         stream = bool(req.get("stream"))
         injected = False
         options = req.get("stream_options")
-        if stream and path.rstrip("/").endswith(OPENAI_SUFFIXES) and not (
-                isinstance(options, dict) and options.get("include_usage")):
+        if stream and route.engine not in self._counts_itself and path.rstrip("/").endswith(OPENAI_SUFFIXES) \
+                and not (isinstance(options, dict) and options.get("include_usage")):
             # usage is the only truthful token count on a stream: ask for it, and take it back (StreamRelay)
             sent = {**req, "stream_options": {**(options if isinstance(options, dict) else {}),
                                               "include_usage": True}}
@@ -221,11 +224,11 @@ class TrafficProxy:
                         if copy is not None and len(copy) < self.max_body_bytes:
                             copy += data
                         continue
-                    for event in relay.feed(data, time.monotonic()):
-                        await response.write(event)
-                if relay is not None:
-                    for event in relay.close():
-                        await response.write(event)
+                    # what arrived together leaves together: one write (a syscall) per read, not per event
+                    if events := relay.feed(data, time.monotonic()):
+                        await response.write(b"".join(events))
+                if relay is not None and (events := relay.close()):
+                    await response.write(b"".join(events))
                 if copy is not None and exchange is not None and "Content-Encoding" not in upstream.headers:
                     exchange.reading.take_body(bytes(copy))
                 await response.write_eof()
@@ -266,10 +269,13 @@ class TrafficProxy:
             cached = timings["cache_n"]
         prompt = usage.get("prompt_tokens")
         completion = usage.get("completion_tokens")
-        if prompt is None and isinstance(timings.get("prompt_n"), int):  # llama.cpp's /completion
+        if prompt is None and isinstance(timings.get("prompt_n"), int):  # llama.cpp: its own counts
             prompt = timings["prompt_n"] + (timings.get("cache_n") or 0)
         if completion is None and isinstance(timings.get("predicted_n"), int):
             completion = timings["predicted_n"]
+        if exchange.stream and isinstance(timings.get("predicted_n"), int) and isinstance(
+                timings.get("prompt_n"), int):
+            self._counts_itself.add(exchange.route.engine)
         metrics = reading.metrics or {}
         model = exchange.request.get("model") or reading.model
         record = RequestRecord(

@@ -22,7 +22,12 @@ _DATA = b"data:"
 
 
 def split_events(buffer: bytes) -> tuple[list[bytes], bytes]:
-    """Complete events (each with its blank-line terminator) and the incomplete rest."""
+    """Complete events (each with its blank-line terminator) and the incomplete rest. Engines end lines
+    with \\n: one split. A read with a \\r in it (\\r\\n line ends, allowed by SSE) takes the slower walk."""
+    if b"\r" not in buffer:
+        parts = buffer.split(b"\n\n")
+        rest = parts.pop()
+        return [part + b"\n\n" for part in parts], rest
     events: list[bytes] = []
     start = 0
     while True:
@@ -54,6 +59,10 @@ def generated_text(obj: dict[str, Any]) -> str | None:
     """The text (or tool-call arguments) an OpenAI chunk or a llama.cpp /completion event carries; None when
     it carries none (the role chunk, the finish chunk, usage)."""
     choices = obj.get("choices")
+    if type(choices) is list and len(choices) == 1:  # the usual chunk, every event of a stream: fast
+        delta = choices[0].get("delta") if type(choices[0]) is dict else None
+        if type(delta) is dict and len(delta) == 1 and type(text := delta.get("content")) is str:
+            return text or None
     if isinstance(choices, list):
         parts = []
         for choice in choices:
