@@ -50,6 +50,10 @@ class Upstream:
         try:
             if request.path == "/echo":
                 return web.json_response({"headers": dict(request.headers)})
+            if request.path == "/login":
+                response = web.json_response({})
+                response.set_cookie("session", "client-a-secret")
+                return response
             response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             if self.headers_first:
                 await response.prepare(request)
@@ -137,9 +141,13 @@ async def test_a_client_gone_before_the_first_token_cancels_the_upstream_request
 
 async def test_headers_are_forwarded_and_hop_by_hop_ones_are_not():
     async with Upstream(True) as upstream:
-        proxy = proxy_for(upstream.url)
+        # by name: a client's cookie jar keeps cookies of named hosts (aiohttp's ignores bare IPs)
+        proxy = proxy_for(f"http://localhost:{upstream.port}")
         await proxy.start()
         try:
+            async with httpx.AsyncClient() as other:  # one client logs in...
+                login = await other.get(proxy.routes[0].proxy_url + "/login")
+            assert "client-a-secret" in login.headers["set-cookie"]  # ...and gets its cookie back
             async with httpx.AsyncClient() as client:
                 reply = await client.get(proxy.routes[0].proxy_url + "/echo?x=1",
                                          headers={"Authorization": "Bearer sk-test", "X-Custom": "v",
@@ -151,7 +159,8 @@ async def test_headers_are_forwarded_and_hop_by_hop_ones_are_not():
     assert seen["authorization"] == "Bearer sk-test" and seen["x-custom"] == "v"
     assert "x-drop" not in seen and "keep-alive" not in seen
     assert seen.get("connection") != "keep-alive, X-Drop"
-    assert seen["host"] == f"127.0.0.1:{upstream.port}"
+    assert seen["host"] == f"localhost:{upstream.port}"
+    assert "cookie" not in seen  # the proxy keeps no cookie jar: nothing of one client reaches another
 
 
 async def test_a_dead_engine_gets_502_naming_it_and_errors_pass_through_with_their_status_and_body():

@@ -107,7 +107,8 @@ class TrafficProxy:
             connector=aiohttp.TCPConnector(limit=0, force_close=True),
             timeout=aiohttp.ClientTimeout(total=None, connect=self.connect_timeout_s,
                                           sock_connect=self.connect_timeout_s),
-            auto_decompress=False, skip_auto_headers=_AUTO_HEADERS)
+            # no cookie jar: one client's cookies must never ride on another client's request
+            auto_decompress=False, skip_auto_headers=_AUTO_HEADERS, cookie_jar=aiohttp.DummyCookieJar())
         try:
             for route in self.routes:
                 app = web.Application(client_max_size=self.max_body_bytes)
