@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import re
 import shutil
 import subprocess
@@ -94,6 +95,28 @@ async def shoot(names: tuple[str, ...], stem: str, sweep_stem: str | None) -> No
             app.stop_managed()
 
 
+async def agent_load(url: str, seconds: float, agents: int = 3) -> None:
+    """Agents streaming through the proxy: each conversation grows by its reply and a new question."""
+    async def agent(client: httpx.AsyncClient, i: int) -> None:
+        messages = [{"role": "system", "content": f"You are helper {i}. Answer in one sentence."}]
+        end = time.monotonic() + seconds
+        turn = 0
+        while time.monotonic() < end:
+            turn += 1
+            messages.append({"role": "user", "content": f"Question {turn}: what is lighthouse {i} for?"})
+            reply = []
+            async with client.stream("POST", f"{url}/v1/chat/completions", json={
+                    "messages": messages, "max_tokens": 32, "stream": True}) as response:
+                async for line in response.aiter_lines():
+                    if line.startswith("data: {"):
+                        for choice in json.loads(line[6:]).get("choices") or ():
+                            reply.append((choice.get("delta") or {}).get("content") or "")
+            messages.append({"role": "assistant", "content": "".join(reply)})
+
+    async with httpx.AsyncClient(timeout=120) as client:
+        await asyncio.gather(*(agent(client, i) for i in range(agents)), return_exceptions=True)
+
+
 async def shoot_traffic() -> None:
     from tui.net.listen import Listen
     from tui.proxy.options import ProxyOptions
@@ -107,7 +130,7 @@ async def shoot_traffic() -> None:
             async with app.run_test(size=(170, 62)) as pilot:
                 await wait(pilot, lambda: all(s.status and s.status.state == "ready" for s in app.slots), 300)
                 via = f"http://{proxy.listens[profile.name].display}"
-                await asyncio.gather(load(via, 40, streams=3), pilot.pause(41))
+                await asyncio.gather(agent_load(via, 40), pilot.pause(41))
                 await pilot.pause(2)
                 app.save_screenshot(filename="traffic-llama.svg", path=str(OUT))
                 print(f"wrote {OUT / 'traffic-llama.svg'}")
