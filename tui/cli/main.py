@@ -7,12 +7,12 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 
 from tui.base.secrets import SecretError
-from tui.cli import compare, dashboard, exporter, lifecycle, probe, proxy, record, rules, snapshot, web
+from tui.cli import bench, compare, dashboard, exporter, lifecycle, probe, proxy, record, rules, snapshot, web
 from tui.cli.options import EXIT_BAD_INPUT, EXIT_INTERRUPTED, exit_code_table
 from tui.run.targets import TargetError
 
 # In the order `enginetop --help` lists them.
-COMMANDS = (snapshot, probe, lifecycle, compare, record, proxy, exporter, rules, web)
+COMMANDS = (snapshot, probe, lifecycle, compare, bench, record, proxy, exporter, rules, web)
 
 
 def _version() -> str:

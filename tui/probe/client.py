@@ -14,6 +14,7 @@ through a proxy). The HTTP itself is tui.net.http1: a streaming client far cheap
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -94,6 +95,7 @@ class _Recorder:
     vllm_metrics: dict[str, Any] | None = None
     done: bool = False
     text: list[str] = field(default_factory=list)
+    token_times: list[float] = field(default_factory=list)
     _data: list[bytes] = field(default_factory=list)
     _data_bytes: int = 0
     _tail: bytes = b""  # an incomplete line carried to the next read
@@ -171,6 +173,7 @@ class _Recorder:
                             self.first_token_at = now
                         self.last_token_at = now
                         self.text.append(piece)
+                        self.token_times.append(now)
                 if isinstance(reason := choice.get("finish_reason"), str):
                     self.finish_reason = reason
         if isinstance(usage := obj.get("usage"), dict):
@@ -367,6 +370,7 @@ class ProbeClient:
             server=server,
             notes=tuple(notes),
             text="".join(rec.text),
+            gaps_s=tuple(b - a for a, b in itertools.pairwise(rec.token_times)),
         )
 
 

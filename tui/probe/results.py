@@ -167,6 +167,7 @@ class ProbeResult:
     turn: int | None = None  # agent workload: 1-based turn number
     notes: tuple[str, ...] = ()
     text: str = field(default="", repr=False)  # the reply; the agent workload appends it to the chat
+    gaps_s: tuple[float, ...] = field(default=(), repr=False)  # between chunks with text (not recorded)
 
     @property
     def ok(self) -> bool:

@@ -34,8 +34,9 @@ SAMPLE_TYPES: dict[str, type] = {"engine": EngineSample, "gpu": GpuReport, "host
 KIND_OF = {cls: kind for kind, cls in SAMPLE_TYPES.items()}
 _KNOWN = (EngineSample, EngineReading, EngineStats, GpuReport, GpuSample, GpuProcess, HostSample,
           ProcessTreeMemory, ProbeResult, ServerTimings, TrafficSample, TrafficStats)
-# Not recorded: a probe's reply text (large, and it is what the user asked, not what was measured).
-_DROPPED: dict[type, set[str]] = {ProbeResult: {"text"}}
+# Not recorded: a probe's reply text (large, and it is what the user asked, not what was measured), and its
+# inter-token gaps (a bench's percentiles come from them; a recording keeps the probe's own figures).
+_DROPPED: dict[type, set[str]] = {ProbeResult: {"text", "gaps_s"}}
 
 # JSON has no infinities (Python's json writes a non-standard `Infinity`, which orjson refuses): they are
 # written as Prometheus writes them, and a float field reads them back with float().

@@ -1,0 +1,250 @@
+"""`enginetop bench`: a workload's requests sent to engines on one plan (tui.workload.schedule), each measured
+by the probe client, summed up per engine side by side.
+
+Every request asks for its recorded output length and makes the engine produce exactly that many tokens
+(`ignore_eos`, and `min_tokens` for vLLM and SGLang); a request that got another count is flagged and
+counted, not averaged away. Prompts are the workload's own text where it has it (a session's turns carry the
+conversation so far, with the replies this engine gave), or made in the engine's own tokens from hash ids
+and lengths (tui.workload.prompts). The send time of each open-loop request is compared with its plan: the
+lateness says whether the client kept up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import httpx
+
+from tui.model.targets import EngineTarget
+from tui.model.workload import WorkloadRequest
+from tui.probe.client import ProbeClient, ProbeLimits
+from tui.probe.results import ProbeResult
+from tui.probe.stats import median, quantile
+from tui.workload.prompts import EngineTokens, PromptMaker
+from tui.workload.schedule import Planned
+from tui.workload.slo import Slo, tpot_s
+
+DEFAULT_OUTPUT = 128  # tokens, for a request whose workload does not say
+
+
+@dataclass
+class EngineRun:
+    engine: str
+    url: str
+    results: list[tuple[Planned, ProbeResult]] = field(default_factory=list)
+    lateness_s: list[float] = field(default_factory=list)  # sent minus planned, open-loop sends only
+    duration_s: float = 0.0
+    error: str | None = None  # why this engine's part ended early
+
+
+@dataclass(frozen=True)
+class Spread:
+    p50: float | None
+    p90: float | None
+    p99: float | None
+
+    @classmethod
+    def of(cls, values: list[float]) -> Spread:
+        values = sorted(values)
+        return cls(quantile(values, 0.5), quantile(values, 0.9), quantile(values, 0.99))
+
+
+@dataclass(frozen=True)
+class EngineSummary:
+    engine: str
+    url: str
+    requests: int
+    ok: int
+    errors: int
+    wrong_length: int  # ok, but the engine gave another number of tokens than asked
+    duration_s: float
+    requests_per_s: float | None
+    output_tokens_per_s: float | None
+    ttft_s: Spread
+    tpot_s: Spread
+    itl_s: Spread
+    e2el_s: Spread
+    decode_tps_p50: float | None
+    cached_share: float | None  # cached prompt tokens / prompt tokens, as the engine reported them
+    lateness_s: Spread
+    slo: str | None = None
+    attainment: float | None = None  # share of requests meeting every SLO term (errors count as misses)
+    goodput_rps: float | None = None  # good requests per second
+    error: str | None = None
+    first_errors: tuple[str, ...] = ()
+
+
+def summarize(run: EngineRun, slo: Slo | None = None) -> EngineSummary:
+    results = [r for _, r in run.results]
+    ok = [r for r in results if r.ok]
+    wrong = sum(1 for p, r in run.results if r.ok and r.completion_tokens != _output(p.request))
+    prompt = sum(r.prompt_tokens or 0 for r in ok if r.cached_tokens is not None)
+    cached = sum(r.cached_tokens or 0 for r in ok if r.cached_tokens is not None)
+    span = run.duration_s or None
+    good = sum(1 for r in results if slo is not None and slo.met(r))
+    return EngineSummary(
+        engine=run.engine, url=run.url, requests=len(results), ok=len(ok), errors=len(results) - len(ok),
+        wrong_length=wrong, duration_s=run.duration_s,
+        requests_per_s=len(ok) / span if span else None,
+        output_tokens_per_s=sum(r.completion_tokens or 0 for r in ok) / span if span else None,
+        ttft_s=Spread.of([t for r in ok if (t := r.ttft_s) is not None]),
+        tpot_s=Spread.of([t for r in ok if (t := tpot_s(r)) is not None]),
+        itl_s=Spread.of([g for r in ok for g in r.gaps_s]),
+        e2el_s=Spread.of([t for r in ok if (t := r.e2e_s) is not None]),
+        decode_tps_p50=median([t for r in ok if (t := r.decode_tps) is not None]),
+        cached_share=cached / prompt if prompt else None,
+        lateness_s=Spread.of(run.lateness_s),
+        slo=str(slo) if slo is not None else None,
+        attainment=good / len(results) if slo is not None and results else None,
+        goodput_rps=good / span if slo is not None and span else None,
+        error=run.error,
+        first_errors=tuple(dict.fromkeys(r.error or "" for r in results if not r.ok))[:3],
+    )
+
+
+def summary_json(summary: EngineSummary) -> dict[str, Any]:
+    return asdict(summary)
+
+
+def _output(request: WorkloadRequest) -> int:
+    return request.output_length or DEFAULT_OUTPUT
+
+
+class Bench:
+    """One engine's part of a run."""
+
+    def __init__(self, target: EngineTarget, planned: list[Planned], *, concurrency: int | None = None,
+                 model: str | None = None, block_size: int | None = None,
+                 limits: ProbeLimits | None = None,
+                 on_result: Callable[[str, Planned, ProbeResult], None] | None = None) -> None:
+        self.target = target
+        self.planned = planned
+        self.concurrency = concurrency
+        self.model = model
+        self.block_size = block_size
+        self.client = ProbeClient(limits)
+        self.on_result = on_result
+        self.run = EngineRun(target.name, target.url)
+        self._ended: dict[int, asyncio.Event] = {}
+        self._history: dict[str, list[dict[str, Any]]] = {}
+        self._prompts: PromptMaker | None = None
+
+    async def _prepare_prompts(self, http: httpx.AsyncClient) -> None:
+        needs = any(p.request.messages is None and p.request.prompt is None for p in self.planned)
+        if needs:
+            maker = PromptMaker(EngineTokens(http, self.target.url, self.model), self.block_size or 512)
+            await maker.prepare()
+            self._prompts = maker
+
+    def _messages(self, request: WorkloadRequest) -> list[dict[str, Any]]:
+        if request.messages is not None:
+            turn = list(request.messages)
+        elif request.prompt is not None:
+            turn = [{"role": "user", "content": request.prompt}]
+        else:
+            assert self._prompts is not None and request.input_length is not None
+            return [{"role": "user", "content": self._prompts.text(request.hash_ids, request.input_length)}]
+        if request.session_id is None:
+            return turn
+        return [*self._history.get(request.session_id, []), *turn]
+
+    def body(self, request: WorkloadRequest) -> dict[str, Any]:
+        out = _output(request)
+        body: dict[str, Any] = {"messages": self._messages(request), "max_tokens": out, "ignore_eos": True,
+                                "min_tokens": out, **request.extra}
+        if self.model:
+            body["model"] = self.model
+        return body
+
+    async def go(self, started: float) -> EngineRun:
+        headers = {"Authorization": f"Bearer {self.target.api_key}"} if self.target.api_key else {}
+        async with httpx.AsyncClient(timeout=30, headers=headers) as http:
+            await self._prepare_prompts(http)
+        self._ended = {p.index: asyncio.Event() for p in self.planned}
+        gate = asyncio.Semaphore(self.concurrency) if self.concurrency else None
+        t0 = time.monotonic()
+        try:
+            await asyncio.gather(*(self._one(p, started, gate) for p in self.planned))
+        finally:
+            self.run.duration_s = time.monotonic() - t0
+        return self.run
+
+    async def _one(self, planned: Planned, started: float, gate: asyncio.Semaphore | None) -> None:
+        try:
+            if planned.after is not None:
+                await self._ended[planned.after].wait()
+                if planned.delay_s:
+                    await asyncio.sleep(planned.delay_s)
+            due = None
+            if planned.at_s is not None:
+                due = started + planned.at_s
+                if (wait := due - time.monotonic()) > 0:
+                    await asyncio.sleep(wait)
+            if gate is not None:
+                await gate.acquire()
+            try:
+                body = self.body(planned.request)
+                if due is not None and planned.after is None:
+                    self.run.lateness_s.append(max(0.0, time.monotonic() - due))
+                result = await self.client.chat(self.target, body, workload="bench", index=planned.index)
+            finally:
+                if gate is not None:
+                    gate.release()
+            req = planned.request
+            if req.session_id is not None and result.ok:
+                turn = body["messages"][len(self._history.get(req.session_id, [])):]
+                self._history[req.session_id] = [*self._history.get(req.session_id, []), *turn,
+                                                 {"role": "assistant", "content": result.text}]
+            self.run.results.append((planned, result))
+            if self.on_result is not None:
+                self.on_result(self.target.name, planned, result)
+        finally:
+            self._ended[planned.index].set()
+
+
+def table(summaries: list[EngineSummary]) -> str:
+    """The engines side by side, a row per figure."""
+    def ms(v: float | None) -> str:
+        return "n/a" if v is None else f"{v * 1000:.0f}"
+
+    def spread(s: Spread) -> str:
+        return f"{ms(s.p50)} / {ms(s.p90)} / {ms(s.p99)}"
+
+    def num(v: float | None, fmt: str = "{:.2f}") -> str:
+        return "n/a" if v is None else fmt.format(v)
+
+    rows: list[tuple[str, list[str]]] = [
+        ("requests ok / sent", [f"{s.ok} / {s.requests}" for s in summaries]),
+        ("errors", [str(s.errors) for s in summaries]),
+        ("wrong output length", [str(s.wrong_length) for s in summaries]),
+        ("TTFT ms p50/p90/p99", [spread(s.ttft_s) for s in summaries]),
+        ("TPOT ms p50/p90/p99", [spread(s.tpot_s) for s in summaries]),
+        ("ITL ms p50/p90/p99", [spread(s.itl_s) for s in summaries]),
+        ("E2E ms p50/p90/p99", [spread(s.e2el_s) for s in summaries]),
+        ("decode tok/s p50", [num(s.decode_tps_p50, "{:.1f}") for s in summaries]),
+        ("requests/s", [num(s.requests_per_s) for s in summaries]),
+        ("output tok/s", [num(s.output_tokens_per_s, "{:.1f}") for s in summaries]),
+        ("cached share", ["n/a" if s.cached_share is None else f"{s.cached_share * 100:.1f}%"
+                          for s in summaries]),
+        ("send lateness ms p50/p99", [f"{ms(s.lateness_s.p50)} / {ms(s.lateness_s.p99)}" for s in summaries]),
+    ]
+    if any(s.slo for s in summaries):
+        rows.append((f"SLO {summaries[0].slo} met", ["n/a" if s.attainment is None else
+                                                      f"{s.attainment * 100:.1f}%" for s in summaries]))
+        rows.append(("goodput req/s", [num(s.goodput_rps) for s in summaries]))
+    head = ["", *(s.engine for s in summaries)]
+    width = [max(len(r[0]) for r in rows)] + [max(len(h), *(len(r[1][i]) for r in rows))
+                                              for i, h in enumerate(head[1:])]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(head, width, strict=True))]
+    lines += ["  ".join([name.ljust(width[0]), *(v.rjust(w) for v, w in zip(values, width[1:], strict=True))])
+              for name, values in rows]
+    for s in summaries:
+        if s.error:
+            lines.append(f"{s.engine}: stopped early: {s.error}")
+        for e in s.first_errors:
+            lines.append(f"{s.engine}: error: {e}")
+    return "\n".join(lines)

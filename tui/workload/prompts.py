@@ -1,0 +1,130 @@
+"""Prompt text for a workload that has lengths and hash ids but no text, made in the target engine's own
+tokens.
+
+Equal hash ids must give identical blocks of exactly `block_size` tokens, so that on replay the engine's
+prompt cache sees the traffic's own sharing. No tokenizer library is needed: the engine says which words are
+one token each (llama.cpp's /tokenize with pieces, or vLLM's /tokenize word by word), a block is that many of
+those words drawn by a generator seeded with its id, and each word carries its leading space, so that blocks
+joined end to end tokenise as the blocks did. A request with a length and no ids gets words no other
+request draws: fresh text that no cache can serve. `check` asks the engine to count a prompt's tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import httpx
+
+# Everyday English words: most are one token in any large vocabulary (the engine decides which).
+_WORD_TEXT = """
+time year people way day man thing woman life child world school state family student group country
+problem hand part place case week company system program question work government number night point
+home water room mother area money story fact month lot right study book eye job word business issue
+side kind head house service friend father power hour game line end member law car city community
+name president team minute idea kid body information back parent face others level office door
+health person art war history party result change morning reason research girl guy moment air
+teacher force education foot boy age policy music market sense nation plan college interest death
+experience effect class control care field development role effort rate heart drug show leader light
+voice wife police mind price report decision son view relationship town road arm difference value
+building action model season society tax director position player record paper space ground form
+event official matter center couple site project activity star table need court oil situation cost
+industry figure street image phone data picture practice piece land product doctor wall patient
+worker news test movie north love support technology step baby computer type attention film tree
+source organization hair window evidence population site truth river stone garden bread paper glass
+metal cloud rain snow wind fire sand ocean island forest valley bridge tower castle village market
+harbor engine signal number color letter circle square table chair lamp clock mirror pencil basket
+bottle candle carpet ladder needle pillow rocket saddle
+"""
+WORDS = _WORD_TEXT.split()
+
+
+class EngineTokens:
+    """One engine's /tokenize and /detokenize: llama.cpp's ({"content"} -> {"tokens"}) or vLLM's
+    ({"model", "prompt"} -> {"tokens"}), whichever answers."""
+
+    def __init__(self, client: httpx.AsyncClient, url: str, model: str | None = None) -> None:
+        self.client = client
+        self.url = url.rstrip("/")
+        self.model = model
+        self.llama: bool | None = None  # which spelling the engine takes, found on the first call
+
+    async def tokenize(self, text: str, special: bool = False) -> list[int]:
+        if self.llama is not False:
+            reply = await self.client.post(self.url + "/tokenize",
+                                           json={"content": text, "add_special": special})
+            if reply.status_code == 200 and isinstance(reply.json().get("tokens"), list):
+                self.llama = True
+                return [t if isinstance(t, int) else t["id"] for t in reply.json()["tokens"]]
+            self.llama = False
+        reply = await self.client.post(self.url + "/tokenize", json={
+            "model": self.model, "prompt": text, "add_special_tokens": special})
+        reply.raise_for_status()
+        return list(reply.json()["tokens"])
+
+    async def one_token_words(self, words: list[str]) -> list[str]:
+        """The words (each with its leading space) the engine makes exactly one token of."""
+        await self.tokenize(" probe")  # settles which spelling
+        if self.llama:
+            reply = await self.client.post(self.url + "/tokenize", json={
+                "content": "".join(f" {w}" for w in words), "with_pieces": True})
+            reply.raise_for_status()
+            pieces = {p["piece"] for p in reply.json()["tokens"] if isinstance(p, dict)}
+            return [f" {w}" for w in words if f" {w}" in pieces]
+        counts = await asyncio.gather(*(self.tokenize(f" {w}") for w in words))
+        return [f" {w}" for w, c in zip(words, counts, strict=True) if len(c) == 1]
+
+
+class PromptMaker:
+    def __init__(self, tokens: EngineTokens, block_size: int, seed: str = "enginetop") -> None:
+        self.tokens = tokens
+        self.block_size = block_size
+        self.seed = seed
+        self.pool: list[str] = []
+        self._blocks: dict[int, str] = {}
+        self._fresh = 0
+
+    async def prepare(self, min_words: int = 64) -> None:
+        words = sorted(set(await self.tokens.one_token_words(WORDS)))
+        if len(words) < min_words:
+            raise ValueError(f"the engine at {self.tokens.url} makes one token of only {len(words)} of "
+                             f"{len(WORDS)} common words: too few to build prompts from")
+        self.pool = words
+
+    def _words(self, rng: random.Random, n: int) -> str:
+        return "".join(rng.choice(self.pool) for _ in range(n))
+
+    def block(self, hash_id: int) -> str:
+        text = self._blocks.get(hash_id)
+        if text is None:
+            rng = random.Random(f"{self.seed}:id:{hash_id}")
+            text = self._blocks[hash_id] = self._words(rng, self.block_size)
+        return text
+
+    def text(self, hash_ids: tuple[int, ...] | None, input_length: int) -> str:
+        """`input_length` tokens: the blocks of `hash_ids` (the last one cut to what is left), or fresh words
+        when there are no ids."""
+        if not hash_ids:
+            self._fresh += 1
+            return self._words(random.Random(f"{self.seed}:fresh:{self._fresh}"), input_length)
+        full = self.block_size * (len(hash_ids) - 1)
+        last = input_length - full
+        if not 0 < last <= self.block_size:
+            raise ValueError(f"{len(hash_ids)} ids of {self.block_size} tokens cannot hold {input_length}")
+        head = "".join(self.block(h) for h in hash_ids[:-1])
+        return head + self.block(hash_ids[-1])[: self._cut(self.block(hash_ids[-1]), last)]
+
+    @staticmethod
+    def _cut(block: str, words: int) -> int:
+        """Where the first `words` words of a block end (each word starts with its space)."""
+        seen = 0
+        for i, ch in enumerate(block):
+            if ch == " ":
+                if seen == words:
+                    return i
+                seen += 1
+        return len(block)
+
+    async def check(self, text: str) -> int:
+        """How many tokens the engine makes of `text` (no special tokens)."""
+        return len(await self.tokens.tokenize(text))
