@@ -34,6 +34,7 @@ from tui.probe.results import (
 )
 
 CHAT_PATH = "/v1/chat/completions"
+COMPLETIONS_PATH = "/v1/completions"  # a raw prompt, no chat template: the tokens are exactly the text's
 
 
 class ProbeTarget(Protocol):
@@ -58,12 +59,12 @@ class ProbeLimits:
     max_error_body_bytes: int = 4096
 
 
-def chat_url(base: str) -> str:
-    """The chat endpoint under a base URL given with or without a trailing /v1."""
+def chat_url(base: str, path: str = CHAT_PATH) -> str:
+    """The chat (or completions) endpoint under a base URL given with or without a trailing /v1."""
     base = base.rstrip("/")
     if base.endswith("/v1"):
         base = base[: -len("/v1")]
-    return base + CHAT_PATH
+    return base + path
 
 
 _FAILURE_OF_KIND: dict[str, FailureKind] = {
@@ -162,18 +163,19 @@ class _Recorder:
                 if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                     continue
                 delta = choice.get("delta")
+                text = choice.get("text")  # /v1/completions
+                piece = text if isinstance(text, str) else ""
                 if isinstance(delta, dict):
-                    piece = ""
                     for key in TEXT_KEYS:
                         if isinstance(value := delta.get(key), str):
                             piece += value
-                    if piece:
-                        self.chunks += 1
-                        if self.first_token_at is None:
-                            self.first_token_at = now
-                        self.last_token_at = now
-                        self.text.append(piece)
-                        self.token_times.append(now)
+                if piece:
+                    self.chunks += 1
+                    if self.first_token_at is None:
+                        self.first_token_at = now
+                    self.last_token_at = now
+                    self.text.append(piece)
+                    self.token_times.append(now)
                 if isinstance(reason := choice.get("finish_reason"), str):
                     self.finish_reason = reason
         if isinstance(usage := obj.get("usage"), dict):
@@ -211,8 +213,10 @@ class ProbeClient:
         workload: str = "custom",
         index: int = 0,
         turn: int | None = None,
+        path: str = CHAT_PATH,
     ) -> ProbeResult:
-        """Send `body` (stream and include_usage are forced on) and time the streamed answer."""
+        """Send `body` (stream and include_usage are forced on) and time the streamed answer; `path`
+        COMPLETIONS_PATH for a raw prompt."""
         body = {**body, "stream": True}
         body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
         # Encoded before the clock starts, so the client's own JSON work is not counted as server time.
@@ -230,7 +234,7 @@ class ProbeClient:
         try:
             headers.update(target_headers(target))  # refuses a secret in clear text through a proxy
             async with asyncio.timeout(self.limits.total_s):
-                await exchange.open(chat_url(target.url), headers, content, self.limits.connect_s)
+                await exchange.open(chat_url(target.url, path), headers, content, self.limits.connect_s)
                 status, response_headers = await exchange.head()
                 error, failure = await self._read(exchange, status, response_headers, rec)
         except TimeoutError:

@@ -3,10 +3,11 @@ by the probe client, summed up per engine side by side.
 
 Every request asks for its recorded output length and makes the engine produce exactly that many tokens
 (`ignore_eos`, and `min_tokens` for vLLM and SGLang); a request that got another count is flagged and
-counted, not averaged away. Prompts are the workload's own text where it has it (a session's turns carry the
-conversation so far, with the replies this engine gave), or made in the engine's own tokens from hash ids
-and lengths (tui.workload.prompts). The send time of each open-loop request is compared with its plan: the
-lateness says whether the client kept up.
+counted, not averaged away. Prompts are the workload's own text where it has it, sent as chat (a session's
+turns carry the conversation so far, with the replies this engine gave), or made in the engine's own tokens
+from hash ids and lengths (tui.workload.prompts) and sent as a raw prompt to /v1/completions, so that no chat
+template comes between the blocks and equal ids reach the engine as equal tokens. The send time of each
+open-loop request is compared with its plan: the lateness says whether the client kept up.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import httpx
 
 from tui.model.targets import EngineTarget
 from tui.model.workload import WorkloadRequest
-from tui.probe.client import ProbeClient, ProbeLimits
+from tui.probe.client import CHAT_PATH, COMPLETIONS_PATH, ProbeClient, ProbeLimits
 from tui.probe.results import ProbeResult
 from tui.probe.stats import median, quantile
 from tui.workload.prompts import EngineTokens, PromptMaker
@@ -110,6 +111,11 @@ def summary_json(summary: EngineSummary) -> dict[str, Any]:
     return asdict(summary)
 
 
+def _synthetic(request: WorkloadRequest) -> bool:
+    """Lengths (and ids) without text: the prompt is made in the engine's tokens."""
+    return request.messages is None and request.prompt is None
+
+
 def _output(request: WorkloadRequest) -> int:
     return request.output_length or DEFAULT_OUTPUT
 
@@ -134,28 +140,26 @@ class Bench:
         self._prompts: PromptMaker | None = None
 
     async def _prepare_prompts(self, http: httpx.AsyncClient) -> None:
-        needs = any(p.request.messages is None and p.request.prompt is None for p in self.planned)
-        if needs:
+        if any(_synthetic(p.request) for p in self.planned):
             maker = PromptMaker(EngineTokens(http, self.target.url, self.model), self.block_size or 512)
             await maker.prepare()
             self._prompts = maker
 
     def _messages(self, request: WorkloadRequest) -> list[dict[str, Any]]:
-        if request.messages is not None:
-            turn = list(request.messages)
-        elif request.prompt is not None:
-            turn = [{"role": "user", "content": request.prompt}]
-        else:
-            assert self._prompts is not None and request.input_length is not None
-            return [{"role": "user", "content": self._prompts.text(request.hash_ids, request.input_length)}]
+        turn = list(request.messages) if request.messages is not None else [
+            {"role": "user", "content": request.prompt}]
         if request.session_id is None:
             return turn
         return [*self._history.get(request.session_id, []), *turn]
 
     def body(self, request: WorkloadRequest) -> dict[str, Any]:
         out = _output(request)
-        body: dict[str, Any] = {"messages": self._messages(request), "max_tokens": out, "ignore_eos": True,
-                                "min_tokens": out, **request.extra}
+        body: dict[str, Any] = {"max_tokens": out, "ignore_eos": True, "min_tokens": out, **request.extra}
+        if _synthetic(request):  # a raw prompt: no chat template between blocks, the tokens are the blocks'
+            assert self._prompts is not None and request.input_length is not None
+            body["prompt"] = self._prompts.text(request.hash_ids, request.input_length)
+        else:
+            body["messages"] = self._messages(request)
         if self.model:
             body["model"] = self.model
         return body
@@ -190,12 +194,14 @@ class Bench:
                 body = self.body(planned.request)
                 if due is not None and planned.after is None:
                     self.run.lateness_s.append(max(0.0, time.monotonic() - due))
-                result = await self.client.chat(self.target, body, workload="bench", index=planned.index)
+                path = COMPLETIONS_PATH if "prompt" in body else CHAT_PATH
+                result = await self.client.chat(self.target, body, workload="bench", index=planned.index,
+                                                path=path)
             finally:
                 if gate is not None:
                     gate.release()
             req = planned.request
-            if req.session_id is not None and result.ok:
+            if req.session_id is not None and result.ok and "messages" in body:
                 turn = body["messages"][len(self._history.get(req.session_id, [])):]
                 self._history[req.session_id] = [*self._history.get(req.session_id, []), *turn,
                                                  {"role": "assistant", "content": result.text}]
