@@ -3,8 +3,6 @@ hash ids, exact output lengths, and the cached tokens it reports follow the ids.
 
 from __future__ import annotations
 
-import time
-
 import orjson
 import pytest
 
@@ -31,7 +29,7 @@ async def test_a_trace_with_shared_prefixes_replays_with_the_cache_following_the
     workload = load_workload(trace)
     assert workload.kind == "enginetop" and workload.block_size == 16
     bench = Bench(EngineTarget("llama", llama_server.url), plan(workload, "trace"), block_size=16)
-    run = await bench.go(time.monotonic())
+    run = await bench.go()
     summary = summarize(run, Slo.parse("ttft:30000"))
     assert summary.ok == 4 and summary.wrong_length == 0 and summary.attainment == 1.0
     by_line = {p.request.line: r for p, r in run.results}

@@ -103,7 +103,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 async def _run(benches: list[Bench], parallel: bool) -> None:
     async def one(bench: Bench) -> None:
         try:
-            await bench.go(time.monotonic())
+            await bench.go()
         except Exception as exc:  # this engine's part ends with what it measured; the others go on
             bench.run.error = f"{type(exc).__name__}: {exc}"
 

@@ -167,7 +167,9 @@ class ProbeResult:
     turn: int | None = None  # agent workload: 1-based turn number
     notes: tuple[str, ...] = ()
     text: str = field(default="", repr=False)  # the reply; the agent workload appends it to the chat
-    gaps_s: tuple[float, ...] = field(default=(), repr=False)  # between chunks with text (not recorded)
+    # Between chunks with text, for a bench's percentiles. Not recorded, so not part of what makes two results
+    # equal (a replayed probe equals the live one).
+    gaps_s: tuple[float, ...] = field(default=(), repr=False, compare=False)
 
     @property
     def ok(self) -> bool:

@@ -25,6 +25,7 @@ from tui.model.workload import WorkloadRequest
 from tui.probe.client import CHAT_PATH, COMPLETIONS_PATH, ProbeClient, ProbeLimits
 from tui.probe.results import ProbeResult
 from tui.probe.stats import median, quantile
+from tui.probe.sweep import ClientLoad, SelfMonitor
 from tui.workload.prompts import EngineTokens, PromptMaker
 from tui.workload.schedule import Planned
 from tui.workload.slo import Slo, tpot_s
@@ -40,6 +41,7 @@ class EngineRun:
     lateness_s: list[float] = field(default_factory=list)  # sent minus planned, open-loop sends only
     duration_s: float = 0.0
     error: str | None = None  # why this engine's part ended early
+    client: ClientLoad | None = None  # the sending process's own CPU and event-loop lag meanwhile
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,7 @@ class EngineSummary:
     goodput_rps: float | None = None  # good requests per second
     error: str | None = None
     first_errors: tuple[str, ...] = ()
+    client_notes: tuple[str, ...] = ()  # when the client may have been the bottleneck, why
 
 
 def summarize(run: EngineRun, slo: Slo | None = None) -> EngineSummary:
@@ -104,6 +107,7 @@ def summarize(run: EngineRun, slo: Slo | None = None) -> EngineSummary:
         goodput_rps=good / span if slo is not None and span else None,
         error=run.error,
         first_errors=tuple(dict.fromkeys(r.error or "" for r in results if not r.ok))[:3],
+        client_notes=run.client.notes if run.client is not None else (),
     )
 
 
@@ -164,17 +168,22 @@ class Bench:
             body["model"] = self.model
         return body
 
-    async def go(self, started: float) -> EngineRun:
+    async def go(self) -> EngineRun:
+        """Prepare (the engine's one-token words, when prompts are to be made), then run the plan from now:
+        its clock starts when everything is ready, so no request starts out late."""
         headers = {"Authorization": f"Bearer {self.target.api_key}"} if self.target.api_key else {}
         async with httpx.AsyncClient(timeout=30, headers=headers) as http:
             await self._prepare_prompts(http)
         self._ended = {p.index: asyncio.Event() for p in self.planned}
         gate = asyncio.Semaphore(self.concurrency) if self.concurrency else None
-        t0 = time.monotonic()
+        started = t0 = time.monotonic()
+        monitor = SelfMonitor()
         try:
-            await asyncio.gather(*(self._one(p, started, gate) for p in self.planned))
+            async with monitor:
+                await asyncio.gather(*(self._one(p, started, gate) for p in self.planned))
         finally:
             self.run.duration_s = time.monotonic() - t0
+            self.run.client = monitor.load
         return self.run
 
     async def _one(self, planned: Planned, started: float, gate: asyncio.Semaphore | None) -> None:
@@ -186,8 +195,7 @@ class Bench:
             due = None
             if planned.at_s is not None:
                 due = started + planned.at_s
-                if (wait := due - time.monotonic()) > 0:
-                    await asyncio.sleep(wait)
+                await until(due)
             if gate is not None:
                 await gate.acquire()
             try:
@@ -210,6 +218,18 @@ class Bench:
                 self.on_result(self.target.name, planned, result)
         finally:
             self._ended[planned.index].set()
+
+
+SPIN_S = 0.0015  # the event loop's timers wake up to a millisecond late (epoll): the last stretch is yielded
+
+
+async def until(due: float) -> None:
+    """Return at `due` (time.monotonic()), not a millisecond after: sleep most of the way, then yield to the
+    loop until the moment comes."""
+    if (wait := due - time.monotonic()) > SPIN_S:
+        await asyncio.sleep(wait - SPIN_S)
+    while time.monotonic() < due:
+        await asyncio.sleep(0)
 
 
 def table(summaries: list[EngineSummary]) -> str:
@@ -253,4 +273,6 @@ def table(summaries: list[EngineSummary]) -> str:
             lines.append(f"{s.engine}: stopped early: {s.error}")
         for e in s.first_errors:
             lines.append(f"{s.engine}: error: {e}")
+        for note in s.client_notes:
+            lines.append(f"{s.engine}: {note}")
     return "\n".join(lines)
