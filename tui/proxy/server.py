@@ -191,7 +191,8 @@ class TrafficProxy:
         options = req.get("stream_options")
         if stream and route.engine not in self._counts_itself and path.rstrip("/").endswith(OPENAI_SUFFIXES) \
                 and not (isinstance(options, dict) and options.get("include_usage")):
-            # usage is the only truthful token count on a stream: ask for it, and take it back (StreamRelay)
+            # token counts must be the engine's own: ask a stream for usage (unless the engine is known to end
+            # its streams with its own counts), and take back what that changes (StreamRelay)
             sent = {**req, "stream_options": {**(options if isinstance(options, dict) else {}),
                                               "include_usage": True}}
             body, injected = orjson.dumps(sent), True
