@@ -28,6 +28,7 @@ from typing import Any
 import orjson
 
 from tui.model.workload import Workload, WorkloadRequest
+from tui.proxy.trace import meta_path  # where the proxy puts a trace's metadata
 
 MOONCAKE_BLOCK = 512  # the convention AIPerf, GuideLLM and vLLM assume for Mooncake hash ids
 KINDS = ("enginetop", "mooncake", "aiperf-single", "aiperf-multi", "azure", "burstgpt", "sharegpt",
@@ -70,7 +71,7 @@ def detect(path: Path, data: bytes) -> str:
         if "prompt" in keys:
             return "vllm-custom"
         if keys & {"input_length", "text_input", "messages", "hash_ids"}:
-            return "enginetop" if _meta_path(path).exists() else "mooncake"
+            return "enginetop" if meta_path(path).exists() else "mooncake"
         raise WorkloadError(f"{path}:1: a JSON line with fields {sorted(keys)}, which no workload format "
                             f"enginetop reads has; {_formats()}")
     header = data.split(b"\n", 1)[0].decode("utf-8", "replace")
@@ -86,10 +87,6 @@ def _formats() -> str:
     return ("expected an enginetop or Mooncake trace, AIPerf single_turn / multi_turn / mooncake_trace "
             "JSONL, an Azure or BurstGPT CSV, ShareGPT JSON or vLLM custom JSONL (or name it: KIND:PATH, "
             f"KIND one of {', '.join(KINDS)})")
-
-
-def _meta_path(path: Path) -> Path:
-    return path.with_name(path.name + ".meta.json")
 
 
 # --- JSON lines ---------------------------------------------------------------------------------------------
@@ -197,7 +194,7 @@ def read_mooncake(path: Path, data: bytes, block: int = MOONCAKE_BLOCK, kind: st
 
 
 def read_enginetop(path: Path, data: bytes) -> Workload:
-    meta_file = _meta_path(path)
+    meta_file = meta_path(path)
     try:
         meta = orjson.loads(meta_file.read_bytes())
         block = int(meta["block_size"])
