@@ -64,6 +64,11 @@ class Scenario:
     require_key: str | None = None  # answer 401 unless `Authorization: Bearer <key>`
     status: int = 500  # http500
     fail_every: int = 0  # every k-th request to this scenario answers HTTP 500 (0: never)
+    # A scheduler of this many slots (0: no limit): a request waits for a free slot before anything is sent
+    # (its TTFT grows with the queue) and holds it until its last token, so with a fixed service time the
+    # server's capacity is slots / (first_token_delay_s + tokens x per_token_delay_s) requests per second.
+    # A client that goes away, queued or served, gives its place back at once.
+    slots: int = 0
 
 
 @dataclass(frozen=True)
@@ -131,6 +136,7 @@ class SSEServer:
         self._rngs: dict[str, random.Random] = {}
         self._counts: dict[str, int] = {}
         self._recent_prompts: deque[list[str]] = deque(maxlen=8)
+        self._slots: dict[str, asyncio.Semaphore] = {}
 
     # --- lifecycle -------------------------------------------------------------------------------------
     @property
@@ -238,7 +244,10 @@ class SSEServer:
             if method != "POST" or not path.endswith("/v1/chat/completions"):
                 await self._plain(writer, 404, {"error": {"message": f"no route {method} {path}"}})
                 return
-            await self._respond(writer, scenario_name, scenario, body)
+            if scenario.slots:
+                await self._in_slot(reader, writer, scenario_name, scenario, body)
+            else:
+                await self._respond(writer, scenario_name, scenario, body)
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError):
             pass
         except asyncio.CancelledError:
@@ -286,6 +295,26 @@ class SSEServer:
             best = max(best, n)
         self._recent_prompts.append(words)
         return best
+
+    async def _in_slot(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, name: str,
+                       sc: Scenario, body: dict[str, Any] | None) -> None:
+        """Wait for one of the scenario's slots, respond holding it; the client closing ends both."""
+        slots = self._slots.setdefault(name, asyncio.Semaphore(sc.slots))
+        gone = asyncio.ensure_future(reader.read(1))  # b"" when the client closes its side
+        acquire = asyncio.ensure_future(slots.acquire())
+        try:
+            await asyncio.wait({gone, acquire}, return_when=asyncio.FIRST_COMPLETED)
+            if not acquire.done():
+                acquire.cancel()
+                return
+            try:
+                respond = asyncio.ensure_future(self._respond(writer, name, sc, body))
+                await asyncio.wait({gone, respond}, return_when=asyncio.FIRST_COMPLETED)
+                respond.cancel()
+            finally:
+                slots.release()
+        finally:
+            gone.cancel()
 
     async def _respond(self, writer: asyncio.StreamWriter, name: str, sc: Scenario,
                        body: dict[str, Any] | None) -> None:

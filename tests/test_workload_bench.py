@@ -10,11 +10,12 @@ import pytest
 
 from tests.sse_server import Scenario, SSEServer
 from tui.cli.main import main
+from tui.model.slo import Slo, SloError
 from tui.model.workload import Workload, WorkloadRequest
 from tui.probe.results import ProbeResult
 from tui.workload.formats import load_workload
 from tui.workload.schedule import ScheduleError, gaps, plan
-from tui.workload.slo import Slo, SloError
+from tui.workload.slo import met
 
 DATA = Path(__file__).parent / "data" / "workloads"
 
@@ -52,10 +53,10 @@ def result(ttft: float, e2e: float, tokens: int, ok: bool = True) -> ProbeResult
 
 def test_slo_terms_must_all_hold_and_bad_terms_are_refused():
     slo = Slo.parse("ttft:500 tpot:50 e2el:4000")
-    assert slo.met(result(0.4, 1.4, 21))  # TPOT (1.4 - 0.4) / 20 = 50 ms: on the line holds
-    assert not slo.met(result(0.6, 1.6, 21))  # TTFT over
-    assert not slo.met(result(0.1, 3.1, 21))  # TPOT 150 ms over
-    assert not slo.met(result(0.1, 0.2, 2, ok=False))  # a failed request is never good
+    assert met(slo, result(0.4, 1.4, 21))  # TPOT (1.4 - 0.4) / 20 = 50 ms: on the line holds
+    assert not met(slo, result(0.6, 1.6, 21))  # TTFT over
+    assert not met(slo, result(0.1, 3.1, 21))  # TPOT 150 ms over
+    assert not met(slo, result(0.1, 0.2, 2, ok=False))  # a failed request is never good
     for bad, words in (("ttfb:500", "unknown name 'ttfb'"), ("ttft:fast", "not a number"),
                        ("ttft", "NAME:MILLISECONDS"),
                        ("ttft:-1", "positive"), ("", "empty")):
@@ -87,6 +88,15 @@ def test_bench_sends_every_request_at_its_rate_with_its_length_and_sessions_carr
     assert [m["role"] for m in third] == ["user", "assistant", "user", "assistant", "user"]
     assert third[0]["content"] == "My order has not arrived." and third[1]["content"]
     assert "TTFT ms p50/p90/p99" in printed and "SLO ttft:2000 e2el:10000 met" in printed
+    # every request is kept, and `enginetop report` draws their CDFs with the SLO's limit on them
+    kept = result["engines"][0]["per_request"]
+    assert len(kept) == 5 and all(r["ok"] and r["ttft_ms"] > 0 and r["itl_ms"] for r in kept)
+    assert sorted(r["completion_tokens"] for r in kept) == sorted(r["asked_tokens"] for r in kept)
+    html = tmp_path / "r.html"
+    assert main(["report", str(out), "-o", str(html)]) == 0
+    page = html.read_text()
+    assert "TTFT, share of requests at or under" in page and "SLO ttft 2000 ms" in page
+    assert page.count("<polyline") == 4  # TTFT and ITL, one line per engine
 
 
 def test_bench_refuses_bad_input_before_sending_anything(tmp_path, capsys):

@@ -6,11 +6,11 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from tui.model.slo import Slo
 from tui.model.targets import EngineTarget
 from tui.workload.bench import Bench, summarize
 from tui.workload.formats import load_workload
 from tui.workload.schedule import plan
-from tui.workload.slo import Slo
 
 pytestmark = pytest.mark.engine
 

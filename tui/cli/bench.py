@@ -1,5 +1,6 @@
 """`enginetop bench WORKLOAD --engine NAME=URL ...`: the workload's requests on every engine, on one plan,
-side by side (tui.workload). Engines run one after another unless --parallel-engines (engines on different
+side by side; `enginetop capacity WORKLOAD --engine ... --slo ...`: the highest arrival rate each engine takes
+within the SLO (tui.workload). Engines run one after another unless --parallel-engines (engines on different
 machines). Exit status: 0, 1 when an engine's part failed, 2 for bad input (a workload, SLO, flag)."""
 
 from __future__ import annotations
@@ -8,17 +9,32 @@ import argparse
 import asyncio
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 
 from tui.cli.options import EXIT_BAD_INPUT, EXIT_FAILED, add_output, add_targets
+from tui.model.slo import Slo, SloError
 from tui.probe.client import ProbeLimits
 from tui.run.targets import build_targets
-from tui.workload.bench import Bench, summarize, summary_json, table
+from tui.workload.bench import Bench, engine_json, summarize, table
+from tui.workload.capacity import Capacity, Search, curve_table
 from tui.workload.formats import WorkloadError, load_workload
+from tui.workload.report import BENCH_SCHEMA, CAPACITY_SCHEMA
 from tui.workload.schedule import Mode, ScheduleError, parse_arrival, plan
-from tui.workload.slo import Slo, SloError
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("workload", metavar="WORKLOAD", help="PATH, or KIND:PATH to name the format")
+    add_targets(p)
+    p.add_argument("--model", default=None, help="model name to send (default: none; the server's own)")
+    p.add_argument("--parallel-engines", action="store_true",
+                   help="run every engine at once (only for engines on different machines)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random arrivals")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds of silence before a request fails")
+    add_output(p, output="write the results as JSON to FILE (`enginetop report` draws them)",
+               json="print the results as JSON")
 
 
 def register(subparsers: Any) -> None:
@@ -28,8 +44,7 @@ def register(subparsers: Any) -> None:
         description="Replay a workload on each engine on the same plan: at its recorded times (--speed "
                     "scales them), at an arrival rate (--rate, --arrival), or closed-loop (--concurrency). "
                     "Each request asks for its recorded output length, exactly.")
-    p.add_argument("workload", metavar="WORKLOAD", help="PATH, or KIND:PATH to name the format")
-    add_targets(p)
+    _common(p)
     p.add_argument("--speed", type=float, default=1.0, help="replay the recorded times this much faster")
     p.add_argument("--schedule", choices=["session", "timestamp"], default="session",
                    help="a session's later turns: after the previous reply plus its recorded delay "
@@ -45,13 +60,61 @@ def register(subparsers: Any) -> None:
                    help='e.g. "ttft:500 tpot:50 e2el:4000" (ms; every term must hold): attainment and '
                         "goodput")
     p.add_argument("--limit", type=int, default=None, metavar="N", help="only the first N requests")
-    p.add_argument("--model", default=None, help="model name to send (default: none; the server's own)")
-    p.add_argument("--parallel-engines", action="store_true",
-                   help="run every engine at once (only for engines on different machines)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the --rate arrivals")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds of silence before a request fails")
-    add_output(p, output="write the results as JSON to FILE", json="print the results as JSON")
     p.set_defaults(func=cmd_bench)
+
+    c = subparsers.add_parser(
+        "capacity", help="the highest arrival rate of your workload each engine serves within an SLO",
+        description="Search, per engine, the highest arrival rate at which the SLO holds for --attainment of "
+                    "the requests: levels at rising rates (doubling, then bisecting), each at least "
+                    "--level-s seconds and --min-requests requests, a level ended early when the engine is "
+                    "over-saturated. Prints the curve and the capacity side by side.")
+    _common(c)
+    c.add_argument("--slo", required=True, metavar="TERMS",
+                   help='e.g. "ttft:500 tpot:50 e2el:4000" (ms; every term must hold)')
+    c.add_argument("--attainment", type=float, default=0.95, help="share of requests that must meet the SLO "
+                   "(default 0.95)")
+    c.add_argument("--arrival", default="poisson", metavar="poisson|constant|gamma:CV|trace",
+                   help="how requests arrive at each rate; trace: the workload's own timeline compressed "
+                        "(default poisson)")
+    c.add_argument("--start-rate", type=float, default=1.0, metavar="R", help="the first level (req/s)")
+    c.add_argument("--level-s", type=float, default=20.0, metavar="S", help="seconds per level (default 20)")
+    c.add_argument("--min-requests", type=int, default=20, metavar="N", help="requests per level, at least")
+    c.add_argument("--precision", type=float, default=0.1, help="stop when the lowest failing rate is within "
+                   "this share above the highest passing one (default 0.1)")
+    c.add_argument("--max-levels", type=int, default=12, metavar="N", help="levels per engine, at most")
+    c.set_defaults(func=cmd_capacity)
+
+
+def _bad(command: str, exc: Exception) -> int:
+    print(f"enginetop {command}: {exc}", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+def _write(args: argparse.Namespace, result: dict[str, Any], text: str) -> None:
+    if args.output is not None:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
+    if args.json:
+        print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
+    else:
+        print(text)
+
+
+def _run_all(parts: list[Callable[[], Awaitable[Any]]], parallel: bool) -> bool:
+    """Every engine's part, one after another or at once; True when Ctrl-C ended the run (what was measured
+    is kept: each part records as it goes)."""
+    async def go() -> None:
+        if parallel:
+            await asyncio.gather(*(part() for part in parts))
+        else:
+            for part in parts:
+                await part()
+
+    try:
+        asyncio.run(go())
+    except KeyboardInterrupt:
+        return True
+    return False
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -70,45 +133,63 @@ def cmd_bench(args: argparse.Namespace) -> int:
         planned = plan(workload, mode, speed=args.speed, turns=args.schedule, rate=args.rate,
                        arrival=args.arrival, seed=args.seed, limit=args.limit)
     except (WorkloadError, ScheduleError, SloError, ValueError) as exc:
-        print(f"enginetop bench: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return _bad("bench", exc)
     print(f"enginetop bench: {len(planned)} requests of {workload.path} ({workload.kind}, "
           f"{workload.sessions} sessions) on {', '.join(t.name for t in targets)}", file=sys.stderr,
           flush=True)
     benches = [Bench(t, planned, concurrency=args.concurrency, model=args.model,
                      block_size=workload.block_size, limits=ProbeLimits(read_s=args.timeout))
                for t in targets]
-    interrupted = False
-    try:
-        asyncio.run(_run(benches, args.parallel_engines))
-    except KeyboardInterrupt:  # what was measured is kept and written
-        interrupted = True
+
+    def part(bench: Bench) -> Callable[[], Awaitable[None]]:
+        async def one() -> None:
+            try:
+                await bench.go()
+            except Exception as exc:  # this engine's part ends with what it measured; the others go on
+                bench.run.error = f"{type(exc).__name__}: {exc}"
+        return one
+
+    interrupted = _run_all([part(b) for b in benches], args.parallel_engines)
     summaries = [summarize(b.run, slo) for b in benches]
-    result = {"workload": workload.path, "kind": workload.kind, "requests": len(planned), "mode": mode,
-              "speed": args.speed, "rate": args.rate, "arrival": args.arrival,
-              "concurrency": args.concurrency,
-              "slo": str(slo) if slo else None, "interrupted": interrupted, "wall": time.time(),
-              "engines": [summary_json(s) for s in summaries]}
-    if args.output is not None:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
-    if args.json:
-        print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
-    else:
-        print(table(summaries))
+    result = {"schema": BENCH_SCHEMA, "workload": workload.path, "kind": workload.kind,
+              "requests": len(planned), "mode": mode, "speed": args.speed, "rate": args.rate,
+              "arrival": args.arrival,
+              "concurrency": args.concurrency, "slo": str(slo) if slo else None, "interrupted": interrupted,
+              "wall": time.time(), "engines": [engine_json(b.run, slo) for b in benches]}
+    _write(args, result, table(summaries))
     failed = interrupted or any(s.error or s.ok == 0 for s in summaries)
     return EXIT_FAILED if failed else 0
 
 
-async def _run(benches: list[Bench], parallel: bool) -> None:
-    async def one(bench: Bench) -> None:
-        try:
-            await bench.go()
-        except Exception as exc:  # this engine's part ends with what it measured; the others go on
-            bench.run.error = f"{type(exc).__name__}: {exc}"
+def cmd_capacity(args: argparse.Namespace) -> int:
+    try:
+        targets = build_targets(args.engine, args.api_key_file, args.api_key_env)
+        if not targets:
+            raise ValueError("give at least one --engine NAME=URL")
+        search = Search(Slo.parse(args.slo), attainment=args.attainment, arrival=args.arrival,
+                        start_rate=args.start_rate, level_s=args.level_s, min_requests=args.min_requests,
+                        precision=args.precision, max_levels=args.max_levels, seed=args.seed)
+        workload = load_workload(args.workload)
+    except (WorkloadError, ScheduleError, SloError, ValueError) as exc:
+        return _bad("capacity", exc)
+    print(f"enginetop capacity: {len(workload.requests)} requests of {workload.path} ({workload.kind}) on "
+          f"{', '.join(t.name for t in targets)}, SLO {search.slo} for {search.attainment * 100:g}%",
+          file=sys.stderr, flush=True)
 
-    if parallel:
-        await asyncio.gather(*(one(b) for b in benches))
-    else:
-        for bench in benches:
-            await one(bench)
+    def told(engine: str, level: Any) -> None:
+        verdict = "pass" if level.passed else f"fail ({level.stopped})" if level.stopped else "fail"
+        att = "n/a" if level.attainment is None else f"{level.attainment * 100:.1f}%"
+        print(f"enginetop capacity: {engine} at {level.rate:.3g} req/s: {level.sent} sent, SLO met {att}: "
+              f"{verdict}", file=sys.stderr, flush=True)
+
+    searches = [Capacity(t, workload, search, model=args.model, limits=ProbeLimits(read_s=args.timeout),
+                         on_level=told) for t in targets]
+    interrupted = _run_all([s.run for s in searches], args.parallel_engines)
+    results = [s.result for s in searches]
+    out = {"schema": CAPACITY_SCHEMA, "workload": workload.path, "kind": workload.kind,
+           "slo": str(search.slo), "attainment": search.attainment, "arrival": search.arrival,
+           "level_s": search.level_s,
+           "interrupted": interrupted, "wall": time.time(), "engines": [r.json() for r in results]}
+    _write(args, out, curve_table(results))
+    failed = interrupted or any(r.error or not r.levels for r in results)
+    return EXIT_FAILED if failed else 0

@@ -28,6 +28,7 @@ from tui.lifecycle.profiles import Profile, ProfileError, load_profiles
 from tui.probe.sweep import parse_levels
 from tui.probe.workloads import WORKLOADS
 from tui.run.targets import EngineSpec, TargetError, parse_engine_spec
+from tui.workload.report import is_workload_result, write_workload_report
 
 
 class UsageError(ValueError):
@@ -115,8 +116,10 @@ def register(subparsers: Any) -> None:
     _common(sweep)
     sweep.set_defaults(func=cmd_sweep)
 
-    report = subparsers.add_parser("report", help="write the offline HTML report of an ab/sweep-param result")
-    report.add_argument("result", type=Path, help="RESULT.json written by ab or sweep-param, or a recording")
+    report = subparsers.add_parser("report", help="write the offline HTML report of an ab, sweep-param, "
+                                                  "bench or capacity result, or of a recording")
+    report.add_argument("result", type=Path, help="RESULT.json written by ab, sweep-param, bench or "
+                                                  "capacity, or a recording")
     add_output(report, output="report.html", required=True)
     report.set_defaults(func=cmd_report)
 
@@ -374,6 +377,17 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     if is_recording(args.result):
         return _recording_report(args)
+    if (workload := _workload_result(args.result)) is not None:
+        try:
+            print(write_workload_report(workload, args.output, str(args.result)))
+        except (KeyError, TypeError, ValueError) as exc:
+            print(f"enginetop report: {args.result} is incomplete or from another version: {exc!r}",
+                  file=sys.stderr)
+            return 2
+        except OSError as exc:
+            print(f"enginetop report: cannot write {args.output}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
+        return 0
     try:
         result = load_result(args.result)
     except ValueError as exc:
@@ -392,6 +406,16 @@ def cmd_report(args: argparse.Namespace) -> int:
         return 2
     print(path)
     return 0
+
+
+def _workload_result(path: Path) -> dict[str, Any] | None:
+    """A bench or capacity result, or None when the file is something else (or unreadable: load_result
+    says why)."""
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    return data if is_workload_result(data) else None
 
 
 def _recording_report(args: argparse.Namespace) -> int:

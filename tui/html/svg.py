@@ -210,3 +210,54 @@ def line_chart(
         )
     out.append("</svg>")
     return "\n".join(out)
+
+
+def cdf_chart(
+    series: Sequence[Series],
+    *,
+    title: str,
+    x_label: str,
+    marks: Sequence[tuple[float, str]] = (),
+    width: int = 760,
+    height: int = 300,
+) -> str:
+    """Cumulative distributions as steps: each series' points are its sorted values (x) and the share at or
+    below them (y, 0..1). `marks` are vertical lines with a label (an SLO limit)."""
+    left, right, top, bottom = 64, 150, 34, 44
+    plot_w, plot_h = width - left - right, height - top - bottom
+    xs = [x for s in series for x, _ in s.points] + [m for m, _ in marks]
+    xmax = nice_max(max(xs) if xs else 1.0)
+    px = lambda xv: left + plot_w * min(1.0, xv / xmax)  # noqa: E731
+    py = lambda yv: top + plot_h * (1 - yv)  # noqa: E731
+    out = frame(title, width, height)
+    for i in range(5):
+        ty, tx = py(i / 4), px(xmax * i / 4)
+        out.append(f'<line x1="{left}" y1="{ty:.1f}" x2="{left + plot_w}" y2="{ty:.1f}" stroke="#e5e7eb"/>')
+        out.append(f'<text x="{left - 6}" y="{ty + 4:.1f}" font-size="11" fill="#6b7280" '
+                   f'text-anchor="end">{i * 25}%</text>')
+        out.append(f'<text x="{tx:.1f}" y="{top + plot_h + 16}" font-size="11" fill="#6b7280" '
+                   f'text-anchor="middle">{tick_label(xmax * i / 4)}</text>')
+    out.append(f'<text x="{left + plot_w / 2:.1f}" y="{height - 6}" font-size="11" fill="#374151" '
+               f'text-anchor="middle">{escape(x_label)}</text>')
+    for i, s in enumerate(series):
+        color = s.color or PALETTE[i % len(PALETTE)]
+        steps, prev_y = [f"{px(0):.1f},{py(0):.1f}"], 0.0
+        for xv, yv in s.points:
+            if yv is None:
+                continue
+            steps += [f"{px(xv):.1f},{py(prev_y):.1f}", f"{px(xv):.1f},{py(yv):.1f}"]
+            prev_y = yv
+        out.append(f'<polyline points="{" ".join(steps)}" fill="none" stroke="{color}" stroke-width="2">'
+                   f"<title>{escape(s.name)}</title></polyline>")
+        ly = top + 14 + 18 * i
+        out.append(f'<rect x="{left + plot_w + 14}" y="{ly - 8}" width="12" height="12" fill="{color}"/>')
+        out.append(f'<text x="{left + plot_w + 32}" y="{ly + 2}" font-size="11" fill="#111827">'
+                   f"{escape(s.name[:20])}</text>")
+    for value, label in marks:
+        mx = px(value)
+        out.append(f'<line x1="{mx:.1f}" y1="{top}" x2="{mx:.1f}" y2="{top + plot_h}" stroke="#111827" '
+                   f'stroke-dasharray="5 4" stroke-width="1.5"/>')
+        out.append(f'<text x="{mx + 4:.1f}" y="{top + 12}" font-size="11" fill="#111827">'
+                   f"{escape(label)}</text>")
+    out.append("</svg>")
+    return "\n".join(out)

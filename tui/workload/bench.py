@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 
+from tui.model.slo import Slo
 from tui.model.targets import EngineTarget
 from tui.model.workload import WorkloadRequest
 from tui.probe.client import CHAT_PATH, COMPLETIONS_PATH, ProbeClient, ProbeLimits
@@ -28,7 +29,7 @@ from tui.probe.stats import median, quantile
 from tui.probe.sweep import ClientLoad, SelfMonitor
 from tui.workload.prompts import EngineTokens, PromptMaker
 from tui.workload.schedule import Planned
-from tui.workload.slo import Slo, tpot_s
+from tui.workload.slo import met, tpot_s
 
 DEFAULT_OUTPUT = 128  # tokens, for a request whose workload does not say
 
@@ -89,7 +90,7 @@ def summarize(run: EngineRun, slo: Slo | None = None) -> EngineSummary:
     prompt = sum(r.prompt_tokens or 0 for r in ok if r.cached_tokens is not None)
     cached = sum(r.cached_tokens or 0 for r in ok if r.cached_tokens is not None)
     span = run.duration_s or None
-    good = sum(1 for r in results if slo is not None and slo.met(r))
+    good = sum(1 for r in results if slo is not None and met(slo, r))
     return EngineSummary(
         engine=run.engine, url=run.url, requests=len(results), ok=len(ok), errors=len(results) - len(ok),
         wrong_length=wrong, duration_s=run.duration_s,
@@ -111,8 +112,24 @@ def summarize(run: EngineRun, slo: Slo | None = None) -> EngineSummary:
     )
 
 
-def summary_json(summary: EngineSummary) -> dict[str, Any]:
-    return asdict(summary)
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000.0, 3)
+
+
+def request_json(planned: Planned, result: ProbeResult) -> dict[str, Any]:
+    """One request as the result file keeps it: what `enginetop report` draws its CDFs from."""
+    return {"index": planned.index, "line": planned.request.line, "session": planned.request.session_id,
+            "ok": result.ok, "error": result.error, "ttft_ms": _ms(result.ttft_s),
+            "tpot_ms": _ms(tpot_s(result)), "e2el_ms": _ms(result.e2e_s),
+            "itl_ms": [round(g * 1000.0, 3) for g in result.gaps_s],
+            "prompt_tokens": result.prompt_tokens, "cached_tokens": result.cached_tokens,
+            "completion_tokens": result.completion_tokens, "asked_tokens": _output(planned.request)}
+
+
+def engine_json(run: EngineRun, slo: Slo | None = None) -> dict[str, Any]:
+    """An engine's summary and every request it sent."""
+    return {**asdict(summarize(run, slo)),
+            "per_request": [request_json(p, r) for p, r in sorted(run.results, key=lambda x: x[0].index)]}
 
 
 def _synthetic(request: WorkloadRequest) -> bool:
@@ -129,7 +146,7 @@ class Bench:
 
     def __init__(self, target: EngineTarget, planned: list[Planned], *, concurrency: int | None = None,
                  model: str | None = None, block_size: int | None = None,
-                 limits: ProbeLimits | None = None,
+                 limits: ProbeLimits | None = None, prompts: PromptMaker | None = None,
                  on_result: Callable[[str, Planned, ProbeResult], None] | None = None) -> None:
         self.target = target
         self.planned = planned
@@ -141,13 +158,16 @@ class Bench:
         self.run = EngineRun(target.name, target.url)
         self._ended: dict[int, asyncio.Event] = {}
         self._history: dict[str, list[dict[str, Any]]] = {}
-        self._prompts: PromptMaker | None = None
+        self.prompts = prompts  # made once per engine; a capacity search passes it from level to level
+        self.sent = 0
+        self.in_flight = 0
+        self._since: dict[int, float] = {}  # in flight: index -> when it was sent
 
     async def _prepare_prompts(self, http: httpx.AsyncClient) -> None:
-        if any(_synthetic(p.request) for p in self.planned):
+        if self.prompts is None and any(_synthetic(p.request) for p in self.planned):
             maker = PromptMaker(EngineTokens(http, self.target.url, self.model), self.block_size or 512)
             await maker.prepare()
-            self._prompts = maker
+            self.prompts = maker
 
     def _messages(self, request: WorkloadRequest) -> list[dict[str, Any]]:
         turn = list(request.messages) if request.messages is not None else [
@@ -160,20 +180,29 @@ class Bench:
         out = _output(request)
         body: dict[str, Any] = {"max_tokens": out, "ignore_eos": True, "min_tokens": out, **request.extra}
         if _synthetic(request):  # a raw prompt: no chat template between blocks, the tokens are the blocks'
-            assert self._prompts is not None and request.input_length is not None
-            body["prompt"] = self._prompts.text(request.hash_ids, request.input_length)
+            assert self.prompts is not None and request.input_length is not None
+            body["prompt"] = self.prompts.text(request.hash_ids, request.input_length)
         else:
             body["messages"] = self._messages(request)
         if self.model:
             body["model"] = self.model
         return body
 
-    async def go(self) -> EngineRun:
-        """Prepare (the engine's one-token words, when prompts are to be made), then run the plan from now:
-        its clock starts when everything is ready, so no request starts out late."""
+    async def ready(self) -> None:
+        """Prepare what the requests need before the clock starts: the engine's one-token words, when prompts
+        are to be made."""
         headers = {"Authorization": f"Bearer {self.target.api_key}"} if self.target.api_key else {}
         async with httpx.AsyncClient(timeout=30, headers=headers) as http:
             await self._prepare_prompts(http)
+
+    def oldest_wait_s(self, now: float) -> float | None:
+        """How long the oldest request in flight has been out (None: none is)."""
+        return now - min(self._since.values()) if self._since else None
+
+    async def go(self) -> EngineRun:
+        """Prepare, then run the plan from now: its clock starts when everything is ready, so no request
+        starts out late."""
+        await self.ready()
         self._ended = {p.index: asyncio.Event() for p in self.planned}
         gate = asyncio.Semaphore(self.concurrency) if self.concurrency else None
         started = t0 = time.monotonic()
@@ -203,8 +232,15 @@ class Bench:
                 if due is not None and planned.after is None:
                     self.run.lateness_s.append(max(0.0, time.monotonic() - due))
                 path = COMPLETIONS_PATH if "prompt" in body else CHAT_PATH
-                result = await self.client.chat(self.target, body, workload="bench", index=planned.index,
-                                                path=path)
+                self.sent += 1
+                self.in_flight += 1
+                self._since[planned.index] = time.monotonic()
+                try:
+                    result = await self.client.chat(self.target, body, workload="bench", index=planned.index,
+                                                    path=path)
+                finally:
+                    self.in_flight -= 1
+                    del self._since[planned.index]
             finally:
                 if gate is not None:
                     gate.release()

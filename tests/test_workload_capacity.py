@@ -1,0 +1,92 @@
+"""`enginetop capacity` against a loopback engine of known capacity: 2 slots, each request holding one for a
+fixed 0.2 s (first token after 50 ms, then 3 more 50 ms apart), so it serves at most 2 / 0.2 = 10 requests/s
+and any faster arrival only grows its queue (and every TTFT)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+import pytest
+
+from tests.sse_server import Scenario, SSEServer
+from tui.cli.main import main
+from tui.model.slo import Slo
+from tui.model.targets import EngineTarget
+from tui.model.workload import Workload, WorkloadRequest
+from tui.workload.capacity import Capacity, Search, level_plan
+from tui.workload.schedule import ScheduleError
+
+SLOTS, SERVICE_S = 2, 0.05 + 3 * 0.05
+KNOWN = SLOTS / SERVICE_S  # requests per second
+ENGINE = Scenario(slots=SLOTS, first_token_delay_s=0.05, per_token_delay_s=0.05, role_chunk=False)
+
+
+def workload(n: int = 8) -> Workload:
+    return Workload("mem", "vllm-custom", tuple(
+        WorkloadRequest(line=i + 1, prompt=f"question {i}", output_length=4, timestamp_ms=i * 250.0)
+        for i in range(n)))
+
+
+@pytest.fixture
+def engine():
+    with SSEServer(scenarios={"cap": ENGINE}) as server:
+        yield server
+
+
+def test_the_found_capacity_sits_just_under_slots_over_service_time(engine, tmp_path, capsys):
+    out = tmp_path / "cap.json"
+    code = main(["capacity", "mem-is-not-a-file", "--engine", "x=http://127.0.0.1:9", "--slo", "ttft:100"])
+    assert code == 2 and "cannot read" in capsys.readouterr().err
+    path = tmp_path / "w.jsonl"
+    path.write_text("".join(orjson.dumps({"prompt": r.prompt,
+                                          "output_tokens": r.output_length}).decode() + "\n"
+                            for r in workload().requests))
+    code = main(["capacity", f"vllm-custom:{path}", "--engine", f"cap={engine.url_for('cap')}",
+                 "--slo", "ttft:110", "--attainment", "0.9", "--arrival", "constant", "--start-rate", "3",
+                 "--level-s", "2.5", "--min-requests", "16", "-o", str(out)])
+    printed, err = capsys.readouterr()
+    assert code == 0, err
+    result = orjson.loads(out.read_bytes())
+    cap = result["engines"][0]
+    levels = cap["levels"]
+    assert 0.8 * KNOWN <= cap["capacity_rps"] <= KNOWN * 1.02, printed
+    # the curve: every level below the known capacity passed, every one well above it failed
+    assert all(x["passed"] for x in levels if x["rate"] <= 0.8 * KNOWN), printed
+    assert not any(x["passed"] for x in levels if x["rate"] >= 1.1 * KNOWN), printed
+    assert any(x["rate"] >= 1.1 * KNOWN for x in levels), printed
+    assert all({"rate", "attainment", "ttft_p90_s", "goodput_rps"} <= set(x) for x in levels)
+    assert "capacity (req/s): cap " in printed
+    html = tmp_path / "cap.html"
+    assert main(["report", str(out), "-o", str(html)]) == 0
+    page = html.read_text()
+    assert "SLO attainment by arrival rate" in page and "TTFT p90 by arrival rate" in page
+
+
+def test_a_level_far_over_capacity_is_stopped_early_as_over_saturated(engine):
+    # a lax SLO, so that only the growing queue (not the misses) can end the level
+    search = Search(Slo.parse("e2el:60000"), arrival="constant", level_s=12.0, window_s=1.0, settle_s=0.0)
+    found = Capacity(EngineTarget("cap", engine.url_for("cap")), workload(), search)
+    level = asyncio.run(found.level(3 * KNOWN))
+    assert level.stopped == "over-saturated" and not level.passed, level
+    assert level.duration_s < 6.0 and level.sent < level.planned
+    assert "in flight" in (level.why or "") and "TTFT" in (level.why or "")
+
+
+def test_a_level_that_can_no_longer_pass_ends_at_once():
+    with SSEServer(scenarios={"slow": Scenario(first_token_delay_s=0.3)}) as server:
+        search = Search(Slo.parse("ttft:100"), arrival="constant", level_s=10.0)
+        found = Capacity(EngineTarget("slow", server.url_for("slow")), workload(), search)
+        level = asyncio.run(found.level(4.0))
+    assert level.stopped == "cannot pass" and level.sent < level.planned
+    assert "already missed the SLO" in (level.why or "")
+
+
+def test_level_plans_compress_the_timeline_or_draw_arrivals():
+    w = workload(4)  # 4 requests 250 ms apart: 4 req/s of its own
+    trace = level_plan(w, 8.0, Search(Slo.parse("ttft:1"), arrival="trace", level_s=1.0, min_requests=8), 0)
+    assert [round(p.at_s or 0, 4) for p in trace] == [0.0, 0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875]
+    constant = level_plan(w, 20.0, Search(Slo.parse("ttft:1"), arrival="constant", level_s=1.0), 0)
+    assert len(constant) == 20 and constant[1].at_s == pytest.approx(0.05)
+    with pytest.raises(ScheduleError, match="attainment"):
+        Search(Slo.parse("ttft:1"), attainment=1.5)
