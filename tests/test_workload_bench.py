@@ -122,3 +122,28 @@ def test_an_engine_that_is_down_ends_its_part_with_errors_and_the_other_goes_on(
     assert code == 1 and down["errors"] == 3 and down["ok"] == 0
     assert "cannot connect" in down["first_errors"][0]
     assert up["ok"] == 3 and up["wrong_length"] == 0
+
+
+def test_ab_with_a_workload_gives_the_block_at_one_place_the_same_requests_on_every_arm(tmp_path, capsys):
+    out, html = tmp_path / "ab.json", tmp_path / "ab.html"
+    with SSEServer(default=Scenario(per_token_delay_s=0.001)) as a, \
+            SSEServer(default=Scenario(per_token_delay_s=0.002)) as b:
+        code = main(["ab", f"a={a.url}", f"b={b.url}", "--workload", str(DATA / "aiperf_multi_turn.jsonl"),
+                     "--instances", "2", "--blocks", "2", "--requests", "2", "--warmup", "0", "-o", str(out),
+                     "--report", str(html)])
+        sent = [[r.body for r in server.requests if r.body] for server in (a, b)]
+    assert code == 0, capsys.readouterr().err
+    assert len(sent[0]) == len(sent[1]) == 2 * 2 * 2
+    # what each arm's n-th request asked for, less the replies (each engine's own) carried in the history
+    def asked(body):
+        return (body["max_tokens"], [m["content"] for m in body["messages"] if m["role"] == "user"])
+    assert [asked(x) for x in sent[0]] == [asked(x) for x in sent[1]]
+    assert all(x["ignore_eos"] and x["min_tokens"] == x["max_tokens"] for x in sent[0])
+    result = orjson.loads(out.read_bytes())
+    assert result["config"]["workload_file"] == str(DATA / "aiperf_multi_turn.jsonl")
+    blocks = result["blocks"]
+    assert len(blocks) == 8 and all(b["ok"] == 2 for b in blocks)
+    assert result["method"]["requests"]["replay"] is True
+    assert "requests of the workload" in html.read_text()
+    assert main(["ab", f"a={a.url}", f"b={b.url}", "--workload", str(tmp_path / "none.jsonl")]) == 2
+    assert "--workload" in capsys.readouterr().err

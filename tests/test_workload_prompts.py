@@ -6,6 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from tui.model.workload import WorkloadRequest
 from tui.workload.prompts import EngineTokens, PromptMaker
 
 
@@ -26,6 +27,18 @@ def test_blocks_follow_the_ids_and_the_last_block_is_cut_to_the_length():
         maker.text((0, 1), 9)
 
 
+def test_a_sessions_partial_last_block_is_made_as_the_start_of_the_block_that_replaced_it():
+    maker = maker_with_pool()
+    turns = [WorkloadRequest(line=1, session_id="s", input_length=6, hash_ids=(0, 7)),  # 4 + 2 tokens
+             WorkloadRequest(line=2, session_id="s", input_length=10, hash_ids=(0, 1, 9)),  # block 1 full now
+             WorkloadRequest(line=3, session_id="t", input_length=6, hash_ids=(0, 8))]  # another session
+    before = maker.text((0, 8), 6)
+    maker.follow_sessions(turns)
+    first, second = maker.text((0, 7), 6), maker.text((0, 1, 9), 10)
+    assert second.startswith(first)  # the next turn contains the previous prompt whole, as in the traffic
+    assert maker.text((0, 8), 6) == before  # nothing else changes
+
+
 @pytest.mark.engine
 async def test_on_llama_server_lengths_are_exact_and_its_cache_follows_the_ids(llama_server):
     async with httpx.AsyncClient(timeout=60) as client:
@@ -35,7 +48,8 @@ async def test_on_llama_server_lengths_are_exact_and_its_cache_follows_the_ids(l
         first, turn, fresh = maker.text((0, 1), 32), maker.text((0, 1, 2), 45), maker.text(None, 45)
         assert [await maker.check(t) for t in (first, turn, fresh)] == [32, 45, 45]
         tokens = [await maker.tokens.tokenize(t) for t in (first, turn)]
-        assert tokens[1][:32] == tokens[0]  # the turn's first two blocks are the first request's tokens
+        assert maker.special == 1  # Gemma's BOS, counted in a trace's lengths
+        assert tokens[1][:len(tokens[0])] == tokens[0]  # the turn begins with the first request's tokens
 
         async def cached(prompt: str) -> int:
             reply = await client.post(f"{llama_server.url}/v1/completions",

@@ -10,16 +10,21 @@ import asyncio
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import orjson
 
 from tui.cli.options import EXIT_BAD_INPUT, EXIT_FAILED, add_output, add_targets
+from tui.compare.engines import ProfileEngine, StartError, new_manager
+from tui.lifecycle.profiles import Profile, ProfileError, load_profiles
 from tui.model.slo import Slo, SloError
+from tui.model.targets import EngineTarget
 from tui.probe.client import ProbeLimits
 from tui.run.targets import build_targets
-from tui.workload.bench import Bench, engine_json, summarize, table
-from tui.workload.capacity import Capacity, Search, curve_table
+from tui.workload.bench import Bench, EngineRun, engine_json, summarize, table
+from tui.workload.capacity import Capacity, CapacityResult, Search, curve_table
 from tui.workload.formats import WorkloadError, load_workload
 from tui.workload.report import BENCH_SCHEMA, CAPACITY_SCHEMA
 from tui.workload.schedule import Mode, ScheduleError, parse_arrival, plan
@@ -27,7 +32,9 @@ from tui.workload.schedule import Mode, ScheduleError, parse_arrival, plan
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("workload", metavar="WORKLOAD", help="PATH, or KIND:PATH to name the format")
-    add_targets(p)
+    add_targets(p, profiles=True)
+    p.add_argument("--profiles-dir", type=Path, action="append", help="where profiles are (default: the "
+                   "repo's profiles/ and the user's)")
     p.add_argument("--model", default=None, help="model name to send (default: none; the server's own)")
     p.add_argument("--parallel-engines", action="store_true",
                    help="run every engine at once (only for engines on different machines)")
@@ -100,15 +107,75 @@ def _write(args: argparse.Namespace, result: dict[str, Any], text: str) -> None:
         print(text)
 
 
-def _run_all(parts: list[Callable[[], Awaitable[Any]]], parallel: bool) -> bool:
+@dataclass
+class Part:
+    """One engine's part of a run: an engine given by URL, or a profile started for it through the safe
+    switch (and stopped after it)."""
+
+    name: str
+    target: EngineTarget | None = None
+    profile: Profile | None = None
+    steps: list[str] = field(default_factory=list)  # the switch's steps, as they went
+    error: str | None = None  # the engine could not be started
+
+    def json(self) -> dict[str, Any]:
+        return {"profile": self.profile.name if self.profile else None, "switch_steps": self.steps,
+                "start_error": self.error}
+
+
+def _parts(args: argparse.Namespace) -> list[Part]:
+    parts = [Part(t.name, target=t) for t in build_targets(args.engine, args.api_key_file, args.api_key_env)]
+    if args.profile:
+        if args.parallel_engines:
+            raise ValueError("--parallel-engines is for engines on different machines; profiles take turns "
+                             "through the safe switch")
+        found = load_profiles(args.profiles_dir) if args.profiles_dir else load_profiles()
+        parts += [Part(name, profile=found.get(name)) for name in args.profile]
+    if not parts:
+        raise ValueError("give at least one --engine NAME=URL or --profile NAME")
+    if len({p.name for p in parts}) != len(parts):
+        raise ValueError(f"each engine needs a distinct name, got {', '.join(p.name for p in parts)}")
+    return parts
+
+
+async def _on_engine(part: Part, manager: Any, work: Callable[[EngineTarget], Awaitable[Any]]) -> None:
+    """Run `work` on the part's engine: started first when it is a profile (the switch stops whatever the
+    manager ran before), stopped after."""
+    if part.profile is None:
+        assert part.target is not None
+        await work(part.target)
+        return
+    print(f"enginetop: {part.name}: starting through the safe switch", file=sys.stderr, flush=True)
+    engine = ProfileEngine(part.profile, manager)
+    try:
+        started = await asyncio.to_thread(engine.start)
+    except (StartError, OSError) as exc:
+        part.error = str(exc)
+        print(f"enginetop: {part.name}: not started: {exc}", file=sys.stderr, flush=True)
+        return
+    part.steps = list(started.steps)
+    t = started.target
+    part.target = EngineTarget(part.name, t.url, t.api_key, t.basic_auth)
+    try:
+        await work(part.target)
+    finally:
+        await asyncio.to_thread(engine.stop)
+
+
+def _run_all(parts: list[Part], work: Callable[[Part, EngineTarget], Awaitable[Any]], parallel: bool) -> bool:
     """Every engine's part, one after another or at once; True when Ctrl-C ended the run (what was measured
     is kept: each part records as it goes)."""
+    manager = new_manager(None) if any(p.profile for p in parts) else None
+
+    def one(part: Part) -> Awaitable[None]:
+        return _on_engine(part, manager, lambda target: work(part, target))
+
     async def go() -> None:
         if parallel:
-            await asyncio.gather(*(part() for part in parts))
+            await asyncio.gather(*(one(p) for p in parts))
         else:
             for part in parts:
-                await part()
+                await one(part)
 
     try:
         asyncio.run(go())
@@ -119,9 +186,7 @@ def _run_all(parts: list[Callable[[], Awaitable[Any]]], parallel: bool) -> bool:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     try:
-        targets = build_targets(args.engine, args.api_key_file, args.api_key_env)
-        if not targets:
-            raise ValueError("give at least one --engine NAME=URL")
+        parts = _parts(args)
         slo = Slo.parse(args.slo) if args.slo is not None else None
         if args.rate is not None and args.concurrency is not None:
             raise ValueError("--rate and --concurrency are two plans: give one")
@@ -132,30 +197,33 @@ def cmd_bench(args: argparse.Namespace) -> int:
         mode: Mode = "rate" if args.rate is not None else "concurrency" if args.concurrency else "trace"
         planned = plan(workload, mode, speed=args.speed, turns=args.schedule, rate=args.rate,
                        arrival=args.arrival, seed=args.seed, limit=args.limit)
-    except (WorkloadError, ScheduleError, SloError, ValueError) as exc:
+    except (WorkloadError, ScheduleError, SloError, ProfileError, ValueError) as exc:
         return _bad("bench", exc)
     print(f"enginetop bench: {len(planned)} requests of {workload.path} ({workload.kind}, "
-          f"{workload.sessions} sessions) on {', '.join(t.name for t in targets)}", file=sys.stderr,
+          f"{workload.sessions} sessions) on {', '.join(p.name for p in parts)}", file=sys.stderr,
           flush=True)
-    benches = [Bench(t, planned, concurrency=args.concurrency, model=args.model,
-                     block_size=workload.block_size, limits=ProbeLimits(read_s=args.timeout))
-               for t in targets]
+    runs = {p.name: EngineRun(p.name, "") for p in parts}
 
-    def part(bench: Bench) -> Callable[[], Awaitable[None]]:
-        async def one() -> None:
-            try:
-                await bench.go()
-            except Exception as exc:  # this engine's part ends with what it measured; the others go on
-                bench.run.error = f"{type(exc).__name__}: {exc}"
-        return one
+    async def work(part: Part, target: EngineTarget) -> None:
+        bench = Bench(target, planned, concurrency=args.concurrency, model=args.model,
+                      block_size=workload.block_size, limits=ProbeLimits(read_s=args.timeout),
+                      prompt_seed=workload.prompt_seed)
+        runs[part.name] = bench.run
+        try:
+            await bench.go()
+        except Exception as exc:  # this engine's part ends with what it measured; the others go on
+            bench.run.error = f"{type(exc).__name__}: {exc}"
 
-    interrupted = _run_all([part(b) for b in benches], args.parallel_engines)
-    summaries = [summarize(b.run, slo) for b in benches]
+    interrupted = _run_all(parts, work, args.parallel_engines)
+    for part in parts:
+        if part.error is not None:
+            runs[part.name].error = f"not started: {part.error}"
+    summaries = [summarize(runs[p.name], slo) for p in parts]
     result = {"schema": BENCH_SCHEMA, "workload": workload.path, "kind": workload.kind,
               "requests": len(planned), "mode": mode, "speed": args.speed, "rate": args.rate,
               "arrival": args.arrival,
               "concurrency": args.concurrency, "slo": str(slo) if slo else None, "interrupted": interrupted,
-              "wall": time.time(), "engines": [engine_json(b.run, slo) for b in benches]}
+              "wall": time.time(), "engines": [{**engine_json(runs[p.name], slo), **p.json()} for p in parts]}
     _write(args, result, table(summaries))
     failed = interrupted or any(s.error or s.ok == 0 for s in summaries)
     return EXIT_FAILED if failed else 0
@@ -163,17 +231,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_capacity(args: argparse.Namespace) -> int:
     try:
-        targets = build_targets(args.engine, args.api_key_file, args.api_key_env)
-        if not targets:
-            raise ValueError("give at least one --engine NAME=URL")
+        parts = _parts(args)
         search = Search(Slo.parse(args.slo), attainment=args.attainment, arrival=args.arrival,
                         start_rate=args.start_rate, level_s=args.level_s, min_requests=args.min_requests,
                         precision=args.precision, max_levels=args.max_levels, seed=args.seed)
         workload = load_workload(args.workload)
-    except (WorkloadError, ScheduleError, SloError, ValueError) as exc:
+    except (WorkloadError, ScheduleError, SloError, ProfileError, ValueError) as exc:
         return _bad("capacity", exc)
     print(f"enginetop capacity: {len(workload.requests)} requests of {workload.path} ({workload.kind}) on "
-          f"{', '.join(t.name for t in targets)}, SLO {search.slo} for {search.attainment * 100:g}%",
+          f"{', '.join(p.name for p in parts)}, SLO {search.slo} for {search.attainment * 100:g}%",
           file=sys.stderr, flush=True)
 
     def told(engine: str, level: Any) -> None:
@@ -182,14 +248,24 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         print(f"enginetop capacity: {engine} at {level.rate:.3g} req/s: {level.sent} sent, SLO met {att}: "
               f"{verdict}", file=sys.stderr, flush=True)
 
-    searches = [Capacity(t, workload, search, model=args.model, limits=ProbeLimits(read_s=args.timeout),
-                         on_level=told) for t in targets]
-    interrupted = _run_all([s.run for s in searches], args.parallel_engines)
-    results = [s.result for s in searches]
+    results = {p.name: CapacityResult(p.name, "", str(search.slo), search.attainment, search.arrival)
+               for p in parts}
+
+    async def work(part: Part, target: EngineTarget) -> None:
+        found = Capacity(target, workload, search, model=args.model, limits=ProbeLimits(read_s=args.timeout),
+                         on_level=told)
+        results[part.name] = found.result
+        await found.run()
+
+    interrupted = _run_all(parts, work, args.parallel_engines)
+    for part in parts:
+        if part.error is not None:
+            results[part.name].error = f"not started: {part.error}"
     out = {"schema": CAPACITY_SCHEMA, "workload": workload.path, "kind": workload.kind,
            "slo": str(search.slo), "attainment": search.attainment, "arrival": search.arrival,
            "level_s": search.level_s,
-           "interrupted": interrupted, "wall": time.time(), "engines": [r.json() for r in results]}
-    _write(args, out, curve_table(results))
-    failed = interrupted or any(r.error or not r.levels for r in results)
+           "interrupted": interrupted, "wall": time.time(),
+           "engines": [{**results[p.name].json(), **p.json()} for p in parts]}
+    _write(args, out, curve_table(list(results.values())))
+    failed = interrupted or any(r.error or not r.levels for r in results.values())
     return EXIT_FAILED if failed else 0

@@ -25,14 +25,20 @@ from tui.compare.roofline import model_weight_bytes, parse_bandwidth, parse_byte
 from tui.compare.stats import DEFAULT_CV_THRESHOLD_PCT
 from tui.compare.sweep_param import parse_param_spec, sweep_profiles
 from tui.lifecycle.profiles import Profile, ProfileError, load_profiles
+from tui.probe.client import ProbeLimits
 from tui.probe.sweep import parse_levels
 from tui.probe.workloads import WORKLOADS
 from tui.run.targets import EngineSpec, TargetError, parse_engine_spec
+from tui.workload.blocks import WorkloadBlocks
+from tui.workload.formats import WorkloadError, load_workload
 from tui.workload.report import is_workload_result, write_workload_report
 
 
 class UsageError(ValueError):
     """Bad input on the command line: printed as one line, exit code 2."""
+
+
+PROBE_WORKLOADS = [w for w in WORKLOADS if w != "agent"]
 
 
 def _levels(text: str) -> tuple[int, ...]:
@@ -47,7 +53,10 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="fresh engine instances per arm; rounds in time for attached servers (default 3)")
     p.add_argument("--blocks", type=int, default=4, help="probe blocks per instance (default 4)")
     p.add_argument("--requests", type=int, default=3, help="requests per block (default 3)")
-    p.add_argument("--workload", default="short", choices=[w for w in WORKLOADS if w != "agent"])
+    p.add_argument("--workload", default="short", metavar="NAME|FILE",
+                   help=f"what a block sends: a probe workload ({', '.join(PROBE_WORKLOADS)}), or your own "
+                        "workload file (PATH or KIND:PATH, as `enginetop bench` reads them), replayed: the "
+                        "block at one place gets the same requests on every arm (default short)")
     p.add_argument(
         "--max-tokens", type=int, default=None, help="tokens per request (default: the workload's)"
     )
@@ -193,12 +202,25 @@ def _arms_from_profiles(
     return arms
 
 
+def _block_source(args: argparse.Namespace, config: ABConfig) -> WorkloadBlocks | None:
+    """The user's workload for the blocks, when --workload names a file."""
+    if config.workload_file is None:
+        return None
+    try:
+        workload = load_workload(config.workload_file)
+        return WorkloadBlocks(workload, config.blocks, limits=ProbeLimits(read_s=config.request_timeout_s))
+    except (WorkloadError, ValueError) as exc:
+        raise UsageError(f"--workload: {exc}") from exc
+
+
 def _config(args: argparse.Namespace, mode: Mode) -> ABConfig:
+    replay = args.workload not in PROBE_WORKLOADS
     config = ABConfig(
         instances=args.instances,
         blocks=args.blocks,
         requests_per_block=args.requests,
-        workload=args.workload,
+        workload="short" if replay else args.workload,  # with a file: the warm-ups' workload
+        workload_file=args.workload if replay else None,
         max_tokens=args.max_tokens,
         warmup_requests=args.warmup,
         cv_threshold_pct=args.cv_threshold,
@@ -337,13 +359,14 @@ def cmd_ab(args: argparse.Namespace) -> int:
         gpu, has_gpu = _gpu_source()
         mode = _choose_mode(args.mode, [p for _, p, _ in named], has_gpu)
         config = _config(args, mode)
+        source = _block_source(args, config)
         arms = _arms_from_profiles(named, mode, gpu)
     except (UsageError, ProfileError, TargetError) as exc:
         print(f"enginetop ab: {exc}", file=sys.stderr)
         return 2
     units = " / ".join(sorted({arm.unit + "s" for arm in arms}))
     _progress(f"ab: {len(arms)} arms, {config.instances} {units} x {config.blocks} blocks, schedule {mode}")
-    result = run_comparison(arms, config, gpu=gpu, progress=_progress, kind="ab")
+    result = run_comparison(arms, config, gpu=gpu, progress=_progress, kind="ab", source=source)
     try:
         return _finish(args, result, "ab")
     except UsageError as exc:
@@ -360,6 +383,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         gpu, has_gpu = _gpu_source()
         mode = _choose_mode(args.mode, [p for _, p in derived], has_gpu)
         config = _config(args, mode)
+        source = _block_source(args, config)
         arms = _arms_from_profiles([(name, p, None) for name, p in derived], mode, gpu)
     except (UsageError, ProfileError, ValueError) as exc:
         print(f"enginetop sweep-param: {exc}", file=sys.stderr)
@@ -368,7 +392,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         arm.param = {"option": spec.option, "value": value}
     _progress(f"sweep-param: {spec.option} = {', '.join(spec.values)} on {profile.name}, schedule {mode}")
     extra = {"sweep": {"profile": profile.name, "option": spec.option, "values": list(spec.values)}}
-    result = run_comparison(arms, config, gpu=gpu, progress=_progress, kind="sweep", extra=extra)
+    result = run_comparison(arms, config, gpu=gpu, progress=_progress, kind="sweep", extra=extra,
+                            source=source)
     return _finish(args, result, "sweep")
 
 

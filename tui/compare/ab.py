@@ -28,9 +28,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
-from tui.compare.engines import ArmEngine, Started, StartError, engine_version
+from tui.compare.engines import ArmEngine, Started, StartError, Target, engine_version
 from tui.compare.gpu_watch import GpuSource, GpuWatch
 from tui.compare.platform_info import platform_info
 from tui.compare.stats import (
@@ -68,6 +68,7 @@ class ABConfig:
     gpu_interval_s: float = 0.5
     bootstrap_samples: int = 5000
     request_timeout_s: float = 300.0
+    workload_file: str | None = None  # blocks replay this workload's requests (a BlockSource); warm-ups stay
 
     def check(self) -> None:
         if self.instances < 1 or self.blocks < 1 or self.requests_per_block < 1:
@@ -110,6 +111,17 @@ class Arm:
 Progress = Callable[[str], None]
 
 
+class BlockSource(Protocol):
+    """Where blocks' requests come from instead of the probe workload: the user's workload, replayed
+    (tui.workload.blocks). The block at one place gets the same requests on every arm."""
+
+    async def requests(self, target: Target, instance: int, block: int, n: int) -> list[ProbeResult]:
+        ...
+
+    def facts(self) -> dict[str, Any]:
+        ...
+
+
 def _now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
@@ -120,6 +132,7 @@ class _Run:
     config: ABConfig
     gpu: GpuSource | None
     progress: Progress
+    source: BlockSource | None = None
     blocks: list[dict[str, Any]] = field(default_factory=list)
     instances: list[dict[str, Any]] = field(default_factory=list)
     concurrency: list[dict[str, Any]] = field(default_factory=list)
@@ -205,8 +218,12 @@ class _Run:
         seed = self.block_seed(self.seq)
         wall_start = time.time()
         cpu = CpuMeter()  # its own baseline: the dashboard's host panel reads the CPU at the same time
+        n = self.config.requests_per_block
         with GpuWatch(self.gpu, self.config.gpu_interval_s) as watch:
-            results = asyncio.run(self._requests(started, self.config.requests_per_block, seed))
+            if self.source is not None:
+                results = asyncio.run(self.source.requests(started.target, instance, block, n))
+            else:
+                results = asyncio.run(self._requests(started, n, seed))
         host_cpu = cpu.percent()
         gpu = watch.summary()
         good = [r for r in results if r.ok]
@@ -266,6 +283,7 @@ def run_comparison(
     kind: str = "ab",
     extra: dict[str, Any] | None = None,
     gpu_origin: str = "NVML, sampled in a thread while each block ran",
+    source: BlockSource | None = None,
 ) -> dict[str, Any]:
     """Run the whole schedule and return the result (JSON-ready dict) with its analysis.
 
@@ -275,7 +293,7 @@ def run_comparison(
     names = [a.name for a in arms]
     if len(arms) < 1 or len(set(names)) != len(names):
         raise ValueError(f"arms need distinct names, got {names}")
-    run = _Run(arms, config, gpu, progress or (lambda _msg: None))
+    run = _Run(arms, config, gpu, progress or (lambda _msg: None), source)
     started_at = _now_iso()
     first_gpu = gpu() if gpu is not None else None
     try:
@@ -343,7 +361,7 @@ def method_facts(run: _Run, gpu_origin: str) -> dict[str, Any]:
         "mode": cfg.mode,
         "arms": arms,
         "warmup_requests": cfg.warmup_requests,
-        "requests": {
+        "requests": run.source.facts() if run.source is not None else {
             "workload": cfg.workload,
             "params": asdict(run.base_params),
             "block_seed": f"{cfg.seed} x 100000 + the block's place in the run",

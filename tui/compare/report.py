@@ -277,6 +277,14 @@ def _method_schedule(result: dict[str, Any], facts: dict[str, Any]) -> str:
 
 def _method_requests(result: dict[str, Any], facts: dict[str, Any]) -> str:
     req = facts["requests"]
+    if req.get("replay"):
+        return (
+            f"A block is {result['config']['requests_per_block']} requests of the workload "
+            f"<b>{escape(req['workload'])}</b> ({req['workload_requests']} requests in all), one after "
+            "another, each asking for its recorded output length exactly (ignore_eos); the block at one "
+            "place in the schedule gets the same requests on every arm. A block's value is the median of its "
+            f"successful requests. Its first request began “{escape(req['first_prompt_start'])}…”."
+        )
     nonce = (req.get("params") or {}).get("nonce")
     seed = f"the request's seed (block seed {escape(req['block_seed'])}) and its number"
     tag = f"a tag made from {seed}"

@@ -32,5 +32,11 @@ class Workload:
     skipped: int = 0  # rows the format marks as failed (BurstGPT: 0 response tokens), left out
 
     @property
+    def prompt_seed(self) -> str:
+        """What prompts made from this workload's hash ids are drawn with: ids are numbered per trace, so
+        another trace's id 0 must not make the same text (nor hit the same cache)."""
+        return f"enginetop:{self.path}"
+
+    @property
     def sessions(self) -> int:
         return len({r.session_id for r in self.requests if r.session_id is not None})

@@ -146,7 +146,8 @@ class Bench:
 
     def __init__(self, target: EngineTarget, planned: list[Planned], *, concurrency: int | None = None,
                  model: str | None = None, block_size: int | None = None,
-                 limits: ProbeLimits | None = None, prompts: PromptMaker | None = None,
+                 limits: ProbeLimits | None = None, prompts: PromptMaker | None = None, fresh_from: int = 0,
+                 prompt_seed: str = "enginetop",
                  on_result: Callable[[str, Planned, ProbeResult], None] | None = None) -> None:
         self.target = target
         self.planned = planned
@@ -159,14 +160,18 @@ class Bench:
         self._ended: dict[int, asyncio.Event] = {}
         self._history: dict[str, list[dict[str, Any]]] = {}
         self.prompts = prompts  # made once per engine; a capacity search passes it from level to level
+        self.fresh_from = fresh_from
+        self.prompt_seed = prompt_seed
         self.sent = 0
         self.in_flight = 0
         self._since: dict[int, float] = {}  # in flight: index -> when it was sent
 
     async def _prepare_prompts(self, http: httpx.AsyncClient) -> None:
         if self.prompts is None and any(_synthetic(p.request) for p in self.planned):
-            maker = PromptMaker(EngineTokens(http, self.target.url, self.model), self.block_size or 512)
+            maker = PromptMaker(EngineTokens(http, self.target.url, self.model), self.block_size or 512,
+                                seed=self.prompt_seed, fresh_from=self.fresh_from)
             await maker.prepare()
+            maker.follow_sessions([p.request for p in self.planned])
             self.prompts = maker
 
     def _messages(self, request: WorkloadRequest) -> list[dict[str, Any]]:

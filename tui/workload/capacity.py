@@ -254,7 +254,7 @@ class Capacity:
     async def level(self, rate: float) -> Level:
         planned = level_plan(self.workload, rate, self.search, len(self.result.levels))
         bench = Bench(self.target, planned, model=self.model, block_size=self.workload.block_size,
-                      limits=self.limits, prompts=self._prompts)
+                      limits=self.limits, prompts=self._prompts, prompt_seed=self.workload.prompt_seed)
         await bench.ready()
         self._prompts = bench.prompts
         watch = Watch(bench, self.search, len(planned))

@@ -16,6 +16,8 @@ import random
 
 import httpx
 
+from tui.model.workload import WorkloadRequest
+
 # Everyday English words: most are one token in any large vocabulary (the engine decides which).
 _WORD_TEXT = """
 time year people way day man thing woman life child world school state family student group country
@@ -76,13 +78,16 @@ class EngineTokens:
 
 
 class PromptMaker:
-    def __init__(self, tokens: EngineTokens, block_size: int, seed: str = "enginetop") -> None:
+    def __init__(self, tokens: EngineTokens, block_size: int, seed: str = "enginetop",
+                 fresh_from: int = 0) -> None:
         self.tokens = tokens
         self.block_size = block_size
         self.seed = seed
         self.pool: list[str] = []
         self._blocks: dict[int, str] = {}
-        self._fresh = 0
+        self._fresh = fresh_from  # makers that must not repeat each other's fresh text start apart
+        self._start_of: dict[int, int] = {}  # a partial block id -> the full block it began (follow_sessions)
+        self.special = 0  # tokens the engine adds to a raw prompt (prepare() asks it)
 
     async def prepare(self, min_words: int = 64) -> None:
         words = sorted(set(await self.tokens.one_token_words(WORDS)))
@@ -90,6 +95,29 @@ class PromptMaker:
             raise ValueError(f"the engine at {self.tokens.url} makes one token of only {len(words)} of "
                              f"{len(WORDS)} common words: too few to build prompts from")
         self.pool = words
+        # the engine puts its own tokens (a BOS) before a raw prompt, and the trace's lengths count them
+        self.special = max(0, len(await self.tokens.tokenize(" probe", special=True))
+                           - len(await self.tokens.tokenize(" probe")))
+
+    def follow_sessions(self, requests: list[WorkloadRequest]) -> None:
+        """A session's turn ends in a partial block, and the next turn, which extends it (an agent loop),
+        has a full block with another id in its place: in the traffic the partial block was the start of
+        that full one, so on replay it is made as that start too. The next turn then contains the previous
+        prompt whole, as it did in the traffic (a cache that reuses a prompt only when the next one contains
+        it whole, as llama.cpp's does for sliding-window models, behaves as it did)."""
+        last: dict[str, WorkloadRequest] = {}
+        for req in requests:
+            if req.session_id is None or not req.hash_ids:
+                continue
+            prev = last.get(req.session_id)
+            last[req.session_id] = req
+            if prev is None or not prev.hash_ids or prev.input_length is None:
+                continue
+            n = len(prev.hash_ids)
+            partial = prev.input_length % self.block_size
+            if partial and len(req.hash_ids) >= n and req.hash_ids[:n - 1] == prev.hash_ids[:n - 1] \
+                    and req.hash_ids[n - 1] != prev.hash_ids[n - 1]:
+                self._start_of[prev.hash_ids[n - 1]] = req.hash_ids[n - 1]
 
     def _words(self, rng: random.Random, n: int) -> str:
         return "".join(rng.choice(self.pool) for _ in range(n))
@@ -102,17 +130,20 @@ class PromptMaker:
         return text
 
     def text(self, hash_ids: tuple[int, ...] | None, input_length: int) -> str:
-        """`input_length` tokens: the blocks of `hash_ids` (the last one cut to what is left), or fresh words
-        when there are no ids."""
+        """A prompt the engine counts as `input_length` tokens (its own special tokens included): the blocks
+        of `hash_ids` (the last one cut to what is left), or fresh words when there are no ids."""
+        words = max(1, input_length - self.special)
         if not hash_ids:
             self._fresh += 1
-            return self._words(random.Random(f"{self.seed}:fresh:{self._fresh}"), input_length)
+            return self._words(random.Random(f"{self.seed}:fresh:{self._fresh}"), words)
         full = self.block_size * (len(hash_ids) - 1)
-        last = input_length - full
-        if not 0 < last <= self.block_size:
+        last = words - full
+        if not (last > 0 or (last == 0 and self.special)) or last > self.block_size:
             raise ValueError(f"{len(hash_ids)} ids of {self.block_size} tokens cannot hold {input_length}")
         head = "".join(self.block(h) for h in hash_ids[:-1])
-        return head + self.block(hash_ids[-1])[: self._cut(self.block(hash_ids[-1]), last)]
+        tail = self.block(self._start_of.get(hash_ids[-1], hash_ids[-1])) if last < self.block_size else \
+            self.block(hash_ids[-1])
+        return head + tail[: self._cut(tail, last)]
 
     @staticmethod
     def _cut(block: str, words: int) -> int:
@@ -126,5 +157,5 @@ class PromptMaker:
         return len(block)
 
     async def check(self, text: str) -> int:
-        """How many tokens the engine makes of `text` (no special tokens)."""
-        return len(await self.tokens.tokenize(text))
+        """How many tokens the engine makes of `text` as a raw prompt (its special tokens included)."""
+        return len(await self.tokens.tokenize(text, special=True))
