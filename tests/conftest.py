@@ -113,8 +113,10 @@ def vllm_server() -> Iterator[RunningVllm]:
 
     port = free_port()
     log = runs_dir() / f"test-vllm-{port}.log"
-    # Per-request metrics put the engine's own TTFT/ITL for each request on its final usage chunk.
-    argv = vllm_argv(tiny_model_dir(), port, "--enforce-eager", "--enable-per-request-metrics")
+    # Per-request metrics put the engine's own TTFT/ITL for each request on its final usage chunk; prompt
+    # token details its cached tokens in the usage.
+    argv = vllm_argv(tiny_model_dir(), port, "--enforce-eager", "--enable-per-request-metrics",
+                     "--enable-prompt-tokens-details")
     launched = launch(argv, log, env=vllm_env())
     url = f"http://127.0.0.1:{port}"
     engine = RunningVllm(name="vllm", url=url, port=port, launched=launched)

@@ -22,6 +22,7 @@ from tui.lifecycle.profiles import Profile, ProfileError, load_profiles
 from tui.model.slo import Slo, SloError
 from tui.model.targets import EngineTarget
 from tui.probe.client import ProbeLimits
+from tui.proxy.headroom import MeasuredCapacity, save_capacities
 from tui.run.targets import build_targets
 from tui.workload.bench import Bench, EngineRun, engine_json, summarize, table
 from tui.workload.capacity import Capacity, CapacityResult, Search, curve_table
@@ -267,5 +268,12 @@ def cmd_capacity(args: argparse.Namespace) -> int:
            "interrupted": interrupted, "wall": time.time(),
            "engines": [{**results[p.name].json(), **p.json()} for p in parts]}
     _write(args, out, curve_table(list(results.values())))
+    measured = [MeasuredCapacity(r.url, r.engine, r.capacity_rps, r.slo, r.attainment, r.arrival,
+                                 workload.path, time.time())
+                for r in results.values() if r.capacity_rps is not None]
+    if measured and not interrupted:
+        where = save_capacities(measured)
+        print(f"enginetop capacity: kept as the engines' capacity in {where} (the proxy shows the headroom)",
+              file=sys.stderr)
     failed = interrupted or any(r.error or not r.levels for r in results.values())
     return EXIT_FAILED if failed else 0

@@ -70,6 +70,13 @@ class TrafficStats:
     total_requests: int = 0  # since the proxy started
     total_errors: int = 0
     total_abandoned: int = 0
+    # Headroom, where `enginetop capacity` measured this engine: its capacity, the SLO it held, and the share
+    # of the real streamed requests of the last `slo_window_s` that met that SLO.
+    capacity_rps: float | None = None
+    slo: str | None = None
+    slo_met: float | None = None
+    slo_requests: int = 0
+    slo_window_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

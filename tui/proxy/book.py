@@ -9,11 +9,19 @@ from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from tui.model.slo import RequestFigures, Slo, tpot
 from tui.model.traffic import RequestRecord, TrafficStats
 from tui.proxy.stream import quantile
 
 WINDOW_S = 60.0
 RATE_WINDOW_S = 10.0
+SLO_WINDOW_S = 300.0  # "the last minutes" of real traffic an SLO's attainment is taken over
+
+
+def figures(record: RequestRecord) -> RequestFigures:
+    return RequestFigures(record.outcome == "ok", record.ttft_s,
+                          tpot(record.ttft_s, record.e2e_s, record.completion_tokens), record.e2e_s,
+                          record.itl_max_s)
 
 
 class TrafficBook:
@@ -29,6 +37,11 @@ class TrafficBook:
         self.started = time.monotonic()
         # (monotonic end time, record, its inter-token gaps)
         self._ended: deque[tuple[float, RequestRecord, tuple[float, ...]]] = deque(maxlen=max_records)
+        # Headroom (tui.proxy.headroom): the capacity measured for this engine and the SLO it held; each
+        # streamed request judged against it as it ends, kept as (end time, met) for SLO_WINDOW_S.
+        self.capacity_rps: float | None = None
+        self.slo: Slo | None = None
+        self._judged: deque[tuple[float, bool]] = deque(maxlen=max_records)
 
     @contextmanager
     def flight(self) -> Iterator[None]:
@@ -44,6 +57,8 @@ class TrafficBook:
         self.total_errors += record.outcome == "error"
         self.total_abandoned += record.outcome == "abandoned"
         self._ended.append((now, record, gaps))
+        if self.slo is not None and record.stream and record.outcome != "abandoned":
+            self._judged.append((now, self.slo.met(figures(record))))
 
     def recent(self) -> list[RequestRecord]:
         """The records of the window, oldest first."""
@@ -54,6 +69,9 @@ class TrafficBook:
         ended = self._ended
         while ended and ended[0][0] < now - self.window_s:
             ended.popleft()
+        judged = self._judged
+        while judged and judged[0][0] < now - SLO_WINDOW_S:
+            judged.popleft()
         records = [r for _, r, _ in ended]
         recent = sum(1 for t, _, _ in ended if t >= now - self.rate_window_s)
         span = min(self.rate_window_s, max(now - self.started, 1e-9))
@@ -84,4 +102,9 @@ class TrafficBook:
             total_requests=self.total,
             total_errors=self.total_errors,
             total_abandoned=self.total_abandoned,
+            capacity_rps=self.capacity_rps,
+            slo=str(self.slo) if self.slo is not None else None,
+            slo_met=sum(met for _, met in judged) / len(judged) if judged else None,
+            slo_requests=len(judged),
+            slo_window_s=SLO_WINDOW_S if self.slo is not None else None,
         )

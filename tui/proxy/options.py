@@ -10,6 +10,7 @@ from pathlib import Path
 from tui.base.paths import config_dir
 from tui.model.targets import EngineTarget
 from tui.net.listen import Listen, ListenError, parse_listen
+from tui.proxy.headroom import capacity_file
 from tui.proxy.server import CONNECT_TIMEOUT_S, MAX_BODY_BYTES, Route, TrafficProxy
 from tui.proxy.trace import BLOCK_SIZE, KEY_FILE_NAME, TraceWriter, load_key
 
@@ -23,6 +24,7 @@ class ProxyOptions:
     max_body_bytes: int = MAX_BODY_BYTES
     connect_timeout_s: float = CONNECT_TIMEOUT_S
     key_file: Path = field(default_factory=lambda: config_dir() / KEY_FILE_NAME)
+    capacity_file: Path = field(default_factory=capacity_file)  # what `enginetop capacity` measured
 
 
 def parse_listens(specs: list[str], names: list[str], allow_remote: bool,
@@ -57,6 +59,7 @@ def build_proxy(options: ProxyOptions, targets: list[EngineTarget]) -> TrafficPr
     routes = [Route(name, by_name[name].base, listen) for name, listen in options.listens.items()]
     proxy = TrafficProxy(routes, max_body_bytes=options.max_body_bytes,
                          connect_timeout_s=options.connect_timeout_s)
+    proxy.weigh(options.capacity_file)
     if options.trace is not None:
         if options.block_size < 1:
             raise ValueError(f"--block-size must be at least 1, got {options.block_size}")

@@ -15,6 +15,7 @@ import itertools
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -23,9 +24,11 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from tui.model.slo import Slo
 from tui.model.traffic import Outcome, RequestRecord, TrafficSample
 from tui.net.listen import Listen, ListenError, bind_message
 from tui.proxy.book import TrafficBook
+from tui.proxy.headroom import load_capacities
 from tui.proxy.metrics import METRICS_PATH, TRAFFIC_PATH, ProxyMetrics
 from tui.proxy.stream import StreamReading, StreamRelay, quantile
 from tui.proxy.trace import SESSION_HEADERS, TraceItem, TraceWriter
@@ -97,6 +100,8 @@ class TrafficProxy:
         self._counts_itself: set[str] = set()
         self._runners: list[web.AppRunner] = []
         self._session: aiohttp.ClientSession | None = None
+        self._capacity_file: Path | None = None
+        self._capacity_mtime: float | None = None
 
     # --- lifecycle --------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -138,7 +143,32 @@ class TrafficProxy:
             self._session = None
 
     # --- what the dashboard reads -------------------------------------------------------------------------
+    def weigh(self, path: Path) -> None:
+        """Judge each engine's traffic against the capacity measured for its URL in `path` (re-read whenever
+        it changes: a capacity measured while the proxy runs counts from then on)."""
+        self._capacity_file = path
+        self._capacity_mtime = None
+        self._reweigh()
+
+    def _reweigh(self) -> None:
+        if self._capacity_file is None:
+            return
+        try:
+            mtime: float | None = self._capacity_file.stat().st_mtime
+        except OSError:
+            mtime = None
+        if mtime == self._capacity_mtime:
+            return
+        self._capacity_mtime = mtime
+        found = load_capacities(self._capacity_file)
+        for route in self.routes:
+            book = self.books[route.engine]
+            measured = found.get(route.upstream.rstrip("/"))
+            book.capacity_rps = measured.capacity_rps if measured else None
+            book.slo = Slo.parse(measured.slo) if measured else None
+
     def samples(self) -> list[TrafficSample]:
+        self._reweigh()
         t, wall = time.monotonic(), time.time()
         return [TrafficSample(r.engine, r.proxy_url, t, wall, self.books[r.engine].stats(t))
                 for r in self.routes]

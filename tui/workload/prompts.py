@@ -89,7 +89,7 @@ class PromptMaker:
         self._start_of: dict[int, int] = {}  # a partial block id -> the full block it began (follow_sessions)
         self.special = 0  # tokens the engine adds to a raw prompt (prepare() asks it)
 
-    async def prepare(self, min_words: int = 64) -> None:
+    async def prepare(self, min_words: int = 16) -> None:
         words = sorted(set(await self.tokens.one_token_words(WORDS)))
         if len(words) < min_words:
             raise ValueError(f"the engine at {self.tokens.url} makes one token of only {len(words)} of "
