@@ -143,6 +143,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(autouse=True)
+def _own_config_and_live_dirs(tmp_path_factory: pytest.TempPathFactory,
+                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test its own config dir (capacities, keys, user profiles) and live dir (bench runs the dashboard
+    shows): nothing a test writes reaches the user's, or another test's, dashboard."""
+    home = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / "config"))
+    monkeypatch.setenv("ENGINETOP_LIVE_DIR", str(home / "live"))
+
+
+@pytest.fixture(autouse=True)
 def _engines_only_when_marked(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     if request.node.get_closest_marker("engine") is None:
         monkeypatch.setenv("ENGINETOP_ENGINES", "off")

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from rich.text import Text
 
 from tui.live.store import EngineState
+from tui.model.bench import BenchSample
 from tui.model.traffic import TrafficSample
 from widgets.fmt import IDLE, NA, Rows, mib, ms, num, pct
 from widgets.panel import Panel
@@ -76,6 +77,46 @@ def _traffic_rows(grid: Rows, traffic: TrafficSample) -> None:
     grid.add_row("traffic decode", f"{num(s.decode_tps_p50, missing=IDLE)} tok/s per request (p50)")
     grid.add_row("traffic prompt", f"{num(s.prompt_tokens_mean, '{:.0f}', IDLE)} tokens/request, "
                  f"{pct(s.cached_share, IDLE)} cached")
+    if s.capacity_rps:  # `enginetop capacity` measured this engine: how much of it the traffic uses
+        used = (s.requests_per_s or 0.0) / s.capacity_rps
+        line = Text(f"{num(s.requests_per_s, '{:.2f}', '0')} of {s.capacity_rps:.3g} req/s capacity "
+                    f"({used * 100:.0f}% used)", style="bold red" if used >= 0.9 else "")
+        grid.add_row("headroom", line)
+    if s.slo is not None:
+        met = Text(f"{s.slo}: ", style="")
+        if s.slo_met is None:
+            met.append(f"no streamed request in the last {(s.slo_window_s or 0) / 60:.0f} min", style="dim")
+        else:
+            met.append(f"{s.slo_met * 100:.1f}% met", style="bold" if s.slo_met >= 0.95 else "bold red")
+            met.append(f" of {s.slo_requests} requests (last {(s.slo_window_s or 0) / 60:.0f} min)",
+                       style="dim")
+        grid.add_row("traffic SLO", met)
+
+
+def _bench_rows(grid: Rows, bench: BenchSample) -> None:
+    """A bench or capacity run on this engine, as it goes (another process's, read from its live file)."""
+    p = bench.progress
+    what = p.workload.rsplit("/", 1)[-1]
+    if p.command == "capacity":
+        head = Text(f"capacity, level {p.level or 0}"
+                    + (f" at {p.level_rate:.3g} req/s" if p.level_rate else ""), style="bold")
+        if p.capacity_rps:
+            head.append(f", highest passed {p.capacity_rps:.3g} req/s")
+    else:
+        head = Text("bench", style="bold")
+    head.append(f"  {p.state}: {p.sent}/{p.planned} sent, {p.in_flight} in flight")
+    if p.errors:
+        head.append(f", {p.errors} errors", style="bold red")
+    head.append(f"  ({what}, PID {p.pid})", style="dim")
+    grid.add_row(p.command, head)
+    if p.error:
+        grid.add_row("", Text(p.error, style="bold red"))
+    grid.add_row(f"{p.command} TTFT", f"{ms(p.ttft_p50_s, IDLE)} / {ms(p.ttft_p90_s, IDLE)}  p50/p90 "
+                 f"(last {p.window_s:.0f} s)")
+    grid.add_row(f"{p.command} ITL", f"{ms(p.itl_p50_s, IDLE)} / {ms(p.itl_p90_s, IDLE)}  p50/p90")
+    if p.slo is not None:
+        grid.add_row(f"{p.command} SLO", Text(f"{p.slo}: {pct(p.attainment, IDLE)} met so far",
+                                              style="bold" if (p.attainment or 0) >= 0.95 else "bold red"))
 
 
 def render_engine(state: EngineState, status: EngineStatus | None = None,
@@ -108,6 +149,8 @@ def render_engine(state: EngineState, status: EngineStatus | None = None,
     if reading is None:
         if state.traffic is not None:  # the engine's own metrics failing does not stop its traffic
             _traffic_rows(grid, state.traffic)
+        if state.bench is not None:
+            _bench_rows(grid, state.bench)
         return grid.text()
 
     def has(attr: str) -> bool:
@@ -139,6 +182,8 @@ def render_engine(state: EngineState, status: EngineStatus | None = None,
     grid.add_row("host RSS", mib(state.rss_bytes) if state.rss_bytes is not None else NA)
     if state.traffic is not None:
         _traffic_rows(grid, state.traffic)
+    if state.bench is not None:
+        _bench_rows(grid, state.bench)
     if roof is not None:
         line = f"ceiling {roof.ceiling_tps:.0f} tok/s ({roof.bytes_per_token / 1e9:.2f} GB/token at " \
                f"{roof.bandwidth_bps / 1e9:.0f} GB/s {roof.bandwidth_source})"

@@ -31,3 +31,11 @@ def runs_dir() -> Path:
     path = cache_dir() / "runs"
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def live_dir() -> Path:
+    """Where bench and capacity runs write their live figures for any dashboard to read
+    (ENGINETOP_LIVE_DIR moves it: separate test runs, or separate users on one machine)."""
+    path = Path(os.environ.get("ENGINETOP_LIVE_DIR") or runs_dir() / "live")
+    path.mkdir(parents=True, exist_ok=True)
+    return path

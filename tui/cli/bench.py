@@ -19,6 +19,7 @@ import orjson
 from tui.cli.options import EXIT_BAD_INPUT, EXIT_FAILED, add_output, add_targets
 from tui.compare.engines import ProfileEngine, StartError, new_manager
 from tui.lifecycle.profiles import Profile, ProfileError, load_profiles
+from tui.model.bench import RunState
 from tui.model.slo import Slo, SloError
 from tui.model.targets import EngineTarget
 from tui.probe.client import ProbeLimits
@@ -27,6 +28,7 @@ from tui.run.targets import build_targets
 from tui.workload.bench import Bench, EngineRun, engine_json, summarize, table
 from tui.workload.capacity import Capacity, CapacityResult, Search, curve_table
 from tui.workload.formats import WorkloadError, load_workload
+from tui.workload.live import LiveFile, Shown, progress_of
 from tui.workload.report import BENCH_SCHEMA, CAPACITY_SCHEMA
 from tui.workload.schedule import Mode, ScheduleError, parse_arrival, plan
 
@@ -163,20 +165,26 @@ async def _on_engine(part: Part, manager: Any, work: Callable[[EngineTarget], Aw
         await asyncio.to_thread(engine.stop)
 
 
-def _run_all(parts: list[Part], work: Callable[[Part, EngineTarget], Awaitable[Any]], parallel: bool) -> bool:
-    """Every engine's part, one after another or at once; True when Ctrl-C ended the run (what was measured
-    is kept: each part records as it goes)."""
+def _run_all(parts: list[Part], work: Callable[[Part, EngineTarget], Awaitable[Any]], parallel: bool,
+             live: LiveFile, snapshot: Callable[[], dict[str, Shown]]) -> bool:
+    """Every engine's part, one after another or at once, its figures written live for the dashboard; True
+    when Ctrl-C ended the run (what was measured is kept: each part records as it goes)."""
     manager = new_manager(None) if any(p.profile for p in parts) else None
 
     def one(part: Part) -> Awaitable[None]:
         return _on_engine(part, manager, lambda target: work(part, target))
 
     async def go() -> None:
-        if parallel:
-            await asyncio.gather(*(one(p) for p in parts))
-        else:
-            for part in parts:
-                await one(part)
+        writer = asyncio.ensure_future(live.keep_writing(snapshot))
+        try:
+            if parallel:
+                await asyncio.gather(*(one(p) for p in parts))
+            else:
+                for part in parts:
+                    await one(part)
+        finally:
+            writer.cancel()
+            await asyncio.gather(writer, return_exceptions=True)
 
     try:
         asyncio.run(go())
@@ -204,18 +212,27 @@ def cmd_bench(args: argparse.Namespace) -> int:
           f"{workload.sessions} sessions) on {', '.join(p.name for p in parts)}", file=sys.stderr,
           flush=True)
     runs = {p.name: EngineRun(p.name, "") for p in parts}
+    benches: dict[str, Bench] = {}
+    states: dict[str, RunState] = {p.name: "preparing" for p in parts}
 
     async def work(part: Part, target: EngineTarget) -> None:
         bench = Bench(target, planned, concurrency=args.concurrency, model=args.model,
                       block_size=workload.block_size, limits=ProbeLimits(read_s=args.timeout),
                       prompt_seed=workload.prompt_seed)
-        runs[part.name] = bench.run
+        runs[part.name], benches[part.name], states[part.name] = bench.run, bench, "running"
         try:
             await bench.go()
         except Exception as exc:  # this engine's part ends with what it measured; the others go on
             bench.run.error = f"{type(exc).__name__}: {exc}"
+        states[part.name] = "failed" if bench.run.error else "done"
 
-    interrupted = _run_all(parts, work, args.parallel_engines)
+    def snapshot() -> dict[str, Shown]:
+        now = time.monotonic()
+        return {p.name: Shown(p.target.url if p.target else "", progress_of(
+            benches.get(p.name), "bench", workload.path, slo, states[p.name], len(planned), now,
+            error=runs[p.name].error or p.error)) for p in parts}
+
+    interrupted = _run_all(parts, work, args.parallel_engines, LiveFile("bench"), snapshot)
     for part in parts:
         if part.error is not None:
             runs[part.name].error = f"not started: {part.error}"
@@ -252,13 +269,34 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     results = {p.name: CapacityResult(p.name, "", str(search.slo), search.attainment, search.arrival)
                for p in parts}
 
-    async def work(part: Part, target: EngineTarget) -> None:
-        found = Capacity(target, workload, search, model=args.model, limits=ProbeLimits(read_s=args.timeout),
-                         on_level=told)
-        results[part.name] = found.result
-        await found.run()
+    levels: dict[str, tuple[Bench, float]] = {}  # each engine's current level: its bench and rate
+    states: dict[str, RunState] = {p.name: "preparing" for p in parts}
 
-    interrupted = _run_all(parts, work, args.parallel_engines)
+    async def work(part: Part, target: EngineTarget) -> None:
+        def level_started(bench: Bench, rate: float) -> None:
+            levels[part.name] = (bench, rate)
+
+        found = Capacity(target, workload, search, model=args.model, limits=ProbeLimits(read_s=args.timeout),
+                         on_level=told, on_bench=level_started)
+        results[part.name], states[part.name] = found.result, "running"
+        await found.run()
+        states[part.name] = "failed" if found.result.error else "done"
+
+    def snapshot() -> dict[str, Shown]:
+        now = time.monotonic()
+        shown = {}
+        for p in parts:
+            result = results[p.name]
+            bench, rate = levels.get(p.name, (None, None))
+            passed = [x.rate for x in result.levels if x.passed]
+            level = len(result.levels) + (states[p.name] == "running")
+            shown[p.name] = Shown(p.target.url if p.target else "", progress_of(
+                bench, "capacity", workload.path, search.slo, states[p.name],
+                len(bench.planned) if bench else 0, now, level=level, level_rate=rate,
+                capacity_rps=max(passed) if passed else None, error=result.error or p.error))
+        return shown
+
+    interrupted = _run_all(parts, work, args.parallel_engines, LiveFile("capacity"), snapshot)
     for part in parts:
         if part.error is not None:
             results[part.name].error = f"not started: {part.error}"

@@ -16,17 +16,19 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tui.model.bench import BenchSample
 from tui.model.events import ProbeEvent
 from tui.model.samples import EngineReading, EngineSample, EngineStats, GpuReport, HostSample
 from tui.model.traffic import TrafficSample
 from tui.sources.rates import derive, gen_tps, present, shape, ttft_p50, went_back, went_back_same_shape
 
 # What a source makes (tui.live.feed); a replay adds the probe results it recorded.
-Sample = EngineSample | GpuReport | HostSample | ProbeEvent | TrafficSample
+Sample = EngineSample | GpuReport | HostSample | ProbeEvent | TrafficSample | BenchSample
 
 Point = tuple[float, float]  # (time.monotonic(), value)
 
 ENGINE_SERIES = ("gen_tps", "ttft_p50_s")  # what the plots draw, from EngineStats (see Store._plotted)
+BENCH_TTFT = "bench_ttft_p50_s"  # a running bench's live TTFT p50, drawn beside the engine's own
 MIN_PROBES_KEPT = 10  # the probe panel lists and medians the last few, however old they are
 
 
@@ -85,6 +87,7 @@ class EngineState:
     probes: deque[tuple[float, Any]] = field(default_factory=deque)  # (t, ProbeResult), oldest first
     rss_bytes: int | None = None
     traffic: TrafficSample | None = None  # the user's own requests, measured by the proxy in front of it
+    bench: BenchSample | None = None  # a bench or capacity run on this engine (tui.workload.live)
 
 
 class Store:
@@ -119,8 +122,14 @@ class Store:
         elif isinstance(sample, TrafficSample):
             self._tell(sample)
             self.engine(sample.name).traffic = sample
+        elif isinstance(sample, BenchSample):  # not recorded: the run's own result file keeps it whole
+            state = self.engine(sample.name, sample.url)
+            state.bench = sample
+            if sample.progress.state == "running":
+                state.series.setdefault(BENCH_TTFT, Series(self.horizon_s, self.max_points)).add(
+                    sample.t, sample.progress.ttft_p50_s)
         else:
-            raise TypeError(f"the store takes engine, GPU, host and traffic samples, not "
+            raise TypeError(f"the store takes engine, GPU, host, traffic and bench samples, not "
                             f"{type(sample).__name__}")
 
     def add_many(self, samples: Iterable[Any]) -> None:

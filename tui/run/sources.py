@@ -24,6 +24,7 @@ from tui.sources.engine_source import EngineSource, LocalPids
 from tui.sources.gpu import GpuSampler
 from tui.sources.host import HostSampler
 from tui.sources.machine import MachineSource
+from tui.workload.live import LiveRuns
 
 
 @dataclass
@@ -33,6 +34,7 @@ class RunOptions:
     fleet: FleetOptions | None = None  # Prometheus and/or dcgm-exporters
     proxy: ProxyOptions | None = None  # a traffic proxy in front of some of the engines, run by this process
     traffic: list[str] = field(default_factory=list)  # URLs of separate `enginetop proxy` processes to read
+    bench_runs: bool = False  # bench and capacity runs on the engines, from their live files (the dashboard)
     nvml: bool | None = None  # None: this machine's NVML unless dcgm-exporters read the GPUs
     machine: bool = True  # GPU and host of this machine (the fleet table has no place for them)
     poll_interval_s: float = 1.0
@@ -62,6 +64,7 @@ class RunSources:
     local_pids: LocalPids
     proxy: TrafficProxy | None = None
     traffic: list[ProxyTraffic | RemoteTraffic] = field(default_factory=list)
+    runs: LiveRuns | None = None
 
     def all(self) -> list[Source]:
         sources: list[Source] = list(self.engines)
@@ -70,6 +73,8 @@ class RunSources:
         if self.machine is not None:
             sources.append(self.machine)
         sources.extend(self.traffic)
+        if self.runs is not None:
+            sources.append(self.runs)
         return sources
 
     async def start(self) -> None:
@@ -120,4 +125,5 @@ def build_sources(options: RunOptions, *, gpu_report: Callable[[], GpuReport | N
     proxy = build_proxy(options.proxy, options.watched + options.launched) if options.proxy else None
     traffic: list[ProxyTraffic | RemoteTraffic] = [ProxyTraffic(proxy, every)] if proxy is not None else []
     traffic += [RemoteTraffic(url, every) for url in options.traffic]
-    return RunSources(engines, transports, gpu, host, machine, fleet, local_pids, proxy, traffic)
+    runs = LiveRuns(options.watched + options.launched, interval_s=every) if options.bench_runs else None
+    return RunSources(engines, transports, gpu, host, machine, fleet, local_pids, proxy, traffic, runs)

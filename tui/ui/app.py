@@ -158,7 +158,7 @@ class EnginetopApp(App[None]):
         self.run_sources = build_sources(
             RunOptions(watched=config.targets, launched=[profile_target(p) for p in config.profiles],
                        fleet=config.fleet, machine=not config.fleet_table, proxy=config.proxy,
-                       traffic=config.traffic,
+                       traffic=config.traffic, bench_runs=not config.fleet_table,
                        poll_interval_s=config.poll_interval_s, gpu_interval_s=config.gpu_interval_s,
                        host_interval_s=config.host_interval_s),
             gpu_report=lambda: self.store.gpu, engine_pids=self._engine_pids,

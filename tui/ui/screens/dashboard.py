@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from textual.app import ComposeResult
 from textual.containers import Container, Horizontal, Vertical
 
-from tui.live.store import EngineState
+from tui.live.store import BENCH_TTFT, EngineState
 from tui.model.samples import GpuReport, HostSample
 from tui.probe.results import DEFAULT_TTFT_GAP_FACTOR
 from widgets.engine_panel import EnginePanel
@@ -108,6 +108,20 @@ class Dashboard(Vertical):
 ProbeValue = Callable[[Any], tuple[float | None, float | None]]  # a probe result -> (when, figure)
 
 
+def _bench_lines(lines: dict[str, tuple[list[float], list[float]]], engines: dict[str, EngineState],
+                 now: float, t0: float, horizon_s: float) -> None:
+    """A bench or capacity run's live TTFT beside the engine's own, and its SLO's TTFT limit across the
+    chart while it runs."""
+    for name, state in engines.items():
+        series = state.series.get(BENCH_TTFT)
+        points = series.since(t0) if series is not None else []
+        if points:
+            lines[f"{name} bench"] = ([t - now for t, _ in points], [v for _, v in points])
+        bench = state.bench.progress if state.bench is not None else None
+        if bench is not None and bench.state == "running" and bench.slo_ttft_s is not None:
+            lines[f"SLO ttft {bench.slo_ttft_s * 1000:g} ms"] = ([-horizon_s, 0.0], [bench.slo_ttft_s] * 2)
+
+
 def plot_data(title: str, ylabel: str, key: str, probe_value: ProbeValue,
               engines: dict[str, EngineState], now: float, horizon_s: float,
               spans: list[tuple[float, float]]) -> PlotData:
@@ -122,5 +136,7 @@ def plot_data(title: str, ylabel: str, key: str, probe_value: ProbeValue,
         probes = [probe_value(r) for _, r in state.probes]
         kept = [(at - now, y) for at, y in probes if at is not None and y is not None and at >= t0]
         markers[name] = ([x for x, _ in kept], [y for _, y in kept])
+    if key == "ttft_p50_s":
+        _bench_lines(lines, engines, now, t0, horizon_s)
     return PlotData(title=title, ylabel=ylabel, horizon_s=horizon_s, lines=lines, markers=markers,
                     throttle_spans=spans)
