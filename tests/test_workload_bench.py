@@ -3,12 +3,17 @@ sees."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import orjson
 import pytest
 
 from tests.sse_server import Scenario, SSEServer
+from tests.waiting import until
 from tui.cli.main import main
 from tui.model.slo import Slo, SloError
 from tui.model.workload import Workload, WorkloadRequest
@@ -17,7 +22,8 @@ from tui.workload.formats import load_workload
 from tui.workload.schedule import ScheduleError, gaps, plan
 from tui.workload.slo import met
 
-DATA = Path(__file__).parent / "data" / "workloads"
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO / "tests" / "data" / "workloads"
 
 
 def test_trace_plans_follow_times_speed_and_sessions():
@@ -147,3 +153,42 @@ def test_ab_with_a_workload_gives_the_block_at_one_place_the_same_requests_on_ev
     assert "requests of the workload" in html.read_text()
     assert main(["ab", f"a={a.url}", f"b={b.url}", "--workload", str(tmp_path / "none.jsonl")]) == 2
     assert "--workload" in capsys.readouterr().err
+
+
+def test_an_engine_that_dies_mid_run_ends_its_part_and_the_other_goes_on(tmp_path, capsys):
+    workload = tmp_path / "w.jsonl"
+    workload.write_text("".join(orjson.dumps({"prompt": f"q {i}", "output_tokens": 8}).decode() + "\n"
+                                for i in range(40)))
+    dying, living = SSEServer(default=Scenario(per_token_delay_s=0.005)).start(), SSEServer().start()
+    threading.Timer(1.0, dying.stop).start()  # a second into its 4 s plan
+    try:
+        code = main(["bench", f"vllm-custom:{workload}", "--engine", f"dies={dying.url}", "--engine",
+                     f"lives={living.url}", "--rate", "10", "--arrival", "constant", "--parallel-engines",
+                     "--json"])
+    finally:
+        living.stop()
+    dies, lives = orjson.loads(capsys.readouterr().out)["engines"]
+    assert code == 1
+    assert "the engine stopped answering (3 requests in a row: cannot connect" in dies["error"]
+    assert 5 <= dies["ok"] < 15 and dies["errors"] >= 3 and dies["requests"] < 30  # the rest never sent
+    assert lives["ok"] == 40 and lives["error"] is None
+
+
+def test_ctrl_c_keeps_what_was_measured_and_writes_it(tmp_path):
+    workload = tmp_path / "w.jsonl"
+    workload.write_text("".join(orjson.dumps({"prompt": f"q {i}", "output_tokens": 8}).decode() + "\n"
+                                for i in range(100)))
+    out = tmp_path / "r.json"
+    with SSEServer() as engine:
+        run = subprocess.Popen([sys.executable, "-m", "tui", "bench", f"vllm-custom:{workload}", "--engine",
+                                f"e={engine.url}", "--rate", "10", "-o", str(out)], cwd=REPO,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        until(lambda: sum(1 for r in engine.requests if r.body) >= 10, "ten requests sent", timeout=30)
+        run.send_signal(signal.SIGINT)
+        printed, _ = run.communicate(timeout=30)
+    assert run.returncode == 130
+    result = orjson.loads(out.read_bytes())
+    assert result["interrupted"] is True
+    kept = result["engines"][0]
+    assert 10 <= kept["ok"] < 100 and len(kept["per_request"]) == kept["requests"]
+    assert "requests ok / sent" in printed

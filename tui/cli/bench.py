@@ -1,7 +1,8 @@
 """`enginetop bench WORKLOAD --engine NAME=URL ...`: the workload's requests on every engine, on one plan,
 side by side; `enginetop capacity WORKLOAD --engine ... --slo ...`: the highest arrival rate each engine takes
 within the SLO (tui.workload). Engines run one after another unless --parallel-engines (engines on different
-machines). Exit status: 0, 1 when an engine's part failed, 2 for bad input (a workload, SLO, flag)."""
+machines). Exit status: 0, 1 when an engine's part failed, 2 for bad input (a workload, SLO, flag), 130 when
+Ctrl-C ended the run (what was measured is printed and written all the same)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from tui.cli.options import EXIT_BAD_INPUT, EXIT_FAILED, add_output, add_targets
+from tui.cli.options import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, add_output, add_targets
 from tui.compare.engines import ProfileEngine, StartError, new_manager
 from tui.lifecycle.profiles import Profile, ProfileError, load_profiles
 from tui.model.bench import RunState
@@ -243,8 +244,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
               "concurrency": args.concurrency, "slo": str(slo) if slo else None, "interrupted": interrupted,
               "wall": time.time(), "engines": [{**engine_json(runs[p.name], slo), **p.json()} for p in parts]}
     _write(args, result, table(summaries))
-    failed = interrupted or any(s.error or s.ok == 0 for s in summaries)
-    return EXIT_FAILED if failed else 0
+    if interrupted:
+        return EXIT_INTERRUPTED
+    return EXIT_FAILED if any(s.error or s.ok == 0 for s in summaries) else 0
 
 
 def cmd_capacity(args: argparse.Namespace) -> int:
@@ -313,5 +315,6 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         where = save_capacities(measured)
         print(f"enginetop capacity: kept as the engines' capacity in {where} (the proxy shows the headroom)",
               file=sys.stderr)
-    failed = interrupted or any(r.error or not r.levels for r in results.values())
-    return EXIT_FAILED if failed else 0
+    if interrupted:
+        return EXIT_INTERRUPTED
+    return EXIT_FAILED if any(r.error or not r.levels for r in results.values()) else 0

@@ -32,6 +32,7 @@ from tui.workload.schedule import Planned
 from tui.workload.slo import met, tpot_s
 
 DEFAULT_OUTPUT = 128  # tokens, for a request whose workload does not say
+GONE_AFTER = 3  # connections refused in a row: the engine is gone, and its part ends
 
 
 @dataclass
@@ -165,6 +166,9 @@ class Bench:
         self.sent = 0
         self.in_flight = 0
         self._since: dict[int, float] = {}  # in flight: index -> when it was sent
+        self._refused = 0  # connections refused in a row
+        self._gone = False
+        self._sending: asyncio.Future[Any] | None = None
 
     async def _prepare_prompts(self, http: httpx.AsyncClient) -> None:
         if self.prompts is None and any(_synthetic(p.request) for p in self.planned):
@@ -214,7 +218,12 @@ class Bench:
         monitor = SelfMonitor()
         try:
             async with monitor:
-                await asyncio.gather(*(self._one(p, started, gate) for p in self.planned))
+                self._sending = asyncio.gather(*(self._one(p, started, gate) for p in self.planned))
+                try:
+                    await self._sending
+                except asyncio.CancelledError:
+                    if not self._gone:  # cancelled from outside (Ctrl-C): not ours to swallow
+                        raise
         finally:
             self.run.duration_s = time.monotonic() - t0
             self.run.client = monitor.load
@@ -255,6 +264,13 @@ class Bench:
                 self._history[req.session_id] = [*self._history.get(req.session_id, []), *turn,
                                                  {"role": "assistant", "content": result.text}]
             self.run.results.append((planned, result))
+            self._refused = self._refused + 1 if result.failure == "refused" else 0
+            if self._refused >= GONE_AFTER and not self._gone and self._sending is not None:
+                self._gone = True  # what is not sent yet is not sent: the part ends here
+                self.run.error = (f"the engine stopped answering ({GONE_AFTER} requests in a row: "
+                                  f"{result.error}); its part ended after {len(self.run.results)} of "
+                                  f"{len(self.planned)} requests")
+                self._sending.cancel()
             if self.on_result is not None:
                 self.on_result(self.target.name, planned, result)
         finally:
