@@ -5,9 +5,9 @@ arrivals of its requests, or its own timeline compressed to that rate), long eno
 least `level_s` seconds and `min_requests` requests). The rate doubles from `start_rate` while levels pass,
 halves while they fail, then bisects between the highest pass and the lowest fail until they are within
 `precision` of each other. A level ends early when it cannot pass (more requests already missed the SLO than
-the attainment allows) or when the engine is over-saturated: requests in flight and TTFT both rising from
-one window to the next, a queue that only grows. Every level is kept: the curve (rate against attainment,
-TTFT p90 and goodput) is part of the result.
+the attainment allows) or when the engine is over-saturated: requests in flight and TTFT both rising over
+three windows running, a queue that only grows (Watch). Every level is kept: the curve (rate against
+attainment, TTFT p90 and goodput) is part of the result.
 
 Requests go out independently (a session's turns are not chained): the load is set by the rate alone.
 """
@@ -32,6 +32,8 @@ from tui.workload.schedule import Planned, ScheduleError, gaps, parse_arrival
 from tui.workload.slo import met
 
 Stop = Literal["cannot pass", "over-saturated", "interrupted"]
+WINDOW_ARRIVALS = 8  # an over-saturation window holds at least this many arrivals at the level's rate
+QUEUE_GROWTH = 3  # requests: how much the queue must grow over three windows to be called growing
 
 
 @dataclass(frozen=True)
@@ -128,12 +130,17 @@ def level_plan(workload: Workload, rate: float, search: Search, level: int) -> l
 
 
 class Watch:
-    """Ends a level early: when it can no longer pass, or when the engine is over-saturated."""
+    """Ends a level early: when it can no longer pass, or when the engine is over-saturated: over three
+    successive windows (each at least `window_s` and long enough for WINDOW_ARRIVALS arrivals) the mean
+    number in flight and the TTFT both rose every time, the queue by at least QUEUE_GROWTH requests and the
+    TTFT by half. Random arrivals make either one rise now and then; both, three windows running, is a queue
+    that only grows."""
 
-    def __init__(self, bench: Bench, search: Search, planned: int) -> None:
+    def __init__(self, bench: Bench, search: Search, planned: int, rate: float) -> None:
         self.bench = bench
         self.search = search
         self.planned = planned
+        self.window_s = max(search.window_s, WINDOW_ARRIVALS / rate)
         self.points: list[tuple[float, int, float | None]] = []  # (t, in flight, TTFT signal)
 
     def verdict(self, now: float, started: float) -> tuple[Stop, str] | None:
@@ -144,30 +151,28 @@ class Watch:
             return "cannot pass", (f"{missed} of {self.planned} requests already missed the SLO "
                                    f"(at most {allowed} may)")
         self.points.append((now, self.bench.in_flight, self._ttft(now)))
-        w = self.search.window_s
-        if now - started < 2 * w:
+        w = self.window_s
+        if now - started < 3 * w:
             return None
-        recent = [p for p in self.points if p[0] > now - w]
-        before = [p for p in self.points if now - 2 * w < p[0] <= now - w]
-        if not recent or not before:
+        windows = [[p for p in self.points if now - (k + 1) * w < p[0] <= now - k * w] for k in (2, 1, 0)]
+        flights = [_mean([p[1] for p in window]) for window in windows]
+        ttfts = [median([p[2] for p in window if p[2] is not None]) for window in windows]
+        if any(f is None for f in flights) or any(t is None for t in ttfts):
             return None
-        flight_now, flight_before = _mean([p[1] for p in recent]), _mean([p[1] for p in before])
-        ttft_now = median([p[2] for p in recent if p[2] is not None])
-        ttft_before = median([p[2] for p in before if p[2] is not None])
-        if flight_now is None or flight_before is None or ttft_now is None or ttft_before is None:
-            return None
-        if flight_now > max(2.0, 1.5 * flight_before) and ttft_now > 1.5 * ttft_before:
-            return "over-saturated", (f"in flight {flight_before:.1f} -> {flight_now:.1f} and TTFT "
-                                      f"{ttft_before * 1000:.0f} -> {ttft_now * 1000:.0f} ms over "
+        f1, f2, f3 = (float(f or 0.0) for f in flights)
+        t1, t2, t3 = (float(t or 0.0) for t in ttfts)
+        if f1 < f2 < f3 and f3 >= f1 + QUEUE_GROWTH and t1 < t2 < t3 and t3 >= 1.5 * t1:
+            return "over-saturated", (f"in flight {f1:.1f} -> {f2:.1f} -> {f3:.1f} and TTFT "
+                                      f"{t1 * 1000:.0f} -> {t2 * 1000:.0f} -> {t3 * 1000:.0f} ms over "
                                       f"{w:.0f} s windows")
         return None
 
     def _ttft(self, now: float) -> float | None:
-        """The TTFT of the requests that got their first token in the last window; while none did, the wait
-        of the oldest request still waiting (a TTFT at least that long)."""
-        w = self.search.window_s
+        """The TTFT of the requests that got their first token in the last window; while none did, how long
+        the oldest request in flight has been out (its TTFT, if it is still waiting)."""
+        since = now - self.window_s
         ttfts = [r.ttft_s for _, r in self.bench.run.results
-                 if r.ttft_s is not None and r.first_token_at is not None and r.first_token_at > now - w]
+                 if r.ttft_s is not None and r.first_token_at is not None and r.first_token_at > since]
         if ttfts:
             return median(ttfts)
         return self.bench.oldest_wait_s(now)
@@ -257,7 +262,7 @@ class Capacity:
                       limits=self.limits, prompts=self._prompts, prompt_seed=self.workload.prompt_seed)
         await bench.ready()
         self._prompts = bench.prompts
-        watch = Watch(bench, self.search, len(planned))
+        watch = Watch(bench, self.search, len(planned), rate)
         if self.on_bench is not None:
             self.on_bench(bench, rate)
         task = asyncio.ensure_future(bench.go())
