@@ -134,9 +134,10 @@ async def ttft_overhead(url: str, n: int) -> None:
 
 # ---------------------------------------------------------------- CPU cost on the real llama-server
 
-def start_llama() -> tuple[Launched, str]:
+def start_llama(*extra: str) -> tuple[Launched, str]:
     port = free_port()
-    launched = launch(demo_argv(port, "--parallel", "1"), runs_dir() / f"bench-probe-llama-{port}.log")
+    launched = launch(demo_argv(port, "--parallel", "1", *extra),
+                      runs_dir() / f"bench-probe-llama-{port}.log")
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:

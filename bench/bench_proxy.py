@@ -3,7 +3,8 @@
     .venv/bin/python bench/bench_proxy.py [--sections ttft,load] [--pairs 40] [--streams 64] [--tokens 200]
 
 TTFT (a): the real llama-server (demo model, --parallel 1, started here) and `enginetop proxy` in front of it
-(its own process, as a user runs it). --pairs pairs of one streamed request direct and one through the proxy,
+(its own process, as a user runs it), twice: the engine as it comes, and with a core left to the client and
+the proxy (see ENGINES). --pairs pairs of one streamed request direct and one through the proxy,
 in alternating order, the same short prompt every time (so prefill is the prompt cache's, and the engine's
 own noise is as small as it gets); TTFT is measured by a raw-socket client as the time to the first event
 that carries text. Printed: direct and proxied TTFT p50/p99 and the per-pair difference's p50/p99 (targets:
@@ -88,8 +89,15 @@ def ttft_once(url: str, body: dict) -> tuple[float, float | None]:
     return first, float(prompt_ms[-1]) / 1000 if prompt_ms else None
 
 
-def section_ttft(pairs: int) -> None:
-    launched, engine = start_llama()
+# The engine as started for (a): as it comes, and with one of the 2 cores left to the client and the proxy
+# and its threads sleeping between batches instead of spinning (llama.cpp --poll 0), as the CPU of a GPU
+# server is: there the engine's CPU threads wait on the GPU, not on the proxy's core.
+ENGINES = {"as it comes (2 threads, --poll 50: its threads spin on both cores)": (),
+           "--threads 1 --poll 0 (a core left to client and proxy)": ("--threads", "1", "--poll", "0")}
+
+
+def section_ttft(pairs: int, label: str, engine_args: tuple[str, ...]) -> None:
+    launched, engine = start_llama(*engine_args)
     proxy, via = start_proxy(engine)
     body = {"messages": [{"role": "user", "content": "Say one word."}], "max_tokens": 4, "stream": True,
             "temperature": 0}
@@ -114,7 +122,7 @@ def section_ttft(pairs: int) -> None:
                     for p, d in zip(proxied, direct, strict=True))
     d, p = sorted(x[0] for x in direct), sorted(x[0] for x in proxied)
     ms = 1000.0
-    print(f"TTFT on the real llama-server, {pairs} interleaved pairs (ms):")
+    print(f"TTFT on the real llama-server {label}, {pairs} interleaved pairs (ms):")
     print(f"  direct   p50 {quantile(d, 0.5) * ms:7.2f}  p99 {quantile(d, 0.99) * ms:7.2f}")
     print(f"  proxied  p50 {quantile(p, 0.5) * ms:7.2f}  p99 {quantile(p, 0.99) * ms:7.2f}")
     print(f"  added (per pair)  p50 {quantile(added, 0.5) * ms:6.2f}  p99 {quantile(added, 0.99) * ms:6.2f}"
@@ -174,7 +182,8 @@ def main() -> None:
     args = parser.parse_args()
     sections = args.sections.split(",")
     if "ttft" in sections:
-        section_ttft(args.pairs)
+        for label, engine_args in ENGINES.items():
+            section_ttft(args.pairs, label, engine_args)
     if "load" in sections:
         section_load(args.streams, args.tokens)
 
