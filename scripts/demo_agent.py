@@ -21,7 +21,8 @@ SYSTEM = ("You are a coding agent working in a Python repository. Use the tools 
 TASKS = ("Fix the failing test in tests/test_parser.py.", "Add a --json flag to the report command.",
          "Find why the cache hit rate dropped after the last change.", "Rename the module utils to helpers.")
 TOOLS = ("$ ls src/\nparser.py report.py cache.py cli.py utils.py __init__.py\n",
-         "$ pytest -q tests/test_parser.py\nF..\nFAILED tests/test_parser.py::test_empty - ValueError: no input\n",
+         "$ pytest -q tests/test_parser.py\nF..\n"
+         "FAILED tests/test_parser.py::test_empty - ValueError: no input\n",
          "$ git log --oneline -3\n4f2a1c0 cache: key by path\n9b1d2e7 report: totals\n1c0ffee cli: flags\n",
          "$ grep -n 'def parse' src/parser.py\n12:def parse(text):\n48:def parse_line(line):\n")
 
