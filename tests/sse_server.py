@@ -28,6 +28,7 @@ import socket
 import ssl
 import threading
 import time
+import zlib
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -89,8 +90,20 @@ def _event(obj: Any) -> bytes:
     return b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
 
 
+def _tokenize(body: dict[str, Any] | None) -> dict[str, Any]:
+    """llama.cpp's /tokenize, as this server counts tokens: a word each (with its leading space), BOS 1."""
+    body = body or {}
+    words = str(body.get("content", "")).split()
+    ids = [zlib.crc32(w.encode()) % 30000 + 2 for w in words]
+    tokens: list[Any] = [{"id": i, "piece": f" {w}"} for i, w in zip(ids, words, strict=True)] \
+        if body.get("with_pieces") else ids
+    return {"tokens": ([1] if body.get("add_special") else []) + tokens}
+
+
 def _prompt_words(body: dict[str, Any] | None) -> list[str]:
     words: list[str] = []
+    if isinstance((body or {}).get("prompt"), str):  # /v1/completions: a raw prompt, a token a word
+        words.extend(body["prompt"].split())  # type: ignore[index]
     for msg in (body or {}).get("messages") or []:
         if isinstance(msg, dict) and isinstance(msg.get("content"), str):
             words.append(f"<{msg.get('role')}>")
@@ -241,7 +254,10 @@ class SSEServer:
                 error = {"message": f"Invalid API key: {sent_auth}", "type": "authentication_error"}
                 await self._plain(writer, 401, {"error": error})
                 return
-            if method != "POST" or not path.endswith("/v1/chat/completions"):
+            if method == "POST" and path.endswith("/tokenize"):
+                await self._plain(writer, 200, _tokenize(body))
+                return
+            if method != "POST" or not path.endswith(("/v1/chat/completions", "/v1/completions")):
                 await self._plain(writer, 404, {"error": {"message": f"no route {method} {path}"}})
                 return
             if scenario.slots:
@@ -331,7 +347,7 @@ class SSEServer:
         n_tokens = sc.tokens if sc.tokens is not None else int(body.get("max_tokens") or 16)
         include_usage = bool((body.get("stream_options") or {}).get("include_usage")) and sc.usage
         words = _prompt_words(body)
-        prompt_n = len(words)
+        prompt_n = len(words) + ("prompt" in body and "messages" not in body)  # a raw prompt gets a BOS
         cached = self._cached(words)
         await asyncio.sleep(sc.queue_s)
         t0 = time.perf_counter()
@@ -342,8 +358,16 @@ class SSEServer:
             writer.write(b"%x\r\n%s\r\n" % (len(data), data))
             await writer.drain()
 
-        if sc.role_chunk:
-            await send(_event(_chunk({"role": "assistant", "content": None})))
+        completions = "prompt" in body and "messages" not in body  # /v1/completions: its own chunk shape
+
+        def chunk(delta: dict[str, Any] | None, finish: str | None = None, **extra: Any) -> dict[str, Any]:
+            if completions and delta is not None:
+                return {"id": "cmpl-test", "object": "text_completion", "model": "sse-test", "choices": [
+                    {"index": 0, "text": delta.get("content") or "", "finish_reason": finish}], **extra}
+            return _chunk(delta, finish, **extra)
+
+        if sc.role_chunk and not completions:
+            await send(_event(chunk({"role": "assistant", "content": None})))
         await asyncio.sleep(self._delay(rng, sc.first_token_delay_s, sc.jitter_s))
         t_first: float | None = None
         t_last = time.perf_counter()
@@ -368,18 +392,18 @@ class SSEServer:
                 await writer.drain()
                 return
             if sc.mode == "oversized" and n_chunks == 1:
-                await send(_event(_chunk({"content": "x" * sc.oversized_bytes})))
+                await send(_event(chunk({"content": "x" * sc.oversized_bytes})))
             if t_first is None and sc.write_delay_s:
                 t_first = time.perf_counter()  # made now, written late
                 await asyncio.sleep(sc.write_delay_s)
-            await send(_event(_chunk({"content": text})))
+            await send(_event(chunk({"content": text})))
             t_last = time.perf_counter()
             if t_first is None:
                 t_first = t_last
             sent += take
             n_chunks += 1
             if sc.empty_chunk_every and n_chunks % sc.empty_chunk_every == 0:
-                await send(_event(_chunk({"content": ""})))
+                await send(_event(chunk({"content": ""})))
             if sc.comment_every and n_chunks % sc.comment_every == 0:
                 await send(b": ping\n\n")
         first = t_first if t_first is not None else t_last
@@ -391,12 +415,12 @@ class SSEServer:
             "predicted_per_token_ms": (t_last - first) * 1000 / max(1, n_tokens - 1),
             "predicted_per_second": (n_tokens - 1) / (t_last - first) if t_last > first else 0.0,
         }
-        finish = _chunk({}, "length")
+        finish = chunk({}, "length")
         if sc.timings and not include_usage:
             finish["timings"] = timings
         await send(_event(finish))
         if include_usage:
-            usage_chunk = _chunk(None, usage={
+            usage_chunk = chunk(None, usage={
                 "prompt_tokens": prompt_n, "completion_tokens": n_tokens, "total_tokens": prompt_n + n_tokens,
                 "prompt_tokens_details": {"cached_tokens": cached}})
             if sc.timings:

@@ -8,6 +8,7 @@ from rich.text import Text
 
 from tui.live.store import EngineState
 from tui.model.bench import BenchSample
+from tui.model.slots import SlotsReading, SlotState
 from tui.model.traffic import TrafficSample
 from widgets.fmt import IDLE, NA, Rows, mib, ms, num, pct
 from widgets.panel import Panel
@@ -93,6 +94,41 @@ def _traffic_rows(grid: Rows, traffic: TrafficSample) -> None:
         grid.add_row("traffic SLO", met)
 
 
+def _slot_rows(grid: Rows, slots: SlotsReading) -> None:
+    """llama-server's slots, a row each, and the KV use they imply: an estimate (not in /metrics any more)."""
+    if slots.error:
+        grid.add_row("slots", Text(slots.error, style="yellow"))
+        return
+    busy = sum(s.processing for s in slots.slots)
+    grid.add_row("slots", f"{busy} of {len(slots.slots)} processing")
+    grid.add_row("KV (estimate)", Text(f"{pct(slots.kv_estimate)} of the slots' context held "
+                                       "(prompt + decoded tokens / n_ctx)", style="dim"))
+    for slot in slots.slots:
+        grid.add_row(f"slot {slot.id}", _slot_line(slot))
+
+
+def _slot_line(slot: SlotState) -> Text:
+    if not slot.processing:
+        line = Text("idle", style="dim")
+        if slot.task is not None and slot.prompt_tokens is not None:
+            line.append(f"  last: prompt {slot.prompt_tokens}, decoded {slot.decoded or 0}", style="dim")
+        return line
+    line = Text("processing", style="bold green")
+    if slot.prompt_tokens is not None:
+        line.append(f"  prompt {slot.prompt_tokens}")
+        if slot.prompt_cached:
+            line.append(f" ({slot.prompt_cached} cached)")
+    if not slot.decoded and slot.prompt_tokens:
+        line.append(f"  prefill {slot.prompt_processed or 0}/{slot.prompt_tokens}", style="yellow")
+    else:
+        line.append(f"  decoding {slot.decoded or 0}")
+        if slot.remaining is not None and slot.remaining >= 0:
+            line.append(f", {slot.remaining} left")
+    if slot.speculative:
+        line.append("  speculative", style="dim")
+    return line
+
+
 def _bench_rows(grid: Rows, bench: BenchSample) -> None:
     """A bench or capacity run on this engine, as it goes (another process's, read from its live file)."""
     p = bench.progress
@@ -149,6 +185,8 @@ def render_engine(state: EngineState, status: EngineStatus | None = None,
     if reading is None:
         if state.traffic is not None:  # the engine's own metrics failing does not stop its traffic
             _traffic_rows(grid, state.traffic)
+        if sample.slots is not None:
+            _slot_rows(grid, sample.slots)
         if state.bench is not None:
             _bench_rows(grid, state.bench)
         return grid.text()
@@ -180,6 +218,8 @@ def render_engine(state: EngineState, status: EngineStatus | None = None,
     grid.add_row("ITL p50/p90", f"{_shown(itl_exposed, ms(stats.itl_p50_s))} / "
                  f"{_shown(itl_exposed, ms(stats.itl_p90_s))}")
     grid.add_row("host RSS", mib(state.rss_bytes) if state.rss_bytes is not None else NA)
+    if sample.slots is not None:
+        _slot_rows(grid, sample.slots)
     if state.traffic is not None:
         _traffic_rows(grid, state.traffic)
     if state.bench is not None:

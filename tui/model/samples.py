@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from tui.model.slots import SlotsReading
+
 Health = Literal["up", "loading", "starting", "down"]
 Dialect = Literal["llamacpp", "vllm", "sglang", "unknown"]
 
@@ -87,6 +89,7 @@ class EngineSample:
     labels: tuple[tuple[str, str], ...] = ()  # model_name, engine (data-parallel rank) where present
     stale: bool = False  # the source could not refresh it: these are the last good values
     alerts: tuple[str, ...] = ()  # what is wrong beyond health, in words (tui.fleet.alerts)
+    slots: SlotsReading | None = None  # llama-server's /slots, polled beside its /metrics
 
 
 THROTTLE_REASON_WORDS: dict[int, str] = {

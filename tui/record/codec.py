@@ -25,6 +25,7 @@ from tui.model.samples import (
     HostSample,
     ProcessTreeMemory,
 )
+from tui.model.slots import SlotsReading, SlotState
 from tui.model.traffic import TrafficSample, TrafficStats
 from tui.probe.results import ProbeResult, ServerTimings
 
@@ -33,7 +34,7 @@ SAMPLE_TYPES: dict[str, type] = {"engine": EngineSample, "gpu": GpuReport, "host
                                  "probe": ProbeResult, "traffic": TrafficSample}
 KIND_OF = {cls: kind for kind, cls in SAMPLE_TYPES.items()}
 _KNOWN = (EngineSample, EngineReading, EngineStats, GpuReport, GpuSample, GpuProcess, HostSample,
-          ProcessTreeMemory, ProbeResult, ServerTimings, TrafficSample, TrafficStats)
+          ProcessTreeMemory, ProbeResult, ServerTimings, TrafficSample, TrafficStats, SlotsReading, SlotState)
 # Not recorded: a probe's reply text (large, and it is what the user asked, not what was measured), and its
 # inter-token gaps (a bench's percentiles come from them; a recording keeps the probe's own figures).
 _DROPPED: dict[type, set[str]] = {ProbeResult: {"text", "gaps_s"}}

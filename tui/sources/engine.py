@@ -15,10 +15,12 @@ import time
 import httpx
 
 from tui.model.samples import EngineReading, EngineSample, Health
+from tui.model.slots import SlotsReading
 from tui.model.targets import EngineTarget
 from tui.net.keepalive import Transport, exchange
 from tui.net.policy import InsecureSecret, error_text, public_url, target_headers
 from tui.sources.metrics import MetricsFormatError, parse_reading
+from tui.sources.slots import SLOTS_PATH, parse_slots
 
 # One line per request, off unless --log-http (tui.cli.dashboard.log_to_file): four engines a second say
 # nothing.
@@ -138,11 +140,14 @@ async def poll_engine(transport: Transport, target: EngineTarget, *, timeout: fl
     where = _where(target.url)
 
     def sample(health: Health, reason: str | None = None, model: str | None = None,
-               reading: EngineReading | None = None, metrics_error: str | None = None) -> EngineSample:
+               reading: EngineReading | None = None, metrics_error: str | None = None,
+               slots: SlotsReading | None = None) -> EngineSample:
+        if slots is not None and slots.error is not None:
+            slots = SlotsReading(error=_scrub(slots.error, target))
         return EngineSample(
             name=target.name, url=target.url, t=time.monotonic(), wall=time.time(), health=health,
             health_reason=_scrub(reason, target), model=model, reading=reading,
-            metrics_error=_scrub(metrics_error, target),
+            metrics_error=_scrub(metrics_error, target), slots=slots,
         )
 
     if target.api_key is not None and not (target.api_key.isascii() and target.api_key.isprintable()):
@@ -157,7 +162,8 @@ async def poll_engine(transport: Transport, target: EngineTarget, *, timeout: fl
     if not check_health and known_model is not None:
         reading, metrics_error = await _metrics(transport, target, headers, timeout, max_body)
         if reading is not None:
-            return sample("up", None, known_model, reading, metrics_error)
+            slots = await _slots(transport, target, headers, timeout, reading)
+            return sample("up", None, known_model, reading, metrics_error, slots)
 
     # /health first: when the engine is down or loading, /models and /metrics would only repeat that.
     health: Health = "up"
@@ -198,7 +204,22 @@ async def poll_engine(transport: Transport, target: EngineTarget, *, timeout: fl
         reason = (f"no {target.health_path} endpoint at {where}, and neither /v1/models nor "
                   f"{target.metrics_path} answered")
         return sample("down", reason, model, reading, metrics_error)
-    return sample(health, None, model, reading, metrics_error)
+    slots = await _slots(transport, target, headers, timeout, reading)
+    return sample(health, None, model, reading, metrics_error, slots)
+
+
+async def _slots(transport: Transport, target: EngineTarget, headers: dict[str, str], timeout: float,
+                 reading: EngineReading | None) -> SlotsReading | None:
+    """llama-server's slots, beside its /metrics (other engines have none)."""
+    if reading is None or reading.dialect != "llamacpp":
+        return None
+    try:
+        status, body, over = await _fetch(transport, target, SLOTS_PATH, headers, timeout, 1 << 20)
+    except _Failed as exc:
+        return SlotsReading(error=str(exc))
+    if over:
+        return SlotsReading(error=f"{SLOTS_PATH} body is larger than 1 MiB; not read")
+    return parse_slots(status, body)
 
 
 def _scrub(message: str | None, target: EngineTarget) -> str | None:

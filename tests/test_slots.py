@@ -1,0 +1,106 @@
+"""llama-server's slots: parsed from the real shapes (this build's, and an older server's without the prompt
+counts), polled beside /metrics on the real llama-server while it generates, drawn in the engine's column
+with the KV estimate named as one, recorded and replayed like every other sample; --no-slots says so."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+import pytest
+from tui.model.slots import SlotsReading
+from tui.sources.slots import parse_slots
+
+from tests.conftest import start_llama
+from tests.screen import screen_text
+from tests.test_dashboard import make_app, wait_for
+from tui.base.process import stop_group
+from tui.live.store import Store
+from tui.model.samples import EngineSample
+from tui.model.targets import EngineTarget
+from tui.net.keepalive import Transports
+from tui.record.codec import decode, encode
+from tui.sources.engine import poll_engine
+from widgets.engine_panel import render_engine
+
+DATA = Path(__file__).parent / "data" / "slots"
+
+
+def test_the_slots_of_this_build_and_of_an_older_server():
+    now = parse_slots(200, (DATA / "llamacpp_2026.json").read_bytes())
+    busy, idle = now.slots
+    got = (busy.id, busy.processing, busy.prompt_tokens, busy.prompt_cached, busy.decoded, busy.remaining)
+    assert got == (0, True, 100, 1, 12, 52)
+    assert (idle.processing, idle.prompt_tokens, idle.decoded) == (False, 25, 1)
+    assert now.kv_estimate == pytest.approx((100 + 12 + 25 + 1) / (2 * 4096))
+    old = parse_slots(200, (DATA / "llamacpp_2025.json").read_bytes())
+    first = old.slots[0]
+    assert first.decoded == 12 and first.prompt_tokens is None and first.prompt_cached is None
+    assert old.kv_estimate is None  # no prompt counts: no estimate, rather than a wrong one
+    refused = b'{"error":{"code":501,"message":"This server does not support slots endpoint."}}'
+    assert parse_slots(501, refused).error == "slots are off (llama-server --no-slots)"
+    assert "not JSON" in (parse_slots(200, b"<html>").error or "")
+
+
+def test_slots_are_drawn_with_the_kv_estimate_named_and_recorded_whole():
+    reading = parse_slots(200, (DATA / "llamacpp_2026.json").read_bytes())
+    sample = EngineSample("llama", "http://x", 1.0, 2.0, "up", model="gemma", slots=reading)
+    assert decode(EngineSample, encode(sample)) == sample  # a recording keeps them, a replay shows them
+    store = Store()
+    store.add(sample)
+    text = render_engine(store.engines["llama"]).plain
+    assert "slot 0" in text and "slot 1" in text and "KV (estimate)" in text
+    assert "prefill" not in text and "decoding 12, 52 left" in text and "1 cached" in text
+    off = EngineSample("llama", "http://x", 1.0, 2.0, "up", slots=SlotsReading(error="slots are off"))
+    store.add(off)
+    assert "slots are off" in render_engine(store.engines["llama"]).plain
+
+
+@pytest.mark.engine
+async def test_the_real_llama_servers_slots_while_it_generates(llama_server, tmp_path):
+    target = EngineTarget("llama", llama_server.url)
+    transports = Transports()
+    body = {"messages": [{"role": "user", "content": "Count to a thousand."}], "max_tokens": 400,
+            "ignore_eos": True}
+    try:
+        async with httpx.AsyncClient(timeout=120) as client:
+            url = llama_server.url + "/v1/chat/completions"
+            generating = asyncio.ensure_future(client.post(url, json=body))
+
+            async def busy() -> SlotsReading | None:
+                sample = await poll_engine(transports.for_url(target.url), target)
+                slots = sample.slots
+                working = slots is not None and any(x.processing and (x.decoded or 0) > 2
+                                                    for x in slots.slots)
+                return slots if working else None
+
+            found = None
+            for _ in range(100):
+                if (found := await busy()) is not None:
+                    break
+                await asyncio.sleep(0.1)
+            assert found is not None and len(found.slots) == 4  # --parallel 4
+            slot = next(s for s in found.slots if s.processing)
+            assert slot.prompt_tokens and slot.remaining is not None and slot.n_ctx
+            assert found.kv_estimate is not None and 0 < found.kv_estimate < 1
+            app = make_app([target], tmp_path)
+            async with app.run_test(size=(180, 60)) as pilot:
+                await wait_for(pilot, lambda: "slot 3" in screen_text(app), what="the slot rows")
+            generating.cancel()
+    finally:
+        await transports.aclose()
+
+
+@pytest.mark.engine
+async def test_a_server_without_slots_says_so_and_the_rest_is_shown(tmp_path):
+    engine = start_llama("noslots", "--no-slots")
+    try:
+        target = EngineTarget("noslots", engine.url)
+        transports = Transports()
+        sample = await poll_engine(transports.for_url(target.url), target)
+        await transports.aclose()
+        assert sample.health == "up" and sample.reading is not None
+        assert sample.slots == SlotsReading(error="slots are off (llama-server --no-slots)")
+    finally:
+        stop_group(engine.launched)

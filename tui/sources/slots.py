@@ -1,0 +1,47 @@
+"""llama-server's GET /slots as a SlotsReading: every field where the server has it, None where an older
+server does not (the n_prompt_tokens fields are recent, n_prompt_tokens_cache came in 2026; next_token was an
+object before it was a list), and a message instead of slots when it answers otherwise (--no-slots: 501)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from tui.model.slots import SlotsReading, SlotState
+from tui.net.policy import error_text
+
+SLOTS_PATH = "/slots"
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def parse_slots(status: int, body: bytes) -> SlotsReading:
+    if status == 501:
+        return SlotsReading(error="slots are off (llama-server --no-slots)")
+    if status != 200:
+        detail = error_text(body)
+        return SlotsReading(error=f"{SLOTS_PATH} answered HTTP {status}" + (f": {detail}" if detail else ""))
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return SlotsReading(error=f"{SLOTS_PATH} is not JSON")
+    if not isinstance(data, list):
+        return SlotsReading(error=f"{SLOTS_PATH} is not a list of slots")
+    slots = []
+    for item in data:
+        if not isinstance(item, dict) or _int(item.get("id")) is None:
+            return SlotsReading(error=f"{SLOTS_PATH}: a slot without an id")
+        nxt = item.get("next_token")  # a list of one since 2025; an object before
+        nxt = nxt[0] if isinstance(nxt, list) and nxt else nxt
+        nxt = nxt if isinstance(nxt, dict) else {}
+        slots.append(SlotState(
+            id=item["id"], n_ctx=_int(item.get("n_ctx")), processing=bool(item.get("is_processing")),
+            speculative=bool(item.get("speculative")), task=_int(item.get("id_task")),
+            prompt_tokens=_int(item.get("n_prompt_tokens")),
+            prompt_processed=_int(item.get("n_prompt_tokens_processed")),
+            prompt_cached=_int(item.get("n_prompt_tokens_cache")),
+            decoded=_int(nxt.get("n_decoded")), remaining=_int(nxt.get("n_remain"))))
+    return SlotsReading(tuple(sorted(slots, key=lambda s: s.id)))
