@@ -8,6 +8,7 @@ from rich.text import Text
 
 from tui.live.store import EngineState
 from tui.model.bench import BenchSample
+from tui.model.samples import RoutedModel
 from tui.model.slots import SlotsReading, SlotState
 from tui.model.traffic import TrafficSample
 from widgets.fmt import IDLE, NA, Rows, mib, ms, num, pct
@@ -92,6 +93,33 @@ def _traffic_rows(grid: Rows, traffic: TrafficSample) -> None:
             met.append(f" of {s.slo_requests} requests (last {(s.slo_window_s or 0) / 60:.0f} min)",
                        style="dim")
         grid.add_row("traffic SLO", met)
+
+
+def _router_rows(grid: Rows, state: EngineState, models: tuple[RoutedModel, ...]) -> None:
+    """A llama-server in router mode: a row per model, its status as the router says it; the figures of the
+    loaded ones (read without ever loading one)."""
+    loaded = sum(m.status == "loaded" for m in models)
+    grid.add_row("router", Text(f"{len(models)} models, {loaded} loaded", style="bold"))
+    for model in models:
+        grid.add_row(model.id, _model_line(state, model))
+
+
+def _model_line(state: EngineState, model: RoutedModel) -> Text:
+    if model.failed:
+        code = f" (exit code {model.exit_code})" if model.exit_code is not None else ""
+        return Text(f"failed to load{code}", style="bold red")
+    style = {"loaded": "bold green", "loading": "yellow", "downloading": "yellow"}.get(model.status, "dim")
+    line = Text(model.status, style=style)
+    if model.reading is not None:
+        r = model.reading
+        line.append(f"  {num(r.running, '{:.0f}')} running, {num(r.waiting, '{:.0f}')} waiting, "
+                    f"{num(state.model_gen_tps.get(model.id), missing=IDLE)} gen tok/s")
+    if model.slots is not None and model.slots.error is None:
+        busy = sum(s.processing for s in model.slots.slots)
+        line.append(f", slots {busy}/{len(model.slots.slots)} busy, KV ≈ {pct(model.slots.kv_estimate)}")
+    if model.error:
+        line.append(f"  {model.error}", style="red")
+    return line
 
 
 def _slot_rows(grid: Rows, slots: SlotsReading) -> None:
@@ -185,6 +213,8 @@ def render_engine(state: EngineState, status: EngineStatus | None = None,
     if reading is None:
         if state.traffic is not None:  # the engine's own metrics failing does not stop its traffic
             _traffic_rows(grid, state.traffic)
+        if sample.models is not None:
+            _router_rows(grid, state, sample.models)
         if sample.slots is not None:
             _slot_rows(grid, sample.slots)
         if state.bench is not None:

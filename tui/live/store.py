@@ -88,6 +88,9 @@ class EngineState:
     rss_bytes: int | None = None
     traffic: TrafficSample | None = None  # the user's own requests, measured by the proxy in front of it
     bench: BenchSample | None = None  # a bench or capacity run on this engine (tui.workload.live)
+    # A llama-server router's loaded models: each one's readings over the rate window, and its gen tok/s
+    model_readings: dict[str, deque[tuple[float, EngineReading]]] = field(default_factory=dict)
+    model_gen_tps: dict[str, float | None] = field(default_factory=dict)
 
 
 class Store:
@@ -173,6 +176,8 @@ class Store:
         state = self.engine(sample.name, sample.url)
         state.sample = sample
         t = sample.t
+        if sample.models is not None:
+            self._routed(state, sample, t)
         if sample.stats is not None:
             # figures the source computed itself (Prometheus rates and quantiles): shown as they are
             state.stats = sample.stats
@@ -206,6 +211,21 @@ class Store:
         for key in ENGINE_SERIES:
             state.series[key].add(t, getattr(state.stats, key))
         return state
+
+    def _routed(self, state: EngineState, sample: EngineSample, t: float) -> None:
+        """Each loaded model's generation rate over the rate window (the router's own /metrics has none)."""
+        loaded = {m.id: m.reading for m in sample.models or () if m.reading is not None}
+        for model in list(state.model_readings):
+            if model not in loaded:  # unloaded: its counters start again with its next load
+                del state.model_readings[model]
+                state.model_gen_tps.pop(model, None)
+        for model, reading in loaded.items():
+            kept = state.model_readings.setdefault(model, deque())
+            kept.append((t, reading))
+            while len(kept) > 2 and t - kept[1][0] >= self.rate_window_s:
+                kept.popleft()
+            first_t, first = kept[0]
+            state.model_gen_tps[model] = gen_tps(first, first_t, reading, t) if len(kept) > 1 else None
 
     def _plotted(self, state: EngineState) -> tuple[float | None, float | None]:
         """_stats(state, t)'s gen_tps and ttft_p50_s (ENGINE_SERIES), without the other figures."""

@@ -67,6 +67,20 @@ class EngineStats:
 
 
 @dataclass(frozen=True, slots=True)
+class RoutedModel:
+    """One model behind a llama-server in router mode (GET /models): its status in the router's words, and
+    for a loaded one its own /metrics and /slots, read with autoload=false (looking never loads a model)."""
+
+    id: str
+    status: str  # downloading, downloaded, unloaded, loading, loaded, sleeping
+    failed: bool = False  # its last load failed (status "unloaded" with failed: true)
+    exit_code: int | None = None  # of the failed child process
+    reading: EngineReading | None = None  # a loaded model's /metrics
+    slots: SlotsReading | None = None  # a loaded model's /slots
+    error: str | None = None  # a loaded model's figures could not be read
+
+
+@dataclass(frozen=True, slots=True)
 class EngineSample:
     """One poll of one engine: health, model, and (when /metrics answered) a reading."""
 
@@ -90,6 +104,7 @@ class EngineSample:
     stale: bool = False  # the source could not refresh it: these are the last good values
     alerts: tuple[str, ...] = ()  # what is wrong beyond health, in words (tui.fleet.alerts)
     slots: SlotsReading | None = None  # llama-server's /slots, polled beside its /metrics
+    models: tuple[RoutedModel, ...] | None = None  # llama-server in router mode: its models (None: not one)
 
 
 THROTTLE_REASON_WORDS: dict[int, str] = {

@@ -24,6 +24,7 @@ from tui.model.samples import (
     GpuSample,
     HostSample,
     ProcessTreeMemory,
+    RoutedModel,
 )
 from tui.model.slots import SlotsReading, SlotState
 from tui.model.traffic import TrafficSample, TrafficStats
@@ -34,7 +35,8 @@ SAMPLE_TYPES: dict[str, type] = {"engine": EngineSample, "gpu": GpuReport, "host
                                  "probe": ProbeResult, "traffic": TrafficSample}
 KIND_OF = {cls: kind for kind, cls in SAMPLE_TYPES.items()}
 _KNOWN = (EngineSample, EngineReading, EngineStats, GpuReport, GpuSample, GpuProcess, HostSample,
-          ProcessTreeMemory, ProbeResult, ServerTimings, TrafficSample, TrafficStats, SlotsReading, SlotState)
+          ProcessTreeMemory, ProbeResult, ServerTimings, TrafficSample, TrafficStats, SlotsReading, SlotState,
+          RoutedModel)
 # Not recorded: a probe's reply text (large, and it is what the user asked, not what was measured), and its
 # inter-token gaps (a bench's percentiles come from them; a recording keeps the probe's own figures).
 _DROPPED: dict[type, set[str]] = {ProbeResult: {"text", "gaps_s"}}

@@ -17,6 +17,7 @@ from tui.fleet.source import FleetSource
 from tui.live.feed import Source
 from tui.live.store import EngineState, Store
 from tui.model.samples import EngineSample, EngineStats
+from tui.record.codec import encode
 from tui.run.sources import RunOptions, build_sources
 from tui.sources.gpu import GpuSampler
 from tui.sources.host import HostSampler
@@ -42,6 +43,9 @@ def engine_json(state: EngineState) -> dict[str, Any]:
         "prompt_tokens_cached_total": reading.prompt_tokens_cached_total if reading else None,
         "generation_tokens_total": reading.generation_tokens_total if reading else None,
         "interval_s": round(state.readings[-1][0] - state.readings[0][0], 3) if state.readings else 0.0,
+        # llama-server: its slots; in router mode each model with its status (and a loaded one's figures)
+        "slots": encode(sample.slots) if sample.slots is not None else None,
+        "models": [encode(m) for m in sample.models] if sample.models is not None else None,
     }
     out.update(dataclasses.asdict(state.stats))
     return out

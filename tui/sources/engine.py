@@ -14,12 +14,13 @@ import time
 
 import httpx
 
-from tui.model.samples import EngineReading, EngineSample, Health
+from tui.model.samples import EngineReading, EngineSample, Health, RoutedModel
 from tui.model.slots import SlotsReading
 from tui.model.targets import EngineTarget
 from tui.net.keepalive import Transport, exchange
 from tui.net.policy import InsecureSecret, error_text, public_url, target_headers
 from tui.sources.metrics import MetricsFormatError, parse_reading
+from tui.sources.router import NEEDS_MODEL, read_router
 from tui.sources.slots import SLOTS_PATH, parse_slots
 
 # One line per request, off unless --log-http (tui.cli.dashboard.log_to_file): four engines a second say
@@ -130,25 +131,36 @@ async def _metrics(transport: Transport, target: EngineTarget, headers: dict[str
 
 async def poll_engine(transport: Transport, target: EngineTarget, *, timeout: float = 2.0,
                       max_body: int = 8 * 2**20, launched_by_us: bool = False,
-                      known_model: str | None = None, check_health: bool = True) -> EngineSample:
+                      known_model: str | None = None, check_health: bool = True,
+                      router: bool = False) -> EngineSample:
     """One poll. `launched_by_us`: a refused connection means "still starting" (vLLM binds its port only
     after loading the model), not "down". `known_model`: the model id from a recent poll, so /v1/models
     need not be asked again (a dashboard polling every second asks it only now and then). `check_health`
     False: go straight to /metrics, and ask /health only if that fails (a healthy engine then costs one
     request a poll; a caller asks /health itself every few seconds, since a dead vLLM engine core still
-    serves /metrics)."""
+    serves /metrics). `router`: the last poll found a llama-server in router mode, so its models are read
+    at once (/metrics without a model only answers 400 there)."""
     where = _where(target.url)
 
     def sample(health: Health, reason: str | None = None, model: str | None = None,
                reading: EngineReading | None = None, metrics_error: str | None = None,
-               slots: SlotsReading | None = None) -> EngineSample:
+               slots: SlotsReading | None = None,
+               models: tuple[RoutedModel, ...] | None = None) -> EngineSample:
         if slots is not None and slots.error is not None:
             slots = SlotsReading(error=_scrub(slots.error, target))
         return EngineSample(
             name=target.name, url=target.url, t=time.monotonic(), wall=time.time(), health=health,
             health_reason=_scrub(reason, target), model=model, reading=reading,
-            metrics_error=_scrub(metrics_error, target), slots=slots,
+            metrics_error=_scrub(metrics_error, target), slots=slots, models=models,
         )
+
+    async def routed(health: Health) -> EngineSample:
+        """A llama-server in router mode: its models, and the figures of the loaded ones."""
+        models = await _router(transport, target, headers, timeout)
+        if isinstance(models, str):
+            return sample(health, None, None, None, f"router mode: {models}")
+        loaded = sum(m.status == "loaded" for m in models)
+        return sample(health, None, f"router: {len(models)} models, {loaded} loaded", models=models)
 
     if target.api_key is not None and not (target.api_key.isascii() and target.api_key.isprintable()):
         # httpx would fail on it, and its error could quote the header: say so without the key.
@@ -159,6 +171,10 @@ async def poll_engine(transport: Transport, target: EngineTarget, *, timeout: fl
     except InsecureSecret as exc:
         return sample("down", str(exc))
 
+    if router and known_model is not None and not check_health:
+        routed_sample = await routed("up")
+        if routed_sample.models is not None:
+            return routed_sample
     if not check_health and known_model is not None:
         reading, metrics_error = await _metrics(transport, target, headers, timeout, max_body)
         if reading is not None:
@@ -204,8 +220,25 @@ async def poll_engine(transport: Transport, target: EngineTarget, *, timeout: fl
         reason = (f"no {target.health_path} endpoint at {where}, and neither /v1/models nor "
                   f"{target.metrics_path} answered")
         return sample("down", reason, model, reading, metrics_error)
+    if reading is None and metrics_error is not None and NEEDS_MODEL in metrics_error:
+        return await routed(health)  # /metrics wants a model: a router, whose models are read one by one
     slots = await _slots(transport, target, headers, timeout, reading)
     return sample(health, None, model, reading, metrics_error, slots)
+
+
+async def _router(transport: Transport, target: EngineTarget, headers: dict[str, str],
+                  timeout: float) -> tuple[RoutedModel, ...] | str:
+    """The router's models (tui.sources.router), or why they could not be read."""
+    async def fetch(path: str) -> tuple[int, bytes, bool]:
+        try:
+            return await _fetch(transport, target, path, headers, timeout, 8 * 2**20)
+        except _Failed as exc:
+            raise ValueError(str(exc)) from None
+
+    try:
+        return await read_router(fetch, target.metrics_path)
+    except (ValueError, TypeError) as exc:
+        return str(exc)
 
 
 async def _slots(transport: Transport, target: EngineTarget, headers: dict[str, str], timeout: float,

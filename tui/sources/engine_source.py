@@ -53,9 +53,12 @@ class EngineSource:
         check_health = known is None or (not llama and started - self._health_asked >= HEALTH_REFRESH_S)
         if check_health:
             self._health_asked = started
+        router = last is not None and last.models is not None
+        if router:  # one HTTP server answers for every model: its /models says it all, like llama's /metrics
+            check_health = known is None
         sample = await poll_engine(self.transports.for_url(target.url), target,
                                    timeout=self.timeout_s, launched_by_us=self.launched_by_us,
-                                   known_model=known, check_health=check_health)
+                                   known_model=known, check_health=check_health, router=router)
         if target is not self.target:
             return []  # switched meanwhile: the old engine's answer
         self._last = sample

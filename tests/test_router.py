@@ -1,0 +1,102 @@
+"""A real llama-server in router mode (--models-dir with the demo Gemma under two names): seen as one engine
+with a row per model, the loaded one's figures read, and the unloaded one never loaded by looking: not by
+minutes' worth of polls, nor by snapshots, nor by a recording."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+
+from tests.screen import screen_text
+from tests.test_dashboard import make_app, wait_for
+from tests.waiting import until
+from tui.base.paths import runs_dir
+from tui.base.process import free_port, launch, stop_group
+from tui.engines.llamacpp import demo_model_path, llama_server_binary
+from tui.model.targets import EngineTarget
+from tui.net.keepalive import Transports
+from tui.record.reader import Recording
+from tui.record.schema import SUFFIX
+from tui.sources.engine_source import EngineSource
+
+pytestmark = pytest.mark.engine
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def router(tmp_path):
+    models = tmp_path / "models"
+    models.mkdir()
+    for name in ("gemma-a", "gemma-b"):
+        os.symlink(demo_model_path(), models / f"{name}.gguf")
+    port = free_port()
+    argv = [str(llama_server_binary()), "--models-dir", str(models), "--host", "127.0.0.1",
+            "--port", str(port), "--metrics", "--ctx-size", "2048"]
+    launched = launch(argv, runs_dir() / f"test-router-{port}.log")
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        try:
+            return httpx.get(url + "/health", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        until(up, "the router answering", timeout=60)
+        yield url
+    finally:
+        stop_group(launched)
+
+
+def statuses(url: str) -> dict[str, str]:
+    """Straight from the router (GET /models loads nothing)."""
+    return {m["id"]: m["status"]["value"] for m in httpx.get(url + "/models", timeout=5).json()["data"]}
+
+
+async def test_a_router_is_one_engine_with_a_row_per_model_and_looking_loads_nothing(router, tmp_path):
+    async with httpx.AsyncClient(timeout=120) as client:  # the user's request loads gemma-a
+        reply = await client.post(router + "/v1/chat/completions", json={
+            "model": "gemma-a", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8})
+        assert reply.status_code == 200
+    assert statuses(router) == {"gemma-a": "loaded", "gemma-b": "unloaded"}
+    target = EngineTarget("router", router)
+    transports = Transports()
+    source = EngineSource(target, transports, interval_s=0.1)
+    try:
+        seen = [s for _ in range(240) for s in await source.read()]  # four minutes of 1 Hz polls, in seconds
+    finally:
+        await transports.aclose()
+    last = seen[-1]
+    assert last.health == "up" and last.model == "router: 2 models, 1 loaded"
+    a, b = last.models
+    assert (a.id, a.status, b.id, b.status) == ("gemma-a", "loaded", "gemma-b", "unloaded")
+    assert a.reading is not None and a.reading.generation_tokens_total >= 8 and b.reading is None
+    assert a.slots is not None and len(a.slots.slots) == 4 and b.slots is None
+    assert all(s.models is not None for s in seen)  # every poll after the first went straight to /models
+    snapshot = subprocess.run([sys.executable, "-m", "tui", "snapshot", "--engine", f"router={router}",
+                               "--json"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    models = orjson.loads(snapshot.stdout)["engines"]["router"]["models"]
+    assert [(m["id"], m["status"]) for m in models] == [("gemma-a", "loaded"), ("gemma-b", "unloaded")]
+    assert models[0]["slots"]["slots"] and "reading" not in models[1]
+    recording = tmp_path / f"router{SUFFIX}"
+    record = subprocess.run([sys.executable, "-m", "tui", "record", "--engine", f"router={router}", "-o",
+                             str(recording), "--duration", "3"], cwd=REPO, capture_output=True,
+                            text=True, timeout=60)
+    assert record.returncode == 0, record.stderr[-2000:]
+    rows = [r for r in Recording(recording).rows() if r.kind == "engine"]
+    assert rows and rows[-1].item.models[1].status == "unloaded"  # recorded, and replayed from the file
+    app = make_app([target], tmp_path)
+    async with app.run_test(size=(180, 60)) as pilot:
+        await wait_for(pilot, lambda: "gen tok/s" in screen_text(app) and "gemma-b" in screen_text(app),
+                       what="the router's model rows")
+        text = screen_text(app)
+        assert "2 models, 1 loaded" in text and "unloaded" in text
+        await asyncio.sleep(2)
+    assert statuses(router) == {"gemma-a": "loaded", "gemma-b": "unloaded"}  # nothing woke gemma-b
