@@ -9,8 +9,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tui.model.slots import SlotsReading
-from tui.sources.slots import parse_slots
 
 from tests.conftest import start_llama
 from tests.screen import screen_text
@@ -18,10 +16,12 @@ from tests.test_dashboard import make_app, wait_for
 from tui.base.process import stop_group
 from tui.live.store import Store
 from tui.model.samples import EngineSample
+from tui.model.slots import SlotsReading
 from tui.model.targets import EngineTarget
 from tui.net.keepalive import Transports
 from tui.record.codec import decode, encode
 from tui.sources.engine import poll_engine
+from tui.sources.slots import parse_slots
 from widgets.engine_panel import render_engine
 
 DATA = Path(__file__).parent / "data" / "slots"
