@@ -41,9 +41,9 @@ sys.path.insert(0, str(ROOT))
 
 from tui.base.paths import runs_dir  # noqa: E402
 from tui.base.process import Launched, free_port, launch, stop_group  # noqa: E402
+from tui.base.stats import median, quantile  # noqa: E402
 from tui.engines.llamacpp import demo_argv  # noqa: E402
 from tui.probe.client import CHAT_PATH, ProbeClient  # noqa: E402
-from tui.probe.stats import median, quantile  # noqa: E402
 from tui.probe.workloads import WorkloadParams, short_body  # noqa: E402
 
 

@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.bench_probe import start_llama, start_server  # noqa: E402
 from tui.base.process import free_port, stop_group  # noqa: E402
-from tui.probe.stats import quantile  # noqa: E402
+from tui.base.stats import quantile  # noqa: E402
 
 # an event with text: llama.cpp writes no space after the colon, the test server one
 CONTENT = re.compile(rb'"content": ?"[^"]')

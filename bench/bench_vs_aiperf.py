@@ -53,8 +53,8 @@ sys.path.insert(0, str(ROOT))
 
 from tui.base.paths import cache_dir  # noqa: E402
 from tui.base.process import free_port, group_alive, launch, stop_group, stop_pgid  # noqa: E402
+from tui.base.stats import median  # noqa: E402
 from tui.engines.llamacpp import demo_argv  # noqa: E402
-from tui.probe.stats import median  # noqa: E402
 from tui.probe.workloads import WorkloadParams, short_body  # noqa: E402
 
 AIPERF_VERSION = "0.13.0"

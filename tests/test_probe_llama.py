@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from tui.base.stats import median
 from tui.model.targets import EngineTarget
 from tui.probe.client import ProbeClient
 from tui.probe.results import ProbeResult
 from tui.probe.runner import ProbeRunner
-from tui.probe.stats import median
 from tui.probe.sweep import SweepConfig, run_sweep
 from tui.probe.workloads import WorkloadParams, run_workload
 

@@ -8,11 +8,11 @@ from collections.abc import Iterator
 import pytest
 from sse_server import Scenario, SSEServer, running
 
+from tui.base.stats import median, quantile
 from tui.model.targets import EngineTarget
 from tui.probe.client import ProbeClient
 from tui.probe.results import ProbeResult, ProbeSummary
 from tui.probe.runner import ProbeBusy, ProbeRunner
-from tui.probe.stats import median, quantile
 from tui.probe.workloads import (
     WORKLOADS,
     AgentConversation,

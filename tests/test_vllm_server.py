@@ -13,12 +13,12 @@ import time
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from tui.base.stats import median
 from tui.engines import models
 from tui.model.samples import EngineReading
 from tui.model.targets import EngineTarget
 from tui.probe.client import ProbeClient
 from tui.probe.results import CHUNK_ESTIMATE_NOTE
-from tui.probe.stats import median
 from tui.sources.engine import poll_engine
 from tui.sources.metrics import parse_reading
 from tui.sources.rates import derive

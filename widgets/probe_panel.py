@@ -14,8 +14,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from tui.base.stats import median
 from tui.probe.results import DEFAULT_TTFT_GAP_FACTOR, ProbeResult
-from tui.probe.stats import median
 from widgets.fmt import NA, ms, num
 from widgets.panel import Panel
 

@@ -11,12 +11,12 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from tui.base.stats import median
 from tui.compare.ab import verdict_words
 from tui.compare.roofline import cross_platform, roofline
 from tui.compare.sweep_param import best_value, sweep_table
 from tui.html.page import document, gib, ms, num, section, table
 from tui.html.svg import Bar, Series, bar_chart, line_chart
-from tui.probe.stats import median
 
 # ---- small formatting helpers --------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from tui.probe.stats import median, quantile
+from tui.base.stats import median, quantile
 
 # Dispersion across instances above this is "not reproducible". The seeds' steady arms scattered
 # 0.3-0.6% across 4-5 instances; the arm they could not trust spanned 46.7-73.4 (CV ~15%). 5% sits

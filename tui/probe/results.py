@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from tui.probe.stats import median, quantile
+from tui.base.stats import median, quantile
 
 TokenSource = Literal["server", "chunks"]
 # Why a request failed, in few enough words to be a metric label (the exporter counts failures by it):

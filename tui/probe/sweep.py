@@ -13,10 +13,10 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tui.base.stats import median, quantile
 from tui.net.policy import public_url
 from tui.probe.client import ProbeClient, ProbeTarget
 from tui.probe.results import ProbeResult, token_source_of
-from tui.probe.stats import median, quantile
 from tui.probe.workloads import WorkloadParams, request_body
 from tui.sources.host import CpuMeter
 

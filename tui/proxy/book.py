@@ -9,9 +9,9 @@ from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from tui.base.stats import quantile
 from tui.model.slo import RequestFigures, Slo, tpot
 from tui.model.traffic import RequestRecord, TrafficStats
-from tui.proxy.stream import quantile
 
 WINDOW_S = 60.0
 RATE_WINDOW_S = 10.0

@@ -24,13 +24,14 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from tui.base.stats import quantile
 from tui.model.slo import Slo
 from tui.model.traffic import Outcome, RequestRecord, TrafficSample
 from tui.net.listen import Listen, ListenError, bind_message
 from tui.proxy.book import TrafficBook
 from tui.proxy.headroom import load_capacities
 from tui.proxy.metrics import METRICS_PATH, TRAFFIC_PATH, ProxyMetrics
-from tui.proxy.stream import StreamReading, StreamRelay, quantile
+from tui.proxy.stream import StreamReading, StreamRelay
 from tui.proxy.trace import SESSION_HEADERS, TraceItem, TraceWriter
 
 MAX_BODY_BYTES = 32 * 1024 * 1024

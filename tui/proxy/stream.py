@@ -194,11 +194,3 @@ class StreamRelay:
         if not moved:
             return [event]
         return [b"data: " + orjson.dumps({**obj, **moved}) + b"\n\n"]
-
-
-def quantile(sorted_values: list[float], q: float) -> float | None:
-    """Nearest-rank quantile of values already sorted; None for none."""
-    if not sorted_values:
-        return None
-    i = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
-    return sorted_values[i]

@@ -29,6 +29,7 @@ from textual.notifications import SeverityLevel
 from textual.widgets import Footer, Header
 from textual.worker import Worker, WorkerState
 
+from tui.base.stats import median
 from tui.compare.ab import ABConfig
 from tui.compare.roofline import Roofline, model_weight_bytes, roofline
 from tui.fleet.backfill import backfill_engine, backfill_throttle
@@ -44,7 +45,6 @@ from tui.model.targets import EngineTarget
 from tui.net.listen import ListenError
 from tui.probe.results import DEFAULT_TTFT_GAP_FACTOR, ProbeResult
 from tui.probe.runner import ProbeRunner
-from tui.probe.stats import median
 from tui.probe.sweep import SweepConfig
 from tui.probe.workloads import WorkloadParams
 from tui.proxy.options import ProxyOptions

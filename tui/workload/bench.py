@@ -20,12 +20,12 @@ from typing import Any
 
 import httpx
 
+from tui.base.stats import median, quantile
 from tui.model.slo import Slo
 from tui.model.targets import EngineTarget
 from tui.model.workload import WorkloadRequest
 from tui.probe.client import CHAT_PATH, COMPLETIONS_PATH, ProbeClient, ProbeLimits
 from tui.probe.results import ProbeResult
-from tui.probe.stats import median, quantile
 from tui.probe.sweep import ClientLoad, SelfMonitor
 from tui.workload.prompts import EngineTokens, PromptMaker
 from tui.workload.schedule import Planned

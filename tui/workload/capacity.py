@@ -21,11 +21,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
+from tui.base.stats import median, quantile
 from tui.model.slo import Slo
 from tui.model.targets import EngineTarget
 from tui.model.workload import Workload
 from tui.probe.client import ProbeLimits
-from tui.probe.stats import median, quantile
 from tui.workload.bench import Bench, EngineRun
 from tui.workload.prompts import PromptMaker
 from tui.workload.schedule import Planned, ScheduleError, gaps, parse_arrival

@@ -22,10 +22,10 @@ import orjson
 import psutil
 
 from tui.base.paths import live_dir
+from tui.base.stats import quantile
 from tui.model.bench import BenchProgress, BenchSample, RunState
 from tui.model.slo import Slo
 from tui.model.targets import EngineTarget
-from tui.probe.stats import quantile
 from tui.workload.bench import Bench
 from tui.workload.slo import met
 

@@ -1,4 +1,5 @@
-"""Small order statistics for probe results: quantiles that say None when there is nothing to summarise."""
+"""Small order statistics: quantiles that say None when there is nothing to summarise (probes, benches, the
+proxy's traffic: one definition, linear interpolation between ranks)."""
 
 from __future__ import annotations
 
