@@ -6,8 +6,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from tui.engines.tokens import EngineTokens
 from tui.model.workload import WorkloadRequest
-from tui.workload.prompts import EngineTokens, PromptMaker
+from tui.workload.prompts import PromptMaker
 
 
 def maker_with_pool(block: int = 4) -> PromptMaker:

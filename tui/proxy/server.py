@@ -19,12 +19,14 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import httpx
 import orjson
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from tui.base.stats import quantile
+from tui.engines.tokens import EngineTokens
 from tui.model.slo import Slo
 from tui.model.traffic import Outcome, RequestRecord, TrafficSample
 from tui.net.listen import Listen, ListenError, bind_message
@@ -103,6 +105,7 @@ class TrafficProxy:
         self._session: aiohttp.ClientSession | None = None
         self._capacity_file: Path | None = None
         self._capacity_mtime: float | None = None
+        self._tokens_http: httpx.AsyncClient | None = None  # the trace's tokenize calls, off the request path
 
     # --- lifecycle --------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -115,6 +118,7 @@ class TrafficProxy:
                                           sock_connect=self.connect_timeout_s),
             # no cookie jar: one client's cookies must never ride on another client's request
             auto_decompress=False, skip_auto_headers=_AUTO_HEADERS, cookie_jar=aiohttp.DummyCookieJar())
+        self._tokens_http = httpx.AsyncClient(timeout=30, trust_env=False)
         try:
             for route in self.routes:
                 app = web.Application(client_max_size=self.max_body_bytes)
@@ -142,6 +146,9 @@ class TrafficProxy:
         if self._session is not None:
             await self._session.close()
             self._session = None
+        if self._tokens_http is not None:
+            await self._tokens_http.aclose()
+            self._tokens_http = None
 
     # --- what the dashboard reads -------------------------------------------------------------------------
     def weigh(self, path: Path) -> None:
@@ -337,44 +344,18 @@ class TrafficProxy:
 
     # --- the engine's tokenizer, for the trace ------------------------------------------------------------
     async def tokenize(self, item: TraceItem) -> list[int] | None:
-        """The prompt's tokens as the engine makes them, chat template applied: llama.cpp's /apply-template
-        then /tokenize, or vLLM's /tokenize with the messages. None when neither answers."""
-        assert self._session is not None
-        headers = {"Authorization": item.auth} if item.auth else {}
+        """The prompt's tokens as the engine makes them, chat template applied (tui.engines.tokens), with the
+        client's own key. None when the engine does not say."""
+        assert self._tokens_http is not None
         req = item.request
         model = req.get("model")
-        base = item.upstream
-        attempts: list[tuple[str, dict[str, Any]]] = []
+        tokens = EngineTokens(self._tokens_http, item.upstream, model if isinstance(model, str) else None,
+                              {"Authorization": item.auth} if item.auth else {})
         if isinstance(req.get("messages"), list):
-            template = {"messages": req["messages"], **({"tools": req["tools"]} if "tools" in req else {})}
-            prompt = await self._post(base + "/apply-template", template, headers)
-            if isinstance(prompt, dict) and isinstance(prompt.get("prompt"), str):
-                attempts.append(("/tokenize", {"content": prompt["prompt"], "add_special": True,
-                                               "parse_special": True}))
-            else:
-                attempts.append(("/tokenize", {"model": model, "messages": req["messages"],
-                                               "add_generation_prompt": True}))
-        elif isinstance(req.get("prompt"), str):
-            attempts.append(("/tokenize", {"content": req["prompt"], "add_special": True}))
-            attempts.append(("/tokenize", {"model": model, "prompt": req["prompt"]}))
-        for path, payload in attempts:
-            answer = await self._post(base + path, payload, headers)
-            tokens = answer.get("tokens") if isinstance(answer, dict) else None
-            if isinstance(tokens, list) and all(isinstance(t, int) for t in tokens):
-                return tokens
+            return await tokens.chat(req["messages"], req.get("tools"))
+        if isinstance(req.get("prompt"), str):
+            return await tokens.prompt(req["prompt"])
         return None
-
-    async def _post(self, url: str, payload: dict[str, Any], headers: dict[str, str]) -> Any:
-        assert self._session is not None
-        try:
-            async with self._session.post(url, data=orjson.dumps(payload),
-                                          headers={**headers, "Content-Type": "application/json"},
-                                          timeout=aiohttp.ClientTimeout(total=30)) as reply:
-                if reply.status != 200:
-                    return None
-                return orjson.loads(await reply.read())
-        except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError):
-            return None
 
 
 def _connect_words(exc: BaseException) -> str:

@@ -21,13 +21,14 @@ from typing import Any
 import httpx
 
 from tui.base.stats import median, quantile
+from tui.engines.tokens import EngineTokens
 from tui.model.slo import Slo
 from tui.model.targets import EngineTarget
 from tui.model.workload import WorkloadRequest
 from tui.probe.client import CHAT_PATH, COMPLETIONS_PATH, ProbeClient, ProbeLimits
 from tui.probe.results import ProbeResult
 from tui.probe.sweep import ClientLoad, SelfMonitor
-from tui.workload.prompts import EngineTokens, PromptMaker
+from tui.workload.prompts import PromptMaker
 from tui.workload.schedule import Planned
 from tui.workload.slo import met, tpot_s
 

@@ -11,11 +11,9 @@ request draws: fresh text that no cache can serve. `check` asks the engine to co
 
 from __future__ import annotations
 
-import asyncio
 import random
 
-import httpx
-
+from tui.engines.tokens import EngineTokens
 from tui.model.workload import WorkloadRequest
 
 # Everyday English words: most are one token in any large vocabulary (the engine decides which).
@@ -39,42 +37,6 @@ harbor engine signal number color letter circle square table chair lamp clock mi
 bottle candle carpet ladder needle pillow rocket saddle
 """
 WORDS = _WORD_TEXT.split()
-
-
-class EngineTokens:
-    """One engine's /tokenize and /detokenize: llama.cpp's ({"content"} -> {"tokens"}) or vLLM's
-    ({"model", "prompt"} -> {"tokens"}), whichever answers."""
-
-    def __init__(self, client: httpx.AsyncClient, url: str, model: str | None = None) -> None:
-        self.client = client
-        self.url = url.rstrip("/")
-        self.model = model
-        self.llama: bool | None = None  # which spelling the engine takes, found on the first call
-
-    async def tokenize(self, text: str, special: bool = False) -> list[int]:
-        if self.llama is not False:
-            reply = await self.client.post(self.url + "/tokenize",
-                                           json={"content": text, "add_special": special})
-            if reply.status_code == 200 and isinstance(reply.json().get("tokens"), list):
-                self.llama = True
-                return [t if isinstance(t, int) else t["id"] for t in reply.json()["tokens"]]
-            self.llama = False
-        reply = await self.client.post(self.url + "/tokenize", json={
-            "model": self.model, "prompt": text, "add_special_tokens": special})
-        reply.raise_for_status()
-        return list(reply.json()["tokens"])
-
-    async def one_token_words(self, words: list[str]) -> list[str]:
-        """The words (each with its leading space) the engine makes exactly one token of."""
-        await self.tokenize(" probe")  # settles which spelling
-        if self.llama:
-            reply = await self.client.post(self.url + "/tokenize", json={
-                "content": "".join(f" {w}" for w in words), "with_pieces": True})
-            reply.raise_for_status()
-            pieces = {p["piece"] for p in reply.json()["tokens"] if isinstance(p, dict)}
-            return [f" {w}" for w in words if f" {w}" in pieces]
-        counts = await asyncio.gather(*(self.tokenize(f" {w}") for w in words))
-        return [f" {w}" for w, c in zip(words, counts, strict=True) if len(c) == 1]
 
 
 class PromptMaker:
