@@ -1,6 +1,7 @@
-"""A real llama-server in router mode (--models-dir with the demo Gemma under two names): seen as one engine
-with a row per model, the loaded one's figures read, and the unloaded one never loaded by looking: not by
-minutes' worth of polls, nor by snapshots, nor by a recording."""
+"""A real llama-server in router mode (--models-dir with the demo Gemma under two names, and a broken file):
+seen as one engine with a row per model, the loaded one's figures read, the failed load with its exit code,
+and the unloaded one never loaded by looking: not by minutes' worth of polls, nor by snapshots, nor by a
+recording, nor by the dashboard."""
 
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ def router(tmp_path):
     models.mkdir()
     for name in ("gemma-a", "gemma-b"):
         os.symlink(demo_model_path(), models / f"{name}.gguf")
+    (models / "broken.gguf").write_bytes(b"GGUF" + bytes(64))  # a model whose load fails
     port = free_port()
     argv = [str(llama_server_binary()), "--models-dir", str(models), "--host", "127.0.0.1",
             "--port", str(port), "--metrics", "--ctx-size", "2048"]
@@ -55,6 +57,10 @@ def router(tmp_path):
         stop_group(launched)
 
 
+def failed(url: str) -> bool:
+    return any(m["status"].get("failed") for m in httpx.get(url + "/models", timeout=5).json()["data"])
+
+
 def statuses(url: str) -> dict[str, str]:
     """Straight from the router (GET /models loads nothing)."""
     return {m["id"]: m["status"]["value"] for m in httpx.get(url + "/models", timeout=5).json()["data"]}
@@ -65,7 +71,9 @@ async def test_a_router_is_one_engine_with_a_row_per_model_and_looking_loads_not
         reply = await client.post(router + "/v1/chat/completions", json={
             "model": "gemma-a", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8})
         assert reply.status_code == 200
-    assert statuses(router) == {"gemma-a": "loaded", "gemma-b": "unloaded"}
+        assert (await client.post(router + "/models/load", json={"model": "broken"})).status_code == 200
+    until(lambda: failed(router), "the broken model's load to fail", timeout=30)
+    assert statuses(router) == {"broken": "unloaded", "gemma-a": "loaded", "gemma-b": "unloaded"}
     target = EngineTarget("router", router)
     transports = Transports()
     source = EngineSource(target, transports, interval_s=0.1)
@@ -74,29 +82,32 @@ async def test_a_router_is_one_engine_with_a_row_per_model_and_looking_loads_not
     finally:
         await transports.aclose()
     last = seen[-1]
-    assert last.health == "up" and last.model == "router: 2 models, 1 loaded"
-    a, b = last.models
+    assert last.health == "up" and last.model == "router: 3 models, 1 loaded"
+    broken, a, b = last.models
     assert (a.id, a.status, b.id, b.status) == ("gemma-a", "loaded", "gemma-b", "unloaded")
+    assert (broken.status, broken.failed, broken.exit_code) == ("unloaded", True, 1)
     assert a.reading is not None and a.reading.generation_tokens_total >= 8 and b.reading is None
     assert a.slots is not None and len(a.slots.slots) == 4 and b.slots is None
     assert all(s.models is not None for s in seen)  # every poll after the first went straight to /models
     snapshot = subprocess.run([sys.executable, "-m", "tui", "snapshot", "--engine", f"router={router}",
                                "--json"], cwd=REPO, capture_output=True, text=True, timeout=60)
     models = orjson.loads(snapshot.stdout)["engines"]["router"]["models"]
-    assert [(m["id"], m["status"]) for m in models] == [("gemma-a", "loaded"), ("gemma-b", "unloaded")]
-    assert models[0]["slots"]["slots"] and "reading" not in models[1]
+    assert [(m["id"], m["status"]) for m in models] == [("broken", "unloaded"), ("gemma-a", "loaded"),
+                                                         ("gemma-b", "unloaded")]
+    assert models[0]["failed"] and models[1]["slots"]["slots"] and "reading" not in models[2]
     recording = tmp_path / f"router{SUFFIX}"
     record = subprocess.run([sys.executable, "-m", "tui", "record", "--engine", f"router={router}", "-o",
                              str(recording), "--duration", "3"], cwd=REPO, capture_output=True,
                             text=True, timeout=60)
     assert record.returncode == 0, record.stderr[-2000:]
     rows = [r for r in Recording(recording).rows() if r.kind == "engine"]
-    assert rows and rows[-1].item.models[1].status == "unloaded"  # recorded, and replayed from the file
+    assert rows and rows[-1].item.models[2].status == "unloaded"  # recorded, and replayed from the file
     app = make_app([target], tmp_path)
     async with app.run_test(size=(180, 60)) as pilot:
         await wait_for(pilot, lambda: "gen tok/s" in screen_text(app) and "gemma-b" in screen_text(app),
                        what="the router's model rows")
         text = screen_text(app)
-        assert "2 models, 1 loaded" in text and "unloaded" in text
+        assert "3 models, 1 loaded" in text and "unloaded" in text and "failed to load (exit code 1)" in text
         await asyncio.sleep(2)
-    assert statuses(router) == {"gemma-a": "loaded", "gemma-b": "unloaded"}  # nothing woke gemma-b
+    # nothing woke gemma-b, nor tried broken again
+    assert statuses(router) == {"broken": "unloaded", "gemma-a": "loaded", "gemma-b": "unloaded"}
