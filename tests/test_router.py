@@ -1,7 +1,7 @@
 """A real llama-server in router mode (--models-dir with the demo Gemma under two names, and a broken file):
 seen as one engine with a row per model, the loaded one's figures read, the failed load with its exit code,
 and the unloaded one never loaded by looking: not by minutes' worth of polls, nor by snapshots, nor by a
-recording, nor by the dashboard."""
+recording, nor by the exporter's probes, nor by the dashboard."""
 
 from __future__ import annotations
 
@@ -102,6 +102,22 @@ async def test_a_router_is_one_engine_with_a_row_per_model_and_looking_loads_not
     assert record.returncode == 0, record.stderr[-2000:]
     rows = [r for r in Recording(recording).rows() if r.kind == "engine"]
     assert rows and rows[-1].item.models[2].status == "unloaded"  # recorded, and replayed from the file
+    port = free_port()  # the exporter probes the router as it is: its probes name no model, and load none
+    exporter = subprocess.Popen([sys.executable, "-m", "tui", "exporter", "--engine", f"router={router}",
+                                 "--probe-every", "1", "--jitter", "0", "--rounds", "2", "--listen",
+                                 f"127.0.0.1:{port}"], cwd=REPO, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+    try:
+        def probed() -> bool:
+            try:
+                text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+            except httpx.HTTPError:
+                return False
+            return 'enginetop_probe_up{engine="router"}' in text
+        until(probed, "the exporter's probes of the router", timeout=60)
+    finally:
+        exporter.terminate()
+        exporter.wait(10)
     app = make_app([target], tmp_path)
     async with app.run_test(size=(180, 60)) as pilot:
         await wait_for(pilot, lambda: "gen tok/s" in screen_text(app) and "gemma-b" in screen_text(app),
