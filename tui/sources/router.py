@@ -6,6 +6,7 @@ and every request that does carries autoload=false: looking at a router never lo
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 from urllib.parse import quote
 
@@ -70,5 +71,5 @@ async def _loaded(fetch: Fetch, metrics_path: str, model: RoutedModel) -> Routed
         status, body, over = await fetch(SLOTS_PATH + query(model.id))
         slots = parse_slots(status, body) if not over else SlotsReading(error=f"{SLOTS_PATH} is too large")
     except (MetricsFormatError, ValueError) as exc:
-        return RoutedModel(model.id, model.status, model.failed, model.exit_code, reading, None, str(exc))
-    return RoutedModel(model.id, model.status, model.failed, model.exit_code, reading, slots, error)
+        return replace(model, reading=reading, error=str(exc))
+    return replace(model, reading=reading, slots=slots, error=error)

@@ -165,7 +165,6 @@ class Bench:
         self.fresh_from = fresh_from
         self.prompt_seed = prompt_seed
         self.sent = 0
-        self.in_flight = 0
         self._since: dict[int, float] = {}  # in flight: index -> when it was sent
         self._refused = 0  # connections refused in a row
         self._gone = False
@@ -204,6 +203,10 @@ class Bench:
         headers = {"Authorization": f"Bearer {self.target.api_key}"} if self.target.api_key else {}
         async with httpx.AsyncClient(timeout=30, headers=headers) as http:
             await self._prepare_prompts(http)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._since)
 
     def oldest_wait_s(self, now: float) -> float | None:
         """How long the oldest request in flight has been out (None: none is)."""
@@ -248,13 +251,11 @@ class Bench:
                     self.run.lateness_s.append(max(0.0, time.monotonic() - due))
                 path = COMPLETIONS_PATH if "prompt" in body else CHAT_PATH
                 self.sent += 1
-                self.in_flight += 1
                 self._since[planned.index] = time.monotonic()
                 try:
                     result = await self.client.chat(self.target, body, workload="bench", index=planned.index,
                                                     path=path)
                 finally:
-                    self.in_flight -= 1
                     del self._since[planned.index]
             finally:
                 if gate is not None:

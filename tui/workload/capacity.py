@@ -221,8 +221,6 @@ class Capacity:
         t0 = time.monotonic()
         try:
             await self._search()
-        except asyncio.CancelledError:
-            raise
         except Exception as exc:  # this engine's search ends with the levels it has; others go on
             self.result.error = f"{type(exc).__name__}: {exc}"
         finally:
