@@ -190,5 +190,6 @@ def test_ctrl_c_keeps_what_was_measured_and_writes_it(tmp_path):
     result = orjson.loads(out.read_bytes())
     assert result["interrupted"] is True
     kept = result["engines"][0]
-    assert 10 <= kept["ok"] < 100 and len(kept["per_request"]) == kept["requests"]
+    # ten were sent before the signal; one may still have been in flight, and is not counted as done
+    assert 9 <= kept["ok"] < 100 and len(kept["per_request"]) == kept["requests"]
     assert "requests ok / sent" in printed
