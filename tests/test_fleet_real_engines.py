@@ -85,12 +85,16 @@ async def fleet_read(prom_url: str):
 
 
 async def settle(prom, url: str) -> tuple:
-    """Wait until Prometheus' newest scrape shows what a direct scrape shows (the engine is idle)."""
+    """Wait until Prometheus' newest scrape shows what a direct scrape shows and the engine is idle.
+
+    Counters settle before gauges: llama-server counts a request's tokens before it frees its slot, so
+    a scrape between the two has the final totals and still a request running."""
     deadline = time.monotonic() + 15
     while True:
         _, now = await direct(url)
         sample = await fleet_read(prom.url)
-        if sample.reading.generation_tokens_total == now.generation_tokens_total or \
+        idle = sample.reading.running == now.running == 0
+        if idle and sample.reading.generation_tokens_total == now.generation_tokens_total or \
                 time.monotonic() > deadline:
             return sample, now
         await asyncio.sleep(0.5)
