@@ -7,25 +7,32 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import httpx
 import orjson
+import psutil
 import pytest
 
 from tests.screen import screen_text
 from tests.test_dashboard import make_app, wait_for
 from tests.waiting import until
 from tui.base.paths import runs_dir
-from tui.base.process import free_port, launch, stop_group
+from tui.base.process import free_port, launch, pid_alive, stop_group
 from tui.engines.llamacpp import demo_model_path, llama_server_binary
+from tui.lifecycle.profiles import load_profiles, parse_profile, repo_profiles_dir, user_profiles_dir
+from tui.lifecycle.router import model_processes
+from tui.lifecycle.switch import EngineManager
 from tui.model.targets import EngineTarget
 from tui.net.keepalive import Transports
 from tui.record.reader import Recording
 from tui.record.schema import SUFFIX
 from tui.sources.engine_source import EngineSource
+from tui.ui.app import AppConfig, EnginetopApp
+from tui.ui.screens.switch import ConfirmSwitch, SwitchProgress
 
 pytestmark = pytest.mark.engine
 REPO = Path(__file__).resolve().parents[1]
@@ -127,3 +134,151 @@ async def test_a_router_is_one_engine_with_a_row_per_model_and_looking_loads_not
         await asyncio.sleep(2)
     # nothing woke gemma-b, nor tried broken again
     assert statuses(router) == {"broken": "unloaded", "gemma-a": "loaded", "gemma-b": "unloaded"}
+
+
+def router_profile(tmp_path: Path, name: str, url: str, model: str, argv: list[str] | None = None):
+    port = int(url.rsplit(":", 1)[1])
+    text = f'name = "{name}"\nengine = "llama.cpp"\nport = {port}\nrouter_model = "{model}"\n'
+    if argv is not None:
+        text += "argv = [" + ", ".join(orjson.dumps(a).decode() for a in argv) + "]\n"
+    path = tmp_path / f"{name}.toml"
+    path.write_text(text + "start_timeout_s = 60\ndrain_timeout_s = 30\n")
+    profile, issues = parse_profile(path.read_text(), path)
+    assert profile is not None and not [i for i in issues if i.severity == "error"], issues
+    return profile
+
+
+def steps(result) -> dict[str, tuple[str, str]]:
+    return {s.name: (s.status, s.message) for s in result.steps}
+
+
+def test_switching_models_of_a_router_unloads_waits_loads_and_probes_each_step_named(router, tmp_path):
+    a = router_profile(tmp_path, "router-a", router, "gemma-a")
+    b = router_profile(tmp_path, "router-b", router, "gemma-b")
+    manager = EngineManager(record_state=False)
+    first = manager.switch(a)
+    assert first.ok, first.message
+    assert [s.name for s in first.steps] == ["resolve", "stop", "drain", "port", "start", "ready"]
+    assert "has gemma-a (unloaded)" in steps(first)["resolve"][1]
+    assert steps(first)["start"] == ("ok", f"the router at {router} is loading gemma-a")
+    assert "gemma-a loaded and answers a 1-token completion" in steps(first)["ready"][1]
+    assert statuses(router)["gemma-a"] == "loaded"
+    [child] = model_processes(a, "gemma-a")
+    assert psutil.Process(child).is_running()
+
+    second = manager.switch(b)
+    assert second.ok, second.message
+    assert steps(second)["stop"] == ("ok", f"the router at {router} accepted the unload of gemma-a")
+    assert steps(second)["drain"][1].startswith(f"gemma-a unloaded, its process {child} gone")
+    assert steps(second)["port"][0] == "skipped" and steps(second)["start"][0] == "ok"
+    assert all(s.elapsed_s >= 0 for s in second.steps) and sum(s.elapsed_s for s in second.steps) > 0
+    assert not pid_alive(child)
+    assert {k: v for k, v in statuses(router).items() if k != "broken"} == {
+        "gemma-a": "unloaded", "gemma-b": "loaded"}
+
+    unknown = manager.switch(router_profile(tmp_path, "router-x", router, "nope"))  # refused, nothing stopped
+    assert not unknown.ok and unknown.failed_step == "resolve"
+    assert "has no model 'nope' (it has: broken, gemma-a, gemma-b)" in unknown.message
+    assert statuses(router)["gemma-b"] == "loaded" and manager.current.profile.name == "router-b"
+
+    broken = manager.switch(router_profile(tmp_path, "router-broken", router, "broken"))
+    assert not broken.ok and broken.failed_step == "ready"
+    assert "the router could not load broken: its process exited with code 1" in broken.message
+    assert statuses(router)["gemma-b"] == "unloaded" and manager.current is None
+
+    again = EngineManager(record_state=False)  # gemma-a loaded by a user's request before the switch
+    httpx.post(router + "/models/load", json={"model": "gemma-a"}, timeout=10)
+    until(lambda: statuses(router)["gemma-a"] == "loaded", "gemma-a loaded", timeout=60)
+    adopted = again.switch(a)
+    assert adopted.ok and "gemma-a was already loaded" in steps(adopted)["start"][1]
+
+
+def test_up_switch_down_of_router_profiles_keep_one_router_and_stop_it_with_its_children(tmp_path):
+    """The command line: `up` starts the router with gemma-a, `switch` changes the model and keeps the router
+    (its record moves to the new profile), `down` stops the router and its child."""
+    models = tmp_path / "models"
+    models.mkdir()
+    for name in ("gemma-a", "gemma-b"):
+        os.symlink(demo_model_path(), models / f"{name}.gguf")
+    url = f"http://127.0.0.1:{free_port()}"
+    argv = [str(llama_server_binary()), "--models-dir", str(models), "--host", "127.0.0.1",
+            "--port", "${PORT}", "--ctx-size", "1024", "--models-max", "1"]
+    user_profiles_dir().mkdir(parents=True, exist_ok=True)
+    for name, model in (("mine-a", "gemma-a"), ("mine-b", "gemma-b")):
+        router_profile(user_profiles_dir(), name, url, model, argv)
+
+    def cli(*args: str) -> dict:
+        done = subprocess.run([sys.executable, "-m", "tui", *args], cwd=REPO, capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return orjson.loads(done.stdout)
+
+    up = cli("up", "mine-a")
+    router_pid = up["pid"]
+    try:
+        switched = cli("switch", "mine-a", "mine-b")
+        assert switched["pid"] == router_pid and switched["to"] == "mine-b"
+        names = [(s["name"], s["status"]) for s in switched["steps"]]
+        assert names == [("resolve", "ok"), ("stop", "ok"), ("drain", "ok"), ("port", "skipped"),
+                         ("start", "ok"), ("ready", "ok")]
+        assert statuses(url) == {"gemma-a": "unloaded", "gemma-b": "loaded"}
+        [child] = model_processes(router_profile(tmp_path, "probe", url, "gemma-b"), "gemma-b")
+    finally:
+        down = cli("down", "mine-b")
+    assert down["ok"], down
+    assert not pid_alive(router_pid) and not pid_alive(child)
+
+
+async def test_the_dashboard_switches_the_demo_router_with_the_switch_keys_and_shows_its_slots(tmp_path):
+    port = free_port()  # both demo router profiles on one port: one router, two models
+    out = tmp_path / "profiles"
+    out.mkdir()
+    for name in ("demo-router-gemma-a", "demo-router-gemma-b"):
+        text = (repo_profiles_dir() / f"{name}.toml").read_text()
+        (out / f"{name}.toml").write_text(re.sub(r"(?m)^port = \d+", f"port = {port}", text))
+    profiles = load_profiles([out])
+    a, b = profiles.get("demo-router-gemma-a"), profiles.get("demo-router-gemma-b")
+    app = EnginetopApp(AppConfig(profiles=[a], switchable=[a, b], poll_interval_s=0.5, redraw_interval_s=0.25,
+                                 probe_max_tokens=400, screenshot_dir=tmp_path / "shots"))
+    try:
+        async with app.run_test(size=(200, 70)) as pilot:
+            slot = app.slots[0]
+            await wait_for(pilot, lambda: slot.status and slot.status.state == "ready", timeout=120,
+                           what="the router up with gemma-a loaded")
+            await wait_for(pilot, lambda: "last used" in screen_text(app) or "not used" in screen_text(app),
+                           what="gemma-a's row")
+            await pilot.press("f")  # the probe names the profile's model, so it lands on gemma-a
+            await wait_for(pilot, lambda: "decoding" in screen_text(app), timeout=60,
+                           what="a slot of gemma-a decoding the probe")
+            text = screen_text(app)
+            assert "2 models, 1 loaded" in text and "processing" in text
+            await wait_for(pilot, lambda: "last used" in screen_text(app), what="gemma-a used")
+            await wait_for(pilot, lambda: app.store.engines[a.name].probes, timeout=60, what="the probe")
+            [(_, probe)] = app.store.engines[a.name].probes
+            assert probe.ok, probe.error
+
+            await pilot.press("2")
+            await wait_for(pilot, lambda: isinstance(app.screen, ConfirmSwitch), what="the confirmation")
+            assert "The router keeps running. This unloads gemma-a" in app.screen.question
+            await pilot.press("y")
+            progress = await wait_for(pilot, lambda: isinstance(app.screen, SwitchProgress) and app.screen,
+                                      what="the switch's progress")
+            await wait_for(pilot, lambda: progress.done is not None, timeout=120, what="switch done")
+            statuses_seen = {name: e.status for name, e in progress.events.items()}
+            assert statuses_seen == {"resolve": "ok", "stop": "ok", "drain": "ok", "port": "skipped",
+                                     "start": "ok", "ready": "ok"}, progress.events
+            assert "gemma-a unloaded, its process" in progress.events["drain"].message
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: slot.status.profile == b.name, what="B current")
+            url = f"http://127.0.0.1:{port}"
+            assert statuses(url) == {"gemma-a": "unloaded", "gemma-b": "loaded"}
+    finally:
+        app.stop_managed()
+    assert not httpx_up(f"http://127.0.0.1:{port}")  # the router enginetop started is stopped on quit
+
+
+def httpx_up(url: str) -> bool:
+    try:
+        return httpx.get(url + "/health", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False

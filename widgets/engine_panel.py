@@ -100,8 +100,20 @@ def _router_rows(grid: Rows, state: EngineState, models: tuple[RoutedModel, ...]
     loaded ones (read without ever loading one)."""
     loaded = sum(m.status == "loaded" for m in models)
     grid.add_row("router", Text(f"{len(models)} models, {loaded} loaded", style="bold"))
+    now = state.sample.wall if state.sample else None
     for model in models:
-        grid.add_row(model.id, _model_line(state, model))
+        line = _model_line(state, model)
+        since = state.model_status_since.get(model.id, (model.status, now))[1]
+        if now is not None and since is not None and model.status in ("loading", "downloading"):
+            line.append(f" for {now - since:.0f} s")
+        used = state.model_used.get(model.id)
+        if model.status == "loaded" and now is not None:
+            line.append(f"  last used {now - used:.0f} s ago" if used is not None else
+                        "  not used while watched", style="dim")
+        grid.add_row(model.id, line)
+        if model.slots is not None and model.slots.error is None:
+            for slot in model.slots.slots:
+                grid.add_row(f"  slot {slot.id}", _slot_line(slot))
 
 
 def _model_line(state: EngineState, model: RoutedModel) -> Text:

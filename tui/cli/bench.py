@@ -159,7 +159,7 @@ async def _on_engine(part: Part, manager: Any, work: Callable[[EngineTarget], Aw
         return
     part.steps = list(started.steps)
     t = started.target
-    part.target = EngineTarget(part.name, t.url, t.api_key, t.basic_auth)
+    part.target = EngineTarget(part.name, t.url, t.api_key, t.basic_auth, model=t.model)
     try:
         await work(part.target)
     finally:

@@ -122,7 +122,8 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     log_to_file(runs_dir() / "enginetop.log", getattr(logging, args.log_level), http=args.log_http)
     log = logging.getLogger("tui.cli")
     config = AppConfig(
-        targets=targets, profiles=profiles, switchable=[p for p in loaded.profiles.values() if not p.attach],
+        targets=targets, profiles=profiles,
+        switchable=[p for p in loaded.profiles.values() if not p.attach or p.router_model],
         probe_every_s=args.probe_every, probe_every_managed_s=args.probe_every or 10.0,
         probe_workload=args.probe_workload, probe_max_tokens=args.probe_max_tokens, sweep=sweep,
         ttft_gap_factor=args.ttft_gap_factor,

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tui.lifecycle import state
-from tui.lifecycle.engine import StepError
+from tui.lifecycle.engine import StepError, launch_instance
 from tui.lifecycle.profiles import ProfileError, ProfileSet, ResolvedProfile, load_profiles, resolve
 from tui.lifecycle.switch import EngineManager, SwitchResult
 from tui.model.samples import GpuReport
@@ -82,14 +82,23 @@ def _fail(result: SwitchResult) -> int:
 
 
 def _adopt(profiles: ProfileSet, name: str) -> tuple[EngineManager | None, str | None]:
-    """A manager holding the engine `up` recorded for `name`, or an error message."""
-    record = state.read_state(name)
-    if record is None:
-        return None, f"no running engine recorded for profile {name!r} (start one with `up {name}`)"
+    """A manager holding the engine `up` recorded for `name` (or the server an attach profile names: a
+    router's model is unloaded by a switch away from it), or an error message."""
     try:
         profile = profiles.get(name)
     except ProfileError as exc:
         return None, str(exc)
+    record = state.read_state(name)
+    if record is None and profile.attach:
+        try:
+            attached = launch_instance(resolve(profile))
+        except ProfileError as exc:
+            return None, str(exc)
+        manager = EngineManager(gpu=_gpu_reader())
+        manager.adopt(attached)
+        return manager, None
+    if record is None:
+        return None, f"no running engine recorded for profile {name!r} (start one with `up {name}`)"
     try:
         resolved = resolve(profile)
     except ProfileError:
@@ -120,6 +129,7 @@ def cmd_profiles(args: argparse.Namespace) -> int:
                             "engine": p.engine,
                             "url": p.url,
                             "attach": p.attach,
+                            "router_model": p.router_model,
                             "path": str(p.path),
                             "notes": p.notes,
                             "issues": [str(i) for i in loaded.issues_for(p.name)],
@@ -134,7 +144,8 @@ def cmd_profiles(args: argparse.Namespace) -> int:
     else:
         for p in loaded.profiles.values():
             how = "attach" if p.attach else "launch"
-            print(f"{p.name:<28} {p.engine:<10} {how:<7} {p.url:<26} {p.path}")
+            where = f"{p.url} model {p.router_model}" if p.router_model else p.url
+            print(f"{p.name:<28} {p.engine:<10} {how:<7} {where:<26} {p.path}")
             for issue in loaded.issues_for(p.name):
                 print(f"    {issue.severity}: {issue.field or ''}: {issue.message} (line {issue.line})")
         for issue in rejected:

@@ -29,6 +29,7 @@ class Target:
     url: str  # public: no credentials in it
     api_key: str | None = dataclasses.field(default=None, repr=False)
     basic_auth: tuple[str, str] | None = dataclasses.field(default=None, repr=False)
+    model: str | None = None  # what requests name: a llama-server router's model
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +90,7 @@ class ProfileEngine:
         inst = result.instance
         key = inst.resolved.api_key
         return Started(
-            Target(self.profile.name, inst.url, key),
+            Target(self.profile.name, inst.url, key, model=self.profile.router_model),
             None if inst.attached else inst.cold_start_s,
             inst.pid,
             str(inst.log_path) if inst.log_path else None,

@@ -50,6 +50,20 @@ def demo_model_path() -> Path:
     return gemma.assemble(target)
 
 
+def demo_models_dir() -> Path:
+    """A models directory for llama-server's router mode: the demo model under two names, gemma-a and
+    gemma-b (symlinks, so one file on disk), enough to switch between two models of one router."""
+    model = demo_model_path()
+    directory = cache_dir() / "router-models"
+    directory.mkdir(parents=True, exist_ok=True)
+    for name in ("gemma-a", "gemma-b"):
+        link = directory / f"{name}.gguf"
+        if not link.exists():
+            link.unlink(missing_ok=True)  # a dangling link of an earlier cache
+            link.symlink_to(model)
+    return directory
+
+
 def demo_argv(port: int, *extra: str, host: str = "127.0.0.1") -> list[str]:
     return [
         str(llama_server_binary()),

@@ -234,7 +234,8 @@ def check_ready(instance: EngineInstance, client: httpx.Client) -> Readiness:
             False, "health", f"{profile.health_path} answered {health.status_code}{_short_reason(health)}"
         )
     body: dict[str, object] = {"prompt": "Hello", "max_tokens": 1, "temperature": 0}
-    model = _served_model(client, url, headers)
+    # A router's /v1/models lists every model it has, and a completion naming one loads it: name ours.
+    model = profile.router_model or _served_model(client, url, headers)
     if model:
         body["model"] = model
     try:

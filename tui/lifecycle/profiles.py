@@ -29,7 +29,7 @@ GIB = 1024**3
 # ones are resolved only when a profile that uses them is started (they may assemble the model file).
 PROFILE_VARIABLES = ("PORT", "HOST")
 BUILTIN_VARIABLES = (
-    "ENGINETOP_LLAMA_SERVER", "ENGINETOP_DEMO_MODEL",  # `make engine`
+    "ENGINETOP_LLAMA_SERVER", "ENGINETOP_DEMO_MODEL", "ENGINETOP_DEMO_MODELS_DIR",  # `make engine`
     "ENGINETOP_VLLM_PYTHON", "ENGINETOP_VLLM_GEMMA", "ENGINETOP_VLLM_TINY",  # `make vllm`
 )
 
@@ -84,6 +84,13 @@ class Profile:
     drain_timeout_s: float = 120.0
     vram_threshold_gib: float = DEFAULT_VRAM_THRESHOLD_GIB
     notes: str = ""
+    router_model: str | None = None  # a model of a llama-server router: switching loads it there
+
+    def same_router(self, other: Profile) -> bool:
+        """Both name a model of one router, started (or attached to) the same way: a switch between them
+        changes the model and keeps the router."""
+        return bool(self.router_model and other.router_model) and (self.url, self.argv, self.env) == (
+            other.url, other.argv, other.env)
 
     @property
     def attach(self) -> bool:
@@ -135,6 +142,7 @@ def _builtin_value(name: str) -> str:
     locate: dict[str, Callable[[], Path]] = {
         "ENGINETOP_LLAMA_SERVER": llamacpp.llama_server_binary,
         "ENGINETOP_DEMO_MODEL": llamacpp.demo_model_path,
+        "ENGINETOP_DEMO_MODELS_DIR": llamacpp.demo_models_dir,
         "ENGINETOP_VLLM_PYTHON": vllm.vllm_python,
         "ENGINETOP_VLLM_GEMMA": vllm.gemma_hf_dir,
         "ENGINETOP_VLLM_TINY": vllm.tiny_model_dir,
@@ -236,8 +244,12 @@ _KNOWN_KEYS = {
     "drain_timeout_s",
     "vram_threshold_gib",
     "notes",
+    "router_model",
 }
-_STRING_KEYS = ("name", "engine", "workdir", "host", "health_path", "metrics_path", "api_key_file", "notes")
+_STRING_KEYS = (
+    "name", "engine", "workdir", "host", "health_path", "metrics_path", "api_key_file", "notes",
+    "router_model",
+)
 _NUMBER_KEYS = ("start_timeout_s", "stop_timeout_s", "drain_timeout_s", "vram_threshold_gib")
 
 
@@ -337,6 +349,11 @@ def parse_profile(
                 table="env",
             )
 
+    router_model = data.get("router_model")
+    if isinstance(router_model, str) and (not router_model.strip() or engine != "llama.cpp"):
+        err("router_model", "must name a model of a llama-server router (engine \"llama.cpp\")"
+            if router_model.strip() else "must not be empty")
+
     if issues:
         return None, issues
     assert isinstance(name, str) and isinstance(engine, str) and isinstance(port, int)  # checked above
@@ -358,6 +375,7 @@ def parse_profile(
         drain_timeout_s=float(data.get("drain_timeout_s", 120.0)),
         vram_threshold_gib=float(data.get("vram_threshold_gib", DEFAULT_VRAM_THRESHOLD_GIB)),
         notes=data.get("notes", ""),
+        router_model=router_model.strip() if isinstance(router_model, str) else None,
     )
     issues += _unset_variables(profile, lines, environ)
     if not is_loopback_host(profile.host) and profile.api_key_file is None:

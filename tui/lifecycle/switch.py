@@ -26,7 +26,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,7 @@ from tui.lifecycle.engine import (
     wait_ready,
 )
 from tui.lifecycle.profiles import GIB, Profile, ProfileError, ResolvedProfile, resolve
+from tui.lifecycle.router import Router, model_processes
 from tui.model.samples import GpuReport, GpuSample
 from tui.model.status import EngineStatus, RunState, StepEvent, StepStatus
 
@@ -247,25 +248,35 @@ class EngineManager:
                     if self._closed:
                         raise StepError("resolve", f"enginetop is shutting down: {to.name} is not started")
                     run.check_cancel("resolve")
-                    resolved = self._resolve(run, to)
-                    old_gpus = self._gpus_holding(old)  # before the stop: then its PIDs leave NVML's list
-                    self._stop(run, old)
-                    if old is not None and not old.attached:
+                    same_router = old is not None and old.profile.same_router(to)
+                    resolved = self._resolve(run, to, ask_router=to.attach or same_router)
+                    if old is not None and same_router:
+                        # the router stays; on a failure it is stopped like any half-started engine
+                        new = replace(old, resolved=resolved, cold_start_s=None)
+                    old_pids = self._old_pids(old, keep_router=new is not None)
+                    old_gpus = self._gpus_holding(old_pids)  # before the stop: then they leave NVML's list
+                    unloaded = self._stop(run, old, keep_router=new is not None)
+                    if old is not None and (unloaded or not old.attached):
                         with self._lock:
                             self._current = None
-                    self._drain(run, old, resolved, old_gpus)
-                    if to.attach:
+                    self._drain(run, old, resolved, old_pids, old_gpus, unloaded)
+                    if new is not None:
+                        self._set_step("port")
+                        run.emit("port", "skipped", f"the router at {to.url} stays: only its model changes")
+                    elif to.attach:
                         self._set_step("port")
                         run.emit("port", "skipped", f"{to.name} attaches to {to.url}: nothing to bind")
-                        self._set_step("start")
-                        run.emit(
-                            "start", "skipped", f"{to.name} attaches to a running server: nothing to launch"
-                        )
+                        if not to.router_model:
+                            self._set_step("start")
+                            run.emit("start", "skipped",
+                                     f"{to.name} attaches to a running server: nothing to launch")
                         new = launch_instance(resolved)
                     else:
                         self._check_port(run, to)
                         new = self._launch(run, resolved)
-                        self._check_started(run, new)
+                        self._check_started(run, new, more=bool(to.router_model))
+                    if to.router_model:
+                        self._load(run, new)
                     self._ready(run, new)
                     with self._lock:  # cancel() sets events and reads _starting under this lock too
                         if not run.cancel.is_set():
@@ -468,7 +479,7 @@ class EngineManager:
         with self._lock:
             self._step = name
 
-    def _resolve(self, run: _Run, to: Profile) -> ResolvedProfile:
+    def _resolve(self, run: _Run, to: Profile, ask_router: bool = False) -> ResolvedProfile:
         self._set_step("resolve")
         run.emit("resolve", "running", f"substituting variables of {to.name}")
         try:
@@ -476,14 +487,29 @@ class EngineManager:
         except ProfileError as exc:
             raise StepError("resolve", f"profile {to.name} cannot start: {exc}") from exc
         what = "attach, nothing to launch" if resolved.argv is None else f"{len(resolved.argv)} arguments"
+        if to.router_model and ask_router:  # an unknown model is refused before anything is stopped
+            with Router(to, resolved.api_key) as router:
+                status = router.status(to.router_model, "resolve")
+            what = f"the router at {to.url} has {to.router_model} ({status.get('value')})"
         run.emit(
             "resolve", "ok", f"{to.name}: {what}" + (", API key read from file" if resolved.api_key else "")
         )
         return resolved
 
-    def _stop(self, run: _Run, old: EngineInstance | None) -> None:
+    def _stop(self, run: _Run, old: EngineInstance | None, keep_router: bool = False) -> bool:
+        """Stop the old engine, or have its router unload its model (an attached router, or one that serves
+        the next profile too); True when a model was unloaded."""
         self._set_step("stop")
         run.check_cancel("stop")
+        model = old.profile.router_model if old is not None else None
+        if old is not None and model and (keep_router or old.attached):
+            run.emit("stop", "running", f"asking the router at {old.url} to unload {model}")
+            with Router(old.profile, old.resolved.api_key) as router:
+                router.unload(model, lambda words: run.emit("stop", "running", words))
+            if self._record_state and not old.attached:  # the router's record moves to the next profile
+                state.remove_state(old.name, old.pid)
+            run.emit("stop", "ok", f"the router at {old.url} accepted the unload of {model}")
+            return True
         if old is None or old.attached:
             run.emit(
                 "stop",
@@ -492,7 +518,7 @@ class EngineManager:
                 if old is None
                 else f"{old.name} is attached, not started by enginetop: left running",
             )
-            return
+            return False
         if not old.alive() and not old.stopping:
             run.emit("stop", "running", f"{old.name} had already exited ({exit_words(old.exit_code())})")
         run.emit("stop", "running", f"SIGTERM to process group {old.pgid} of {old.name}")
@@ -500,25 +526,46 @@ class EngineManager:
         if self._record_state:
             state.remove_state(old.name, old.pid)
         run.emit("stop", "ok", f"{old.name} {message}")
+        return False
 
-    def _gpus_holding(self, old: EngineInstance | None) -> set[int]:
-        """Indices of the GPUs where NVML lists a process of the old engine now."""
-        if self._gpu is None or old is None or old.attached:
+    @staticmethod
+    def _old_pids(old: EngineInstance | None, keep_router: bool) -> set[int]:
+        """The processes the switch frees: the old engine's tree, or the router's child of the old model."""
+        if old is None:
             return set()
-        pids = old.tree_pids() | set(old.pids_seen)
+        if old.profile.router_model and (keep_router or old.attached):
+            return model_processes(old.profile, old.profile.router_model)
+        return set() if old.attached else old.tree_pids() | set(old.pids_seen)
+
+    def _gpus_holding(self, pids: set[int]) -> set[int]:
+        """Indices of the GPUs where NVML lists one of these processes now."""
+        if self._gpu is None or not pids:
+            return set()
         report = self._gpu()
         return {gpu.index for gpu in report.gpus if any(p.pid in pids for p in gpu.processes)}
 
     def _drain(
-        self, run: _Run, old: EngineInstance | None, resolved: ResolvedProfile, old_gpus: set[int]
+        self, run: _Run, old: EngineInstance | None, resolved: ResolvedProfile, old_pids: set[int],
+        old_gpus: set[int], unloaded: bool = False,
     ) -> None:
         """Wait until the old engine's resources are really free, as an independent check would see."""
         self._set_step("drain")
         to = resolved.profile
         threshold = to.vram_threshold_bytes
         deadline = time.monotonic() + to.drain_timeout_s
-        ours = old if old is not None and not old.attached else None  # an engine we stop and wait for
-        old_pids = set(ours.pids_seen) if ours else set()
+        ours = old if old is not None and not old.attached and not unloaded else None  # stopped: wait for it
+        if ours:
+            old_pids = set(ours.pids_seen)
+        elif not unloaded:
+            old_pids = set()
+        what = "old processes gone, old port closed" if ours else "no engine was running"
+        if old is not None and unloaded:
+            model = str(old.profile.router_model)
+            run.emit("drain", "running", f"waiting for the router to unload {model}")
+            with Router(old.profile, old.resolved.api_key) as router:
+                what = router.wait_unloaded(model, old_pids, run.cancel,
+                                            lambda words: run.emit("drain", "running", words),
+                                            timeout=to.drain_timeout_s)
         # On the GPU a PID is only a number: a dead engine's PID listed there is still its context.
         last = ""
         while True:
@@ -544,7 +591,6 @@ class EngineManager:
             elif report is not None and report.unavailable:
                 gpu_words = f"no GPU ({report.unavailable})"
             if not blockers:
-                what = "old processes gone, old port closed" if ours else "no engine was running"
                 run.emit("drain", "ok", f"{what}; {gpu_words or 'GPU memory below threshold'}")
                 return
             message = "; ".join(blockers)
@@ -590,10 +636,36 @@ class EngineManager:
                 state.write_state(new)
         return new
 
-    def _check_started(self, run: _Run, new: EngineInstance) -> None:
+    def _check_started(self, run: _Run, new: EngineInstance, more: bool = False) -> None:
         if not new.alive():
             raise StepError("start", crash_message(new, "immediately"))
-        run.emit("start", "ok", f"PID {new.pid} running, log {new.log_path}")
+        run.emit("start", "running" if more else "ok", f"PID {new.pid} running, log {new.log_path}")
+
+    def _load(self, run: _Run, new: EngineInstance) -> None:
+        """Have the router load the new profile's model (the router launched just now answers first)."""
+        self._set_step("start")
+        model = str(new.profile.router_model)
+        def waiting(words: str) -> None:
+            run.emit("start", "running", words)
+
+        with Router(new.profile, new.resolved.api_key) as router:
+            deadline = time.monotonic() + new.profile.start_timeout_s
+            while True:  # a router launched just now: until it answers /models
+                run.check_cancel("start")
+                if new.launched is not None and not new.alive():
+                    raise StepError("start", crash_message(new, "while starting"))
+                try:
+                    router.models("start")
+                    break
+                except StepError as exc:
+                    if new.attached or time.monotonic() >= deadline:
+                        raise
+                    waiting(str(exc))
+                time.sleep(0.25)
+            new.started_mono = time.monotonic()  # its cold start: load request to first completion
+            asked = router.load(model, waiting)
+        run.emit("start", "ok", f"the router at {new.url} is loading {model}" if asked else
+                 f"{model} was already loaded on the router at {new.url}: nothing to load")
 
     def _ready(self, run: _Run, new: EngineInstance) -> None:
         self._set_step("ready")
@@ -602,8 +674,14 @@ class EngineManager:
         def waiting(msg: str) -> None:
             run.emit("ready", "running", msg)
 
+        model = new.profile.router_model
+        if model:  # a completion naming a model that is not loaded would load it: wait for the router first
+            with Router(new.profile, new.resolved.api_key) as router:
+                router.wait_loaded(model, run.cancel, waiting, new.profile.start_timeout_s)
         cold = wait_ready(new, run.cancel, waiting)
-        if new.adopted:
+        if model:
+            detail = f"{model} loaded and answers a 1-token completion, {cold:.2f} s after the load request"
+        elif new.adopted:
             new.cold_start_s = recorded  # its own cold start, as `up` measured it
             detail = "the adopted engine answers health and a 1-token completion"
         elif new.attached:

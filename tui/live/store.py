@@ -91,6 +91,8 @@ class EngineState:
     # A llama-server router's loaded models: each one's readings over the rate window, and its gen tok/s
     model_readings: dict[str, deque[tuple[float, EngineReading]]] = field(default_factory=dict)
     model_gen_tps: dict[str, float | None] = field(default_factory=dict)
+    model_status_since: dict[str, tuple[str, float]] = field(default_factory=dict)  # id -> (status, wall)
+    model_used: dict[str, float] = field(default_factory=dict)  # id -> wall time it last served a request
 
 
 class Store:
@@ -213,7 +215,16 @@ class Store:
         return state
 
     def _routed(self, state: EngineState, sample: EngineSample, t: float) -> None:
-        """Each loaded model's generation rate over the rate window (the router's own /metrics has none)."""
+        """Each loaded model's generation rate over the rate window (the router's own /metrics has none),
+        since when it has its status, and when it last served (its counters moved, or a slot was busy):
+        the router's /models says neither."""
+        for m in sample.models or ():
+            if state.model_status_since.get(m.id, ("",))[0] != m.status:
+                state.model_status_since[m.id] = (m.status, sample.wall)
+            before = state.model_readings.get(m.id)
+            moved = before is not None and m.reading is not None and _served(before[-1][1], m.reading)
+            if moved or (m.slots is not None and any(s.processing for s in m.slots.slots)):
+                state.model_used[m.id] = sample.wall
         loaded = {m.id: m.reading for m in sample.models or () if m.reading is not None}
         for model in list(state.model_readings):
             if model not in loaded:  # unloaded: its counters start again with its next load
@@ -319,3 +330,9 @@ def _oldest_within(readings: deque[tuple[float, EngineReading]], t0: float) -> t
 
 def _time(item: tuple[float, EngineReading]) -> float:
     return item[0]
+
+
+def _served(before: EngineReading, now: EngineReading) -> bool:
+    """Did the model take requests between two readings of its counters?"""
+    return any(getattr(now, key) not in (None, getattr(before, key)) for key in
+               ("generation_tokens_total", "prompt_tokens_processed_total"))

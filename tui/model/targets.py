@@ -13,6 +13,7 @@ class EngineTarget:
     basic_auth: tuple[str, str] | None = field(default=None, repr=False)  # user:password from the URL
     health_path: str = "/health"
     metrics_path: str = "/metrics"
+    model: str | None = None  # what requests name: a llama-server router's model (None: the engine's own)
 
     @property
     def base(self) -> str:

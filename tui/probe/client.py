@@ -49,6 +49,9 @@ class ProbeTarget(Protocol):
     @property
     def api_key(self) -> str | None: ...
 
+    @property
+    def model(self) -> str | None: ...
+
 
 @dataclass(frozen=True, slots=True)
 class ProbeLimits:

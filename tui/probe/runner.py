@@ -71,7 +71,7 @@ class ProbeRunner:
         results: list[ProbeResult] = []
         try:
             assert self._client is not None
-            params = self._fresh(params or WorkloadParams())
+            params = self._fresh(params or WorkloadParams(), target)
             workload_iter = run_workload(self._client, target, workload, params, repeat)
             async with contextlib.aclosing(workload_iter):
                 async for result in workload_iter:
@@ -92,14 +92,16 @@ class ProbeRunner:
         try:
             assert self._client is not None
             config = config or SweepConfig()
-            config = dataclasses.replace(config, params=self._fresh(config.params))
+            config = dataclasses.replace(config, params=self._fresh(config.params, target))
             return await run_sweep(self._client, target, config, on_level)
         finally:
             self._active.pop(key, None)
 
-    def _fresh(self, params: WorkloadParams) -> WorkloadParams:
-        """The params with this call's own nonce: no two calls of this runner share a prompt."""
-        return dataclasses.replace(params, nonce=f"{params.nonce}.{next(self._calls)}")
+    def _fresh(self, params: WorkloadParams, target: ProbeTarget) -> WorkloadParams:
+        """The params with this call's own nonce (no two calls of this runner share a prompt), naming the
+        target's model when it has one (a router's)."""
+        return dataclasses.replace(params, nonce=f"{params.nonce}.{next(self._calls)}",
+                                   model=params.model or target.model)
 
     async def aclose(self) -> None:
         for task in list(self._active.values()):

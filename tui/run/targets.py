@@ -105,4 +105,5 @@ def profile_target(profile: Profile, *, strict: bool = False) -> EngineTarget:
             if strict:
                 raise
     return EngineTarget(name=profile.name, url=profile.url, api_key=api_key,
-                        health_path=profile.health_path, metrics_path=profile.metrics_path)
+                        health_path=profile.health_path, metrics_path=profile.metrics_path,
+                        model=profile.router_model)

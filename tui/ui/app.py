@@ -60,7 +60,7 @@ from tui.ui.screens.fleet import EngineScreen, FleetStatus, FleetView, GpusScree
 from tui.ui.screens.help import HelpScreen
 from tui.ui.screens.logs import LogScreen
 from tui.ui.screens.sweep import SweepScreen
-from tui.ui.screens.switch import ConfirmSwitch, SwitchProgress
+from tui.ui.screens.switch import ConfirmSwitch, SwitchProgress, switch_question
 from widgets.engine_panel import EnginePanel
 
 log = logging.getLogger(__name__)
@@ -367,14 +367,7 @@ class EnginetopApp(App[None]):
                         severity="warning")
             return
         to = profiles[number - 1]
-        current = slot.manager.current
-        if current is not None:
-            what = f"This stops {current.name} (PID {current.pid}) at {current.url}" if current.pid else \
-                f"This detaches from {current.name} at {current.url}"
-        else:
-            what = "No engine is running in this column"
-        question = f"Switch to profile {to.name} ({to.engine}, port {to.port})?\n{what}, waits until its " \
-                   f"VRAM is released and its port is closed, then starts {to.name} and waits until ready."
+        question = switch_question(slot.manager.current, to)
 
         def answered(yes: bool | None) -> None:
             if yes:

@@ -154,7 +154,7 @@ class Bench:
         self.target = target
         self.planned = planned
         self.concurrency = concurrency
-        self.model = model
+        self.model = model or target.model
         self.block_size = block_size
         self.client = ProbeClient(limits)
         self.on_result = on_result

@@ -43,8 +43,8 @@ class WorkloadBlocks:
 
     async def requests(self, target: ProbeTarget, instance: int, block: int, n: int) -> list[ProbeResult]:
         position = instance * self.blocks_per_instance + block
-        engine = EngineTarget(target.name, target.url, getattr(target, "api_key", None),
-                              getattr(target, "basic_auth", None))
+        engine = EngineTarget(target.name, target.url, target.api_key, getattr(target, "basic_auth", None),
+                              model=target.model)
         bench = Bench(engine, plan(self.chosen(position, n), "concurrency"), concurrency=1, model=self.model,
                       block_size=self.workload.block_size, limits=self.limits,
                       fresh_from=position * FRESH_PER_BLOCK, prompt_seed=self.workload.prompt_seed)

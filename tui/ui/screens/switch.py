@@ -12,12 +12,34 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
+from tui.lifecycle.engine import EngineInstance
+from tui.lifecycle.profiles import Profile
 from tui.lifecycle.switch import STEPS
 from tui.model.status import StepEvent
 
 STATUS_STYLE = {
     "ok": "green", "failed": "bold red", "cancelled": "yellow", "skipped": "dim", "running": "cyan",
 }
+
+
+def switch_question(current: EngineInstance | None, to: Profile) -> str:
+    """What the confirmation asks: what the switch will stop (or unload), wait for, and start (or load)."""
+    if current is not None and current.profile.same_router(to):
+        return (f"Switch to profile {to.name}: model {to.router_model} of the router at {to.url}?\n"
+                f"The router keeps running. This unloads {current.profile.router_model}, waits until the "
+                f"router says unloaded, its process is gone and its VRAM released, then loads "
+                f"{to.router_model} and waits until it is loaded and answers a 1-token completion.")
+    if current is None:
+        what = "No engine is running in this column"
+    elif current.profile.router_model and current.attached:
+        what = f"This unloads {current.profile.router_model} from the router at {current.url}"
+    elif current.pid:
+        what = f"This stops {current.name} (PID {current.pid}) at {current.url}"
+    else:
+        what = f"This detaches from {current.name} at {current.url}"
+    then = f"has the router load {to.router_model}" if to.router_model else f"starts {to.name}"
+    return (f"Switch to profile {to.name} ({to.engine}, port {to.port})?\n{what}, waits until its VRAM is "
+            f"released and its port is closed, then {then} and waits until ready.")
 
 
 class ConfirmSwitch(ModalScreen[bool]):
