@@ -10,12 +10,15 @@ import os
 import re
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import httpx
 import orjson
 import psutil
 import pytest
+from fake_pynvml import FakeNvml, h200
 
 from tests.screen import screen_text
 from tests.test_dashboard import make_app, wait_for
@@ -31,6 +34,7 @@ from tui.net.keepalive import Transports
 from tui.record.reader import Recording
 from tui.record.schema import SUFFIX
 from tui.sources.engine_source import EngineSource
+from tui.sources.gpu import GpuSampler
 from tui.ui.app import AppConfig, EnginetopApp
 from tui.ui.screens.switch import ConfirmSwitch, SwitchProgress
 
@@ -155,7 +159,8 @@ def steps(result) -> dict[str, tuple[str, str]]:
 def test_switching_models_of_a_router_unloads_waits_loads_and_probes_each_step_named(router, tmp_path):
     a = router_profile(tmp_path, "router-a", router, "gemma-a")
     b = router_profile(tmp_path, "router-b", router, "gemma-b")
-    manager = EngineManager(record_state=False)
+    nvml = FakeNvml([h200()])  # no GPU here: NVML scripted, the router and its children real
+    manager = EngineManager(gpu=GpuSampler(nvml).sample, record_state=False)
     first = manager.switch(a)
     assert first.ok, first.message
     assert [s.name for s in first.steps] == ["resolve", "stop", "drain", "port", "start", "ready"]
@@ -166,10 +171,21 @@ def test_switching_models_of_a_router_unloads_waits_loads_and_probes_each_step_n
     [child] = model_processes(a, "gemma-a")
     assert psutil.Process(child).is_running()
 
+    # gemma-a's process holds 3 GiB of GPU 0; the driver lets go of it 1.5 s after the process is gone
+    nvml.gpus[0].compute_procs = [(child, 3 * 1024**3)]
+    def driver() -> None:
+        until(lambda: not pid_alive(child), "gemma-a's process gone", timeout=60)
+        time.sleep(1.5)
+        nvml.gpus[0].compute_procs = []
+    released = threading.Thread(target=driver)
+    released.start()
     second = manager.switch(b)
+    released.join()
     assert second.ok, second.message
     assert steps(second)["stop"] == ("ok", f"the router at {router} accepted the unload of gemma-a")
-    assert steps(second)["drain"][1].startswith(f"gemma-a unloaded, its process {child} gone")
+    drain = next(s for s in second.steps if s.name == "drain")
+    assert drain.message.startswith(f"gemma-a unloaded, its process {child} gone; GPU 0 VRAM used")
+    assert drain.elapsed_s >= 1.5  # it waited for the GPU, not only for the process
     assert steps(second)["port"][0] == "skipped" and steps(second)["start"][0] == "ok"
     assert all(s.elapsed_s >= 0 for s in second.steps) and sum(s.elapsed_s for s in second.steps) > 0
     assert not pid_alive(child)

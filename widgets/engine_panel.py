@@ -95,19 +95,24 @@ def _traffic_rows(grid: Rows, traffic: TrafficSample) -> None:
         grid.add_row("traffic SLO", met)
 
 
+_UP = ("loaded", "ready")  # llama-server router, llama-swap
+_COMING = ("loading", "downloading", "starting", "stopping")
+
+
 def _router_rows(grid: Rows, state: EngineState, models: tuple[RoutedModel, ...]) -> None:
-    """A llama-server in router mode: a row per model, its status as the router says it; the figures of the
-    loaded ones (read without ever loading one)."""
-    loaded = sum(m.status == "loaded" for m in models)
-    grid.add_row("router", Text(f"{len(models)} models, {loaded} loaded", style="bold"))
+    """A llama-server in router mode or llama-swap: a row per model, its status in their words; the figures
+    of the loaded ones (read without ever loading one)."""
+    summary = state.sample.model if state.sample and state.sample.model else "router: "
+    kind, _, words = summary.partition(": ")
+    grid.add_row(kind, Text(words, style="bold"))
     now = state.sample.wall if state.sample else None
     for model in models:
         line = _model_line(state, model)
         since = state.model_status_since.get(model.id, (model.status, now))[1]
-        if now is not None and since is not None and model.status in ("loading", "downloading"):
+        if now is not None and since is not None and model.status in _COMING:
             line.append(f" for {now - since:.0f} s")
         used = state.model_used.get(model.id)
-        if model.status == "loaded" and now is not None:
+        if model.status in _UP and now is not None:
             line.append(f"  last used {now - used:.0f} s ago" if used is not None else
                         "  not used while watched", style="dim")
         grid.add_row(model.id, line)
@@ -120,8 +125,11 @@ def _model_line(state: EngineState, model: RoutedModel) -> Text:
     if model.failed:
         code = f" (exit code {model.exit_code})" if model.exit_code is not None else ""
         return Text(f"failed to load{code}", style="bold red")
-    style = {"loaded": "bold green", "loading": "yellow", "downloading": "yellow"}.get(model.status, "dim")
+    style = "bold green" if model.status in _UP else "yellow" if model.status in _COMING else "dim"
     line = Text(model.status, style=style)
+    if model.in_flight:
+        oldest = f", oldest {model.oldest_ms / 1000:.1f} s" if model.oldest_ms is not None else ""
+        line.append(f"  {model.in_flight} in flight{oldest}")
     if model.reading is not None:
         r = model.reading
         line.append(f"  {num(r.running, '{:.0f}')} running, {num(r.waiting, '{:.0f}')} waiting, "

@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import quote, urlsplit
 
 import httpx
 import psutil
@@ -21,7 +22,8 @@ import psutil
 from tui.base.process import pid_alive, port_listeners
 from tui.lifecycle.engine import Cancelled, StepError, timeout_message
 from tui.lifecycle.profiles import Profile
-from tui.net.policy import auth_headers, client_kwargs, error_text
+from tui.net.policy import auth_headers, client_kwargs, error_text, is_loopback_host
+from tui.sources import swap as swap_source
 from tui.sources.router import MODELS_PATH, parse_models
 
 POLL_S = 0.2
@@ -29,7 +31,11 @@ UNLOAD_TIMEOUT_S = 60.0
 
 
 class Router:
-    """One router, as a switch talks to it."""
+    """A llama-server in router mode, as a switch talks to it (LlamaSwap below: llama-swap)."""
+
+    KIND = "the router"
+    UNLOADED: tuple[str, ...] = ("unloaded", "downloaded")
+    LOADED = "loaded"
 
     def __init__(self, profile: Profile, api_key: str | None) -> None:
         self.profile = profile
@@ -66,7 +72,7 @@ class Router:
         models = self.models(step)
         if model not in models:
             known = ", ".join(sorted(models)) or "none"
-            raise StepError(step, f"the router at {self.url} has no model {model!r} (it has: {known})")
+            raise StepError(step, f"{self.KIND} at {self.url} has no model {model!r} (it has: {known})")
         return models[model]
 
     def props(self) -> dict[str, Any]:
@@ -98,7 +104,7 @@ class Router:
 
     def wait_unloaded(self, model: str, pids: set[int], cancel: threading.Event,
                       progress: Callable[[str], object], timeout: float = UNLOAD_TIMEOUT_S) -> str:
-        """Until /models says unloaded and the model's child process is gone."""
+        """Until the model is unloaded (stopped) and its process is gone."""
         deadline = time.monotonic() + timeout
         last = ""
         while True:
@@ -107,8 +113,8 @@ class Router:
             value = self.status(model, "drain").get("value")
             alive = sorted(pid for pid in pids if pid_alive(pid))
             blockers = []
-            if value != "unloaded":
-                blockers.append(f"{model} is {value} on the router")
+            if value not in self.UNLOADED:
+                blockers.append(f"{model} is {value} on {self.KIND}")
             if alive:
                 blockers.append(f"its process {', '.join(map(str, alive))} still runs")
             if not blockers:
@@ -147,7 +153,7 @@ class Router:
 
     def wait_loaded(self, model: str, cancel: threading.Event, progress: Callable[[str], object],
                     timeout: float) -> None:
-        """Until /models says loaded; a load that failed is named with its exit code."""
+        """Until the model is loaded (ready); a load that failed is named with its exit code."""
         deadline = time.monotonic() + timeout
         began = time.monotonic()
         seen_loading = False
@@ -156,19 +162,117 @@ class Router:
                 raise Cancelled("ready")
             status = self.status(model, "ready")
             value = status.get("value")
-            if value == "loaded":
+            if value == self.LOADED:
                 return
-            if status.get("failed") or (seen_loading and value == "unloaded"):
-                code = status.get("exit_code")
-                raise StepError("ready", f"the router could not load {model}: its process exited"
-                                         + (f" with code {code}" if code is not None else "")
-                                         + " (the router's log says why)")
-            seen_loading = seen_loading or value == "loading"
+            self.check_load(model, status, seen_loading)
+            seen_loading = seen_loading or value not in self.UNLOADED
             progress(f"{model} is {value} ({time.monotonic() - began:.0f} s)")
             if time.monotonic() >= deadline:
                 raise StepError("ready", timeout_message("ready", timeout, f"{model} is {value}"),
                                 timed_out=True)
             time.sleep(POLL_S)
+
+    def check_load(self, model: str, status: dict[str, Any], seen_loading: bool) -> None:
+        """Raise when the load has failed."""
+        if status.get("failed") or (seen_loading and status.get("value") == "unloaded"):
+            code = status.get("exit_code")
+            raise StepError("ready", f"the router could not load {model}: its process exited"
+                                     + (f" with code {code}" if code is not None else "")
+                                     + " (the router's log says why)")
+
+    def processes(self, model: str) -> set[int]:
+        return model_processes(self.profile, model)
+
+
+class LlamaSwap(Router):
+    """llama-swap (tui.sources.swap): /running for states, POST /api/models/unload/{model} (it answers once
+    the process has stopped), and no load call: a request naming a model starts it, so the start is a GET of
+    /upstream/{model}/health in a thread while /running is watched; its answer tells a failed start."""
+
+    KIND = "llama-swap"
+    UNLOADED = ("stopped", "shutdown")
+    LOADED = "ready"
+
+    def __init__(self, profile: Profile, api_key: str | None) -> None:
+        super().__init__(profile, api_key)
+        self._start: tuple[threading.Thread, list[httpx.Response | str]] | None = None
+
+    def running(self, step: str) -> list[dict[str, Any]]:
+        try:
+            reply = self._client.get(self.url + swap_source.RUNNING_PATH)
+        except httpx.HTTPError as exc:
+            raise StepError(step, f"llama-swap at {self.url} does not answer {swap_source.RUNNING_PATH}: "
+                                  f"{type(exc).__name__}") from exc
+        if swap_source.running_states(reply.status_code, reply.content) is None:
+            raise StepError(step, f"{self.url}{swap_source.RUNNING_PATH} is not llama-swap's answer "
+                                  f"(HTTP {reply.status_code})")
+        return [item for item in reply.json()["running"] if isinstance(item, dict)]
+
+    def models(self, step: str) -> dict[str, dict[str, Any]]:
+        listed = super().models(step)  # /v1/models lists every model it has
+        states = {str(i.get("model")): i for i in self.running(step)}
+        return {m: {"value": str(states[m].get("state")) if m in states else "stopped",
+                    "proxy": states.get(m, {}).get("proxy")} for m in {*listed, *states}}
+
+    def unload(self, model: str, progress: Callable[[str], object]) -> None:
+        if self.status(model, "stop").get("value") in self.UNLOADED:
+            progress(f"{model} was not running on llama-swap: nothing to unload")
+            return
+        try:
+            reply = self._client.post(f"{self.url}/api/models/unload/{quote(model, safe='')}",
+                                      timeout=self.profile.stop_timeout_s + 30)
+        except httpx.HTTPError as exc:
+            raise StepError("stop", f"POST /api/models/unload/{model}: {type(exc).__name__}") from exc
+        if reply.status_code != 200:
+            raise StepError("stop", f"llama-swap refused to unload {model}: HTTP {reply.status_code}"
+                                    f"{_reason(reply)}")
+        progress(f"llama-swap stopped {model}")
+
+    def load(self, model: str, progress: Callable[[str], object]) -> bool:
+        if self.status(model, "start").get("value") == self.LOADED:
+            return False
+        answers: list[httpx.Response | str] = []
+
+        def start() -> None:
+            try:
+                answers.append(self._client.get(f"{self.url}{swap_source.upstream(model, '/health')}",
+                                                timeout=self.profile.start_timeout_s))
+            except httpx.HTTPError as exc:
+                answers.append(type(exc).__name__)
+
+        thread = threading.Thread(target=start, name=f"llama-swap start {model}", daemon=True)
+        thread.start()
+        self._start = (thread, answers)
+        progress(f"asked llama-swap for {model} (GET /upstream/{model}/health starts it)")
+        return True
+
+    def check_load(self, model: str, status: dict[str, Any], seen_loading: bool) -> None:
+        if self._start is None or self._start[0].is_alive() or not self._start[1]:
+            return
+        answer = self._start[1][0]
+        if isinstance(answer, str) or answer.status_code != 200:
+            why = answer if isinstance(answer, str) else f"HTTP {answer.status_code}{_reason(answer)}"
+            raise StepError("ready", f"llama-swap could not start {model}: {why}")
+
+    def processes(self, model: str) -> set[int]:
+        """The upstream process: what listens on the port of /running's proxy URL, on this machine."""
+        proxy = self.models("resolve").get(model, {}).get("proxy")
+        where = urlsplit(proxy) if isinstance(proxy, str) else None
+        if where is None or where.port is None or not is_loopback_host(where.hostname):
+            return set()
+        return {p.pid for p in port_listeners(where.port) if p is not None}
+
+
+def open_router(profile: Profile, api_key: str | None) -> Router:
+    """The router a profile's `router_model` lives on: llama-swap when its /running answers as llama-swap
+    does, else a llama-server in router mode."""
+    swap = LlamaSwap(profile, api_key)
+    try:
+        swap.running("resolve")
+    except StepError:
+        swap.close()
+        return Router(profile, api_key)
+    return swap
 
 
 def model_processes(profile: Profile, model: str) -> set[int]:

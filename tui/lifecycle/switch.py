@@ -45,7 +45,7 @@ from tui.lifecycle.engine import (
     wait_ready,
 )
 from tui.lifecycle.profiles import GIB, Profile, ProfileError, ResolvedProfile, resolve
-from tui.lifecycle.router import Router, model_processes
+from tui.lifecycle.router import Router, open_router
 from tui.model.samples import GpuReport, GpuSample
 from tui.model.status import EngineStatus, RunState, StepEvent, StepStatus
 
@@ -103,6 +103,7 @@ class _Run:
     steps: list[StepEvent] = field(default_factory=list)
     current: str | None = None
     began: float = 0.0
+    routers: dict[str, Router] = field(default_factory=dict)
 
     def emit(self, name: str, status: StepStatus, message: str) -> StepEvent:
         if name != self.current:
@@ -117,6 +118,23 @@ class _Run:
     def check_cancel(self, step: str) -> None:
         if self.cancel.is_set():
             raise Cancelled(step)
+
+    def router(self, resolved: ResolvedProfile) -> Router:
+        """The router (llama-server router mode or llama-swap) of a profile's `router_model`, one per URL for
+        the whole switch: a start llama-swap is still doing belongs to the one that asked for it."""
+        if resolved.profile.url not in self.routers:
+            self.routers[resolved.profile.url] = open_router(resolved.profile, resolved.api_key)
+        return self.routers[resolved.profile.url]
+
+    def forget_router(self, url: str) -> None:
+        """Ask which kind of router it is again (one launched just now did not answer yet)."""
+        router = self.routers.pop(url, None)
+        if router is not None:
+            router.close()
+
+    def close(self) -> None:
+        for url in list(self.routers):
+            self.forget_router(url)
 
 
 def _unexpected(run: _Run, exc: Exception) -> StepError:
@@ -253,7 +271,7 @@ class EngineManager:
                     if old is not None and same_router:
                         # the router stays; on a failure it is stopped like any half-started engine
                         new = replace(old, resolved=resolved, cold_start_s=None)
-                    old_pids = self._old_pids(old, keep_router=new is not None)
+                    old_pids = self._old_pids(run, old, keep_router=new is not None)
                     old_gpus = self._gpus_holding(old_pids)  # before the stop: then they leave NVML's list
                     unloaded = self._stop(run, old, keep_router=new is not None)
                     if old is not None and (unloaded or not old.attached):
@@ -308,6 +326,7 @@ class EngineManager:
                             )
                 return result
             finally:
+                run.close()
                 self._set_step(None)
                 with self._lock:
                     self._starting = None
@@ -374,6 +393,7 @@ class EngineManager:
         try:
             return self._stop_locked(run, leave_adopted, starting or cancelled)
         finally:
+            run.close()
             self._busy.release()
 
     def _stop_locked(self, run: _Run, leave_adopted: bool, cancelled: EngineInstance | None) -> SwitchResult:
@@ -488,9 +508,8 @@ class EngineManager:
             raise StepError("resolve", f"profile {to.name} cannot start: {exc}") from exc
         what = "attach, nothing to launch" if resolved.argv is None else f"{len(resolved.argv)} arguments"
         if to.router_model and ask_router:  # an unknown model is refused before anything is stopped
-            with Router(to, resolved.api_key) as router:
-                status = router.status(to.router_model, "resolve")
-            what = f"the router at {to.url} has {to.router_model} ({status.get('value')})"
+            status = run.router(resolved).status(to.router_model, "resolve")
+            what = f"{run.router(resolved).KIND} at {to.url} has {to.router_model} ({status.get('value')})"
         run.emit(
             "resolve", "ok", f"{to.name}: {what}" + (", API key read from file" if resolved.api_key else "")
         )
@@ -503,12 +522,12 @@ class EngineManager:
         run.check_cancel("stop")
         model = old.profile.router_model if old is not None else None
         if old is not None and model and (keep_router or old.attached):
-            run.emit("stop", "running", f"asking the router at {old.url} to unload {model}")
-            with Router(old.profile, old.resolved.api_key) as router:
-                router.unload(model, lambda words: run.emit("stop", "running", words))
+            router = run.router(old.resolved)
+            run.emit("stop", "running", f"asking {router.KIND} at {old.url} to unload {model}")
+            router.unload(model, lambda words: run.emit("stop", "running", words))
             if self._record_state and not old.attached:  # the router's record moves to the next profile
                 state.remove_state(old.name, old.pid)
-            run.emit("stop", "ok", f"the router at {old.url} accepted the unload of {model}")
+            run.emit("stop", "ok", f"{router.KIND} at {old.url} accepted the unload of {model}")
             return True
         if old is None or old.attached:
             run.emit(
@@ -529,12 +548,12 @@ class EngineManager:
         return False
 
     @staticmethod
-    def _old_pids(old: EngineInstance | None, keep_router: bool) -> set[int]:
+    def _old_pids(run: _Run, old: EngineInstance | None, keep_router: bool) -> set[int]:
         """The processes the switch frees: the old engine's tree, or the router's child of the old model."""
         if old is None:
             return set()
         if old.profile.router_model and (keep_router or old.attached):
-            return model_processes(old.profile, old.profile.router_model)
+            return run.router(old.resolved).processes(old.profile.router_model)
         return set() if old.attached else old.tree_pids() | set(old.pids_seen)
 
     def _gpus_holding(self, pids: set[int]) -> set[int]:
@@ -561,11 +580,10 @@ class EngineManager:
         what = "old processes gone, old port closed" if ours else "no engine was running"
         if old is not None and unloaded:
             model = str(old.profile.router_model)
-            run.emit("drain", "running", f"waiting for the router to unload {model}")
-            with Router(old.profile, old.resolved.api_key) as router:
-                what = router.wait_unloaded(model, old_pids, run.cancel,
-                                            lambda words: run.emit("drain", "running", words),
-                                            timeout=to.drain_timeout_s)
+            run.emit("drain", "running", f"waiting for {model} to be unloaded")
+            what = run.router(old.resolved).wait_unloaded(
+                model, old_pids, run.cancel, lambda words: run.emit("drain", "running", words),
+                timeout=to.drain_timeout_s)
         # On the GPU a PID is only a number: a dead engine's PID listed there is still its context.
         last = ""
         while True:
@@ -648,24 +666,25 @@ class EngineManager:
         def waiting(words: str) -> None:
             run.emit("start", "running", words)
 
-        with Router(new.profile, new.resolved.api_key) as router:
-            deadline = time.monotonic() + new.profile.start_timeout_s
-            while True:  # a router launched just now: until it answers /models
-                run.check_cancel("start")
-                if new.launched is not None and not new.alive():
-                    raise StepError("start", crash_message(new, "while starting"))
-                try:
-                    router.models("start")
-                    break
-                except StepError as exc:
-                    if new.attached or time.monotonic() >= deadline:
-                        raise
-                    waiting(str(exc))
-                time.sleep(0.25)
-            new.started_mono = time.monotonic()  # its cold start: load request to first completion
-            asked = router.load(model, waiting)
-        run.emit("start", "ok", f"the router at {new.url} is loading {model}" if asked else
-                 f"{model} was already loaded on the router at {new.url}: nothing to load")
+        deadline = time.monotonic() + new.profile.start_timeout_s
+        while True:  # a router launched just now: until it answers /models
+            run.check_cancel("start")
+            if new.launched is not None and not new.alive():
+                raise StepError("start", crash_message(new, "while starting"))
+            router = run.router(new.resolved)
+            try:
+                router.models("start")
+                break
+            except StepError as exc:
+                if new.attached or time.monotonic() >= deadline:
+                    raise
+                run.forget_router(new.url)
+                waiting(str(exc))
+            time.sleep(0.25)
+        new.started_mono = time.monotonic()  # its cold start: load request to first completion
+        asked = router.load(model, waiting)
+        run.emit("start", "ok", f"{router.KIND} at {new.url} is loading {model}" if asked else
+                 f"{model} was already loaded on {router.KIND} at {new.url}: nothing to load")
 
     def _ready(self, run: _Run, new: EngineInstance) -> None:
         self._set_step("ready")
@@ -676,8 +695,7 @@ class EngineManager:
 
         model = new.profile.router_model
         if model:  # a completion naming a model that is not loaded would load it: wait for the router first
-            with Router(new.profile, new.resolved.api_key) as router:
-                router.wait_loaded(model, run.cancel, waiting, new.profile.start_timeout_s)
+            run.router(new.resolved).wait_loaded(model, run.cancel, waiting, new.profile.start_timeout_s)
         cold = wait_ready(new, run.cancel, waiting)
         if model:
             detail = f"{model} loaded and answers a 1-token completion, {cold:.2f} s after the load request"

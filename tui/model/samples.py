@@ -68,8 +68,9 @@ class EngineStats:
 
 @dataclass(frozen=True, slots=True)
 class RoutedModel:
-    """One model behind a llama-server in router mode (GET /models): its status in the router's words, and
-    for a loaded one its own /metrics and /slots, read with autoload=false (looking never loads a model)."""
+    """One model behind a llama-server in router mode (GET /models) or llama-swap (GET /running): its status
+    in their words, and for a loaded (ready) one its own /metrics and /slots, read so that looking never
+    loads a model (autoload=false; llama-swap: only while /running says ready)."""
 
     id: str
     status: str  # downloading, downloaded, unloaded, loading, loaded, sleeping
@@ -78,6 +79,8 @@ class RoutedModel:
     reading: EngineReading | None = None  # a loaded model's /metrics
     slots: SlotsReading | None = None  # a loaded model's /slots
     error: str | None = None  # a loaded model's figures could not be read
+    in_flight: int | None = None  # llama-swap: requests to it in flight (its event stream); None: unknown
+    oldest_ms: int | None = None  # llama-swap: how long the oldest of them has run
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import zlib
+from collections.abc import Callable
 
 import httpx
 
@@ -24,6 +25,8 @@ from tui.net.http1 import Connection, HttpFailure
 from tui.net.policy import Origin, proxy_for, request_target, ssl_context
 
 _DEFAULT_HEADERS = (("Accept", "*/*"), ("Accept-Encoding", "identity"))
+
+Until = Callable[[bytes], bool]  # a piece of the body just received -> enough read
 
 
 class KeepAlivePool:
@@ -43,10 +46,11 @@ class KeepAlivePool:
         return await self.request("GET", url, headers, cap)
 
     async def request(self, method: str, url: str, headers: dict[str, str], cap: int,
-                      body: bytes = b"") -> tuple[int, bytes, bool]:
+                      body: bytes = b"", until: Until | None = None) -> tuple[int, bytes, bool]:
         """Any idempotent method, with an optional body (sent with its Content-Length; the caller names
         its Content-Type). `headers` replace the defaults of the same name (Accept, Accept-Encoding).
-        Same answer and error contract as `get`."""
+        `until`: a stream that does not end (SSE) is read only until it returns True for a piece received
+        (the connection is then dropped). Same answer and error contract as `get`."""
         try:
             origin = Origin.of(url)
         except ValueError as exc:
@@ -67,27 +71,30 @@ class KeepAlivePool:
             if conn.closed:
                 continue
             try:
-                return await self._exchange(conn, origin, method, target, sent, body, cap)
+                return await self._exchange(conn, origin, method, target, sent, body, cap, until)
             except httpx.RemoteProtocolError:
                 # The server closed an idle connection as we reused it (keep-alive timeouts): nothing was
                 # answered, so the request is sent again on a fresh connection, as httpcore does.
                 if conn.answered:
                     raise
         conn = await self._connect(origin)
-        return await self._exchange(conn, origin, method, target, sent, body, cap)
+        return await self._exchange(conn, origin, method, target, sent, body, cap, until)
 
     async def _exchange(self, conn: Connection, origin: Origin, method: str, target: str,
-                        headers: list[tuple[str, str]], body: bytes, cap: int) -> tuple[int, bytes, bool]:
+                        headers: list[tuple[str, str]], body: bytes, cap: int,
+                        until: Until | None = None) -> tuple[int, bytes, bool]:
         chunks: list[bytes] = []
         size = 0
+        enough = False
 
-        def keep(data: bytes, _at: float) -> bool:  # True (over the cap): read no more, drop the connection
-            nonlocal size
+        def keep(data: bytes, _at: float) -> bool:  # True (over the cap, or enough): read no more, drop it
+            nonlocal size, enough
             size += len(data)  # what the body inflates to, when it is compressed
             if size > cap:
                 return True
             chunks.append(data)
-            return False
+            enough = until is not None and until(data)
+            return enough
 
         try:
             conn.begin(method, target, headers, body)
@@ -108,6 +115,9 @@ class KeepAlivePool:
             raise
         if size > cap:
             return status, b"", True
+        if enough:
+            conn.close()
+            return status, b"".join(chunks), False
         idle = self._idle.setdefault(origin, [])
         if conn.reusable and len(idle) < self.max_idle:
             idle.append(conn)
@@ -146,14 +156,15 @@ Transport = KeepAlivePool | httpx.AsyncBaseTransport
 
 
 async def exchange(transport: Transport, method: str, url: str, headers: dict[str, str], cap: int,
-                   timeout: float, body: bytes = b"", error_cap: int | None = None
-                   ) -> tuple[int, bytes, bool]:
+                   timeout: float, body: bytes = b"", error_cap: int | None = None,
+                   until: Until | None = None) -> tuple[int, bytes, bool]:
     """One request through either way `Transports.for_url` gives: (status, body, over_cap). The answer is
     read up to `cap` bytes (over it: b"", True); with `error_cap`, a non-200 answer is read only far enough
-    to quote it (cut to error_cap, never "over"). Raises httpx's exceptions; the caller bounds the total
-    time (asyncio.timeout), `timeout` bounds each of httpx's phases."""
+    to quote it (cut to error_cap, never "over"); with `until`, a 200 answer only until it returns True for
+    a piece received. Raises httpx's exceptions; the caller bounds the total time (asyncio.timeout),
+    `timeout` bounds each of httpx's phases."""
     if isinstance(transport, KeepAlivePool):
-        status, data, over = await transport.request(method, url, headers, cap, body)
+        status, data, over = await transport.request(method, url, headers, cap, body, until)
         if error_cap is not None and status != 200:
             return status, b"" if over else data[:error_cap], False
         return status, data, over
@@ -177,6 +188,8 @@ async def exchange(transport: Transport, method: str, url: str, headers: dict[st
                 chunks.append(chunk[: limit - (size - len(chunk))])
                 break
             chunks.append(chunk)
+            if until is not None and not quoting and until(chunk):
+                break
         return status, b"".join(chunks), False
     finally:
         await resp.aclose()

@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 import time
+from typing import Any
 
 import httpx
 
@@ -19,6 +20,7 @@ from tui.model.slots import SlotsReading
 from tui.model.targets import EngineTarget
 from tui.net.keepalive import Transport, exchange
 from tui.net.policy import InsecureSecret, error_text, public_url, target_headers
+from tui.sources import swap as swap_source
 from tui.sources.metrics import MetricsFormatError, parse_reading
 from tui.sources.router import NEEDS_MODEL, read_router
 from tui.sources.slots import SLOTS_PATH, parse_slots
@@ -162,6 +164,14 @@ async def poll_engine(transport: Transport, target: EngineTarget, *, timeout: fl
         loaded = sum(m.status == "loaded" for m in models)
         return sample(health, None, f"router: {len(models)} models, {loaded} loaded", models=models)
 
+    async def swapped(states: dict[str, str] | None = None) -> EngineSample:
+        """llama-swap: its models and their states, requests in flight, and the figures of the ready ones."""
+        read = await _swap(transport, target, headers, timeout, states)
+        if isinstance(read, str):
+            return sample("up", None, None, None, f"{swap_source.LABEL}: {read}")
+        models, summary = read
+        return sample("up", None, summary, models=models)
+
     if target.api_key is not None and not (target.api_key.isascii() and target.api_key.isprintable()):
         # httpx would fail on it, and its error could quote the header: say so without the key.
         return sample("down", "the API key for this engine has characters an HTTP header cannot carry "
@@ -172,7 +182,7 @@ async def poll_engine(transport: Transport, target: EngineTarget, *, timeout: fl
         return sample("down", str(exc))
 
     if router and known_model is not None and not check_health:
-        routed_sample = await routed("up")
+        routed_sample = await (swapped() if known_model.startswith(swap_source.LABEL) else routed("up"))
         if routed_sample.models is not None:
             return routed_sample
     if not check_health and known_model is not None:
@@ -222,6 +232,8 @@ async def poll_engine(transport: Transport, target: EngineTarget, *, timeout: fl
         return sample("down", reason, model, reading, metrics_error)
     if reading is None and metrics_error is not None and NEEDS_MODEL in metrics_error:
         return await routed(health)  # /metrics wants a model: a router, whose models are read one by one
+    if reading is None and (states := await _swap_states(transport, target, headers, timeout)) is not None:
+        return await swapped(states)  # /running answers: llama-swap, whose /metrics is not an engine's
     slots = await _slots(transport, target, headers, timeout, reading)
     return sample(health, None, model, reading, metrics_error, slots)
 
@@ -239,6 +251,65 @@ async def _router(transport: Transport, target: EngineTarget, headers: dict[str,
         return await read_router(fetch, target.metrics_path)
     except (ValueError, TypeError) as exc:
         return str(exc)
+
+
+async def _swap_states(transport: Transport, target: EngineTarget, headers: dict[str, str],
+                       timeout: float) -> dict[str, str] | None:
+    try:
+        status, body, _ = await _fetch(transport, target, swap_source.RUNNING_PATH, headers, timeout, 1 << 20)
+    except _Failed:
+        return None
+    return swap_source.running_states(status, body)
+
+
+async def _swap(transport: Transport, target: EngineTarget, headers: dict[str, str], timeout: float,
+                states: dict[str, str] | None) -> tuple[tuple[RoutedModel, ...], str] | str:
+    """llama-swap's models (tui.sources.swap), or why they could not be read."""
+    async def fetch(path: str) -> tuple[int, bytes, bool]:
+        try:
+            return await _fetch(transport, target, path, headers, timeout, 8 * 2**20)
+        except _Failed as exc:
+            raise ValueError(str(exc)) from None
+
+    async def events() -> list[dict[str, Any]] | str:
+        return await _inflight(transport, target, headers, timeout)
+
+    try:
+        if states is None:
+            states = swap_source.running_states(*(await fetch(swap_source.RUNNING_PATH))[:2])
+            if states is None:
+                return f"{swap_source.RUNNING_PATH} is not llama-swap's answer any more"
+        return await swap_source.read_swap(fetch, events, target.metrics_path, states)
+    except (ValueError, TypeError) as exc:
+        return str(exc)
+
+
+async def _inflight(transport: Transport, target: EngineTarget, headers: dict[str, str], timeout: float,
+                    cap: int = 4 * 2**20) -> list[dict[str, Any]] | str:
+    """The first in-flight snapshot of llama-swap's event stream, which it sends on connect after its log
+    history (hence the cap); the stream is dropped as soon as it came."""
+    events = swap_source.EVENTS_PATH
+    pending = b""
+    found: list[list[dict[str, Any]]] = []
+
+    def until(piece: bytes) -> bool:
+        nonlocal pending
+        *lines, pending = (pending + piece).split(b"\n")
+        found.extend(r for line in lines if (r := swap_source.inflight_snapshot(line)) is not None)
+        return bool(found)
+
+    try:
+        async with asyncio.timeout(timeout):
+            status, _, over = await exchange(transport, "GET", target.base + events, headers, cap, timeout,
+                                             error_cap=_ERROR_BODY_BYTES, until=until)
+    except (httpx.HTTPError, TimeoutError, OSError) as exc:
+        return f"{events}: {type(exc).__name__}"
+    if status != 200:
+        return f"{events} answered HTTP {status}"
+    if found:
+        return found[0]
+    return f"no in-flight snapshot in the first {cap // 2**20} MiB of {events}" if over else \
+        f"{events} ended without an in-flight snapshot"
 
 
 async def _slots(transport: Transport, target: EngineTarget, headers: dict[str, str], timeout: float,
