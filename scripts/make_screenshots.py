@@ -1,6 +1,6 @@
 """Refresh screenshots/ from real engines (run after `make engine vllm chromium`). Tests never write here.
 
-    .venv/bin/python scripts/make_screenshots.py [--only llama|both|report|recording|fleet]
+    .venv/bin/python scripts/make_screenshots.py [--only llama|both|report|recording|fleet|traffic|router]
 
 - dashboard-llama.svg: the dashboard watching a real llama-server (Gemma 3 270M) under load, probes on.
 - demo-llama-vllm.svg: the README demo, llama.cpp and vLLM on the same Gemma 3 270M side by side.
@@ -14,6 +14,9 @@
 - recording-report.png: `enginetop report` of a 2-minute recording of a real llama-server under load with
   probes every 10 s; the GPU is the tests' fake H200, scripted to hit its power cap now and then (this
   machine has no GPU), so throttled spans show.
+- router-slots.svg / router-switch.svg: the demo router profiles (llama-server in router mode, the demo Gemma
+  as gemma-a and gemma-b): the model rows and gemma-a's slot table during a probe, then the switch to gemma-b
+  (key 4) with its timed steps.
 - traffic-llama.svg: the dashboard running the traffic proxy (--proxy-listen) in front of the real
   llama-server, with an agent-like load sent through the proxy: the column's "traffic" rows.
 The GPU panel shows what this machine has (no NVIDIA driver here: one line saying so).
@@ -246,9 +249,47 @@ async def shoot_fleet() -> None:
             print(f"wrote {OUT / 'fleet-engine.svg'}")
 
 
+async def shoot_router() -> None:
+    """The demo router (two models, one llama-server in router mode) under a long probe, then the switch."""
+    with tempfile.TemporaryDirectory() as tmp:
+        port = free_port()
+        for name in ("demo-router-gemma-a", "demo-router-gemma-b"):
+            text = (repo_profiles_dir() / f"{name}.toml").read_text()
+            (Path(tmp) / f"{name}.toml").write_text(re.sub(r"(?m)^port = \d+", f"port = {port}", text))
+        loaded = load_profiles([Path(tmp)])
+        a, b = loaded.get("demo-router-gemma-a"), loaded.get("demo-router-gemma-b")
+        app = EnginetopApp(AppConfig(profiles=[a], switchable=[a, b], probe_max_tokens=300, horizon_s=120.0,
+                                     poll_interval_s=0.5, screenshot_dir=OUT))
+        try:
+            async with app.run_test(size=(170, 62)) as pilot:
+                await wait(pilot, lambda: all(s.status and s.status.state == "ready" for s in app.slots), 300)
+                state = app.store.engines[a.name]
+
+                def decoding() -> bool:
+                    models = state.sample.models if state.sample else None
+                    return any(m.slots and any(s.processing for s in m.slots.slots) for m in models or ())
+
+                await pilot.press("f")
+                await wait(pilot, decoding, 30)
+                await pilot.pause(2)
+                app.save_screenshot(filename="router-slots.svg", path=str(OUT))
+                print(f"wrote {OUT / 'router-slots.svg'}")
+                await wait(pilot, lambda: bool(app.store.engines[a.name].probes), 60)
+                await pilot.press("4")  # demo-router-gemma-b among the switchable profiles
+                await pilot.pause(0.5)
+                await pilot.press("y")
+                await wait(pilot, lambda: getattr(app.screen, "done", None) is not None, 120)
+                await pilot.pause(0.5)
+                app.save_screenshot(filename="router-switch.svg", path=str(OUT))
+                print(f"wrote {OUT / 'router-switch.svg'}")
+        finally:
+            app.stop_managed()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--only", choices=["llama", "both", "report", "recording", "fleet", "traffic"])
+    parser.add_argument("--only", choices=["llama", "both", "report", "recording", "fleet", "traffic",
+                                           "router"])
     args = parser.parse_args()
     if args.only in (None, "llama"):
         asyncio.run(shoot(("demo-cpu-threads2",), "dashboard-llama", None))
@@ -262,6 +303,8 @@ def main() -> None:
         asyncio.run(shoot_fleet())
     if args.only in (None, "traffic"):
         asyncio.run(shoot_traffic())
+    if args.only in (None, "router"):
+        asyncio.run(shoot_router())
 
 
 if __name__ == "__main__":

@@ -210,8 +210,13 @@ async def test_an_engine_opened_from_the_fleet_table_is_probed_with_f(llama_serv
                 name = f"127.0.0.1:{llama_server.port}"
                 screen = await open_from_table(pilot, app, name)
                 await until(pilot, lambda: not screen.backfill, 15, "the back-fill")
-                await pilot.press("f")
                 state = app.store.engines[name]
+                # Prometheus has no slots: the opened engine's are read from it directly, and only its
+                await until(pilot, lambda: state.sample.slots is not None, 15, "the opened engine's slots")
+                assert len(state.sample.slots.slots) == 4
+                await until(pilot, lambda: "slot 3" in screen_text(app), 10, "the slots drawn")
+                assert app.store.engines[keyed].sample.slots is None
+                await pilot.press("f")
                 await until(pilot, lambda: state.probes, 90, "a probe result")
                 _, result = state.probes[-1]
                 assert result.ok, result.error

@@ -65,6 +65,22 @@ async def test_long_prefill_is_not_served_from_the_cache(llama_server) -> None:
         assert r.prefill_source == "server" and r.prefill_tps is not None and r.prefill_tps > 0
 
 
+async def test_a_long_prompt_streams_its_prefill_progress(llama_server) -> None:
+    """return_progress: llama-server reports each prompt batch before the first token; the probe hands it on
+    (the dashboard's "probe prefill" row) and the result is unchanged by it."""
+    seen = []
+    target = EngineTarget(name="llama", url=llama_server.url)
+    async with ProbeClient() as client:
+        [result] = [r async for r in run_workload(client, target, "long-prefill",
+                                                  WorkloadParams(prompt_tokens=900), 1, seen.append)]
+    assert result.ok, result.error
+    assert seen, "no prompt_progress chunk"
+    last = seen[-1]
+    assert last.total == result.prompt_tokens and last.processed == last.total and last.fraction == 1.0
+    assert [p.processed for p in seen] == sorted(p.processed for p in seen)
+    assert last.cache == result.cached_tokens
+
+
 async def test_thinking_off_is_accepted(llama_server) -> None:
     (r,) = await collect(llama_server.url, "thinking-off", WorkloadParams(max_tokens=8), 1)
     assert r.ok and r.status == 200 and r.completion_tokens == 8

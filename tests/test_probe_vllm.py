@@ -93,3 +93,16 @@ async def test_a_busy_frontend_is_flagged_beside_the_engines_own_ttft(vllm_serve
     assert quiet.returncode == 0, quiet.stderr
     request = json.loads(quiet.stdout.splitlines()[0])
     assert request["server_ttft_s"] is not None and request["ttft_gap"] is None  # the user's factor rules
+
+
+async def test_a_long_prefill_probe_asks_for_progress_and_vllm_answers_it_all_the_same(vllm_server) -> None:
+    """The long-prefill body carries llama-server's `return_progress`: vLLM ignores the field it does not
+    know (it logs it) and answers as usual, with no progress reported."""
+    seen = []
+    target = EngineTarget(name="vllm", url=vllm_server.url)
+    async with ProbeClient() as client:
+        [result] = [r async for r in run_workload(client, target, "long-prefill",
+                                                  WorkloadParams(prompt_tokens=300, model=models.TINY_NAME),
+                                                  1, seen.append)]
+    assert result.ok, result.error
+    assert result.prompt_tokens is not None and result.prompt_tokens > 200 and seen == []

@@ -142,6 +142,15 @@ def _model_line(state: EngineState, model: RoutedModel) -> Text:
     return line
 
 
+def _prefill_row(grid: Rows, state: EngineState) -> None:
+    """A probe's long prompt while the engine works through it (llama-server's return_progress)."""
+    p = state.prefill
+    if p is not None:
+        cached = f", {p.cache} from cache" if p.cache else ""
+        grid.add_row("probe prefill", Text(f"{p.processed}/{p.total} tokens ({p.fraction:.0%} of the work"
+                                           f"{cached}), {p.time_ms / 1000:.1f} s", style="yellow"))
+
+
 def _slot_rows(grid: Rows, slots: SlotsReading) -> None:
     """llama-server's slots, a row each, and the KV use they imply: an estimate (not in /metrics any more)."""
     if slots.error:
@@ -237,6 +246,7 @@ def render_engine(state: EngineState, status: EngineStatus | None = None,
             _router_rows(grid, state, sample.models)
         if sample.slots is not None:
             _slot_rows(grid, sample.slots)
+        _prefill_row(grid, state)
         if state.bench is not None:
             _bench_rows(grid, state.bench)
         return grid.text()
@@ -270,6 +280,7 @@ def render_engine(state: EngineState, status: EngineStatus | None = None,
     grid.add_row("host RSS", mib(state.rss_bytes) if state.rss_bytes is not None else NA)
     if sample.slots is not None:
         _slot_rows(grid, sample.slots)
+    _prefill_row(grid, state)
     if state.traffic is not None:
         _traffic_rows(grid, state.traffic)
     if state.bench is not None:

@@ -9,6 +9,7 @@ from tui.fleet.dcgm import DcgmDirectSource, DcgmPrometheusSource
 from tui.fleet.prometheus import PrometheusClient
 from tui.fleet.source import FleetSource
 from tui.model.samples import GpuReport
+from tui.net.keepalive import Transports
 
 DEFAULT_REFRESH_S = 5.0
 
@@ -45,10 +46,14 @@ class FleetSources:
             await self.gpus.aclose()
 
 
-def make_sources(options: FleetOptions, gpu_report: Callable[[], GpuReport | None]) -> FleetSources:
+def make_sources(options: FleetOptions, gpu_report: Callable[[], GpuReport | None],
+                 transports: Transports | None = None) -> FleetSources:
+    """`transports`: how an engine of the fleet is reached directly (the /slots of the one opened)."""
     client = PrometheusClient(options.prometheus, options.token, timeout=options.timeout_s) \
         if options.prometheus else None
     engines = FleetSource(client, options.match, options.refresh_s, gpus=gpu_report) if client else None
+    if engines is not None:
+        engines.transports = transports
     gpus: DcgmPrometheusSource | DcgmDirectSource | None = None
     if options.dcgm:
         gpus = DcgmDirectSource(options.dcgm, options.refresh_s, timeout=options.timeout_s)

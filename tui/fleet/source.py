@@ -27,6 +27,9 @@ from tui.fleet.match import GpuMatcher, pod_of_labels
 from tui.fleet.prometheus import Labels, PromError, PrometheusClient, Target
 from tui.fleet.queries import K8S_LABELS, KEY_LABELS, FleetQueries, Windows, window
 from tui.model.samples import Dialect, EngineReading, EngineSample, EngineStats, GpuReport, Health
+from tui.model.targets import EngineTarget
+from tui.net.keepalive import Transports
+from tui.sources.engine import poll_slots
 
 Key = tuple[str, str, str, str]  # job, instance, model_name, engine
 TARGETS_REFRESH_S = 60.0  # scrape intervals and target health: refetched sooner when a target is down
@@ -98,6 +101,10 @@ class FleetSource:
         self._targets: dict[tuple[str, str], Target] = {}
         self._targets_at = float("-inf")
         self.backfilled = False  # the alerts' history was asked for (on the first good read)
+        # Engines whose /slots are read straight from them (the one the dashboard has opened from the table):
+        # Prometheus has no slots. Set by the UI; read with `transports` where set.
+        self.slots_of: dict[str, EngineTarget] = {}
+        self.transports: Transports | None = None
 
     @property
     def labels_of(self) -> dict[str, Labels]:
@@ -107,12 +114,27 @@ class FleetSource:
         self.reads += 1
         before = self.client.calls
         try:
-            return await self._read()
+            return await self._with_slots(await self._read())
         except PromError as exc:
             self.error, self.error_kind = exc.message, exc.kind
             return self._stale(exc.message)
         finally:
             self.queries_per_read = self.client.calls - before
+
+    async def _with_slots(self, samples: list[EngineSample]) -> list[EngineSample]:
+        """A llama-server in `slots_of`, reachable directly: its /slots beside Prometheus' figures."""
+        if not self.slots_of or self.transports is None:
+            return samples
+        out = []
+        for sample in samples:
+            target = self.slots_of.get(sample.name)
+            if target is not None and sample.reading is not None and target.url:
+                slots = await poll_slots(self.transports.for_url(target.url), target, self.client.timeout,
+                                         sample.reading)
+                sample = dataclasses.replace(sample, slots=slots)
+                self._last[sample.name] = sample
+            out.append(sample)
+        return out
 
     def _stale(self, why: str) -> list[EngineSample]:
         now, wall = time.monotonic(), time.time()

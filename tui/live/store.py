@@ -18,7 +18,7 @@ from typing import Any
 
 from tui.model.bench import BenchSample
 from tui.model.events import ProbeEvent
-from tui.model.samples import EngineReading, EngineSample, EngineStats, GpuReport, HostSample
+from tui.model.samples import EngineReading, EngineSample, EngineStats, GpuReport, HostSample, PromptProgress
 from tui.model.traffic import TrafficSample
 from tui.sources.rates import derive, gen_tps, present, shape, ttft_p50, went_back, went_back_same_shape
 
@@ -93,6 +93,7 @@ class EngineState:
     model_gen_tps: dict[str, float | None] = field(default_factory=dict)
     model_status_since: dict[str, tuple[str, float]] = field(default_factory=dict)  # id -> (status, wall)
     model_used: dict[str, float] = field(default_factory=dict)  # id -> wall time it last served a request
+    prefill: PromptProgress | None = None  # a probe's long prompt, as the engine streams its progress
 
 
 class Store:
@@ -288,8 +289,13 @@ class Store:
         for name, state in self.engines.items():
             state.rss_bytes = by_engine.get(name)
 
+    def probe_progress(self, name: str, progress: PromptProgress) -> None:
+        """A probe's prompt progress as it streams (not recorded: its result is)."""
+        self.engine(name).prefill = progress
+
     def add_probe(self, name: str, result: Any, t: float | None = None) -> None:
         t = time.monotonic() if t is None else t
+        self.engine(name).prefill = None
         self._tell(ProbeEvent(name, t, result))
         probes = self.engine(name).probes
         probes.append((t, result))

@@ -194,3 +194,20 @@ class HostSample:
     swap_used_bytes: int | None = None
     swap_total_bytes: int | None = None
     engines: tuple[ProcessTreeMemory, ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True, slots=True)
+class PromptProgress:
+    """llama-server's progress through a streamed request's prompt (`return_progress`): tokens in all, reused
+    from the cache, processed so far, and the time it took. Real prefill work is processed - cache of
+    total - cache."""
+
+    total: int
+    cache: int
+    processed: int
+    time_ms: float
+
+    @property
+    def fraction(self) -> float:
+        todo = self.total - self.cache
+        return 1.0 if todo <= 0 else min(1.0, max(0.0, (self.processed - self.cache) / todo))

@@ -14,14 +14,17 @@ through a proxy). The HTTP itself is tui.net.http1: a streaming client far cheap
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import orjson
 
 from tui.base.secrets import redact
+from tui.model.samples import PromptProgress
 from tui.net.http1 import Exchange, HttpFailure, Phases
 from tui.net.policy import InsecureSecret, error_text, public_url, target_headers
 from tui.probe.results import (
@@ -98,6 +101,7 @@ class _Recorder:
     timings: dict[str, Any] | None = None
     vllm_metrics: dict[str, Any] | None = None
     done: bool = False
+    on_progress: Callable[[PromptProgress], None] | None = None
     text: list[str] = field(default_factory=list)
     token_times: list[float] = field(default_factory=list)
     _data: list[bytes] = field(default_factory=list)
@@ -187,6 +191,12 @@ class _Recorder:
             self.timings = timings
         if isinstance(metrics := obj.get("metrics"), dict):
             self.vllm_metrics = metrics
+        if self.on_progress is not None and isinstance(progress := obj.get("prompt_progress"), dict):
+            # a shape we do not know is passed over: the progress is a nicety, the result is what counts
+            with contextlib.suppress(KeyError, TypeError, ValueError):
+                self.on_progress(PromptProgress(
+                    int(progress["total"]), int(progress.get("cache") or 0), int(progress["processed"]),
+                    float(progress.get("time_ms") or 0)))
 
 
 def _start(payload: bytes) -> str:
@@ -217,9 +227,11 @@ class ProbeClient:
         index: int = 0,
         turn: int | None = None,
         path: str = CHAT_PATH,
+        on_progress: Callable[[PromptProgress], None] | None = None,
     ) -> ProbeResult:
         """Send `body` (stream and include_usage are forced on) and time the streamed answer; `path`
-        COMPLETIONS_PATH for a raw prompt."""
+        COMPLETIONS_PATH for a raw prompt. `on_progress` sees llama-server's prompt progress when the body
+        asks for it (`return_progress`)."""
         body = {**body, "stream": True}
         body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
         # Encoded before the clock starts, so the client's own JSON work is not counted as server time.
@@ -227,7 +239,7 @@ class ProbeClient:
         headers = {"Content-Type": "application/json", "Accept": "text/event-stream", "Connection": "close",
                    "Accept-Encoding": "identity"}
         key = target.api_key
-        rec = _Recorder(max_event_bytes=self.limits.max_event_bytes)
+        rec = _Recorder(max_event_bytes=self.limits.max_event_bytes, on_progress=on_progress)
         exchange = Exchange(self.limits.read_s)
         status: int | None = None
         error: str | None = None

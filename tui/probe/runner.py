@@ -22,6 +22,7 @@ import dataclasses
 import itertools
 from collections.abc import Callable
 
+from tui.model.samples import PromptProgress
 from tui.probe.client import ProbeClient, ProbeLimits, ProbeTarget
 from tui.probe.results import ProbeResult
 from tui.probe.sweep import LevelResult, SweepConfig, SweepResult, run_sweep
@@ -65,14 +66,16 @@ class ProbeRunner:
         params: WorkloadParams | None = None,
         repeat: int = 1,
         on_result: Callable[[ProbeResult], None] | None = None,
+        on_progress: Callable[[PromptProgress], None] | None = None,
     ) -> tuple[ProbeResult, ...]:
-        """Run `repeat` requests (agent: turns) in order; `on_result` sees each one as it completes."""
+        """Run `repeat` requests (agent: turns) in order; `on_result` sees each one as it completes,
+        `on_progress` a long prompt's prefill progress as it streams (llama-server)."""
         key = self._claim(target)
         results: list[ProbeResult] = []
         try:
             assert self._client is not None
             params = self._fresh(params or WorkloadParams(), target)
-            workload_iter = run_workload(self._client, target, workload, params, repeat)
+            workload_iter = run_workload(self._client, target, workload, params, repeat, on_progress)
             async with contextlib.aclosing(workload_iter):
                 async for result in workload_iter:
                     results.append(result)

@@ -16,10 +16,11 @@ from __future__ import annotations
 import hashlib
 import random
 import secrets
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tui.model.samples import PromptProgress
 from tui.probe.client import ProbeClient, ProbeTarget
 from tui.probe.results import ProbeResult
 
@@ -105,7 +106,9 @@ def long_prefill_body(params: WorkloadParams, index: int) -> dict[str, Any]:
     # Leave room for the template and the question; the server's usage reports the real count.
     filler = seeded_words(seed, params.prompt_tokens - 24)
     prompt = f"{prompt_tag(params, index)} {filler}\n\nAnswer with one word: what is the first word above?"
-    return _base(params, [{"role": "user", "content": prompt}], params.max_tokens or 1)
+    body = _base(params, [{"role": "user", "content": prompt}], params.max_tokens or 1)
+    body["return_progress"] = True  # llama-server streams its prefill progress; other engines ignore it
+    return body
 
 
 class AgentConversation:
@@ -149,9 +152,11 @@ def request_body(workload: str, params: WorkloadParams, index: int) -> dict[str,
 
 
 async def run_workload(
-    client: ProbeClient, target: ProbeTarget, workload: str, params: WorkloadParams, repeat: int = 1
+    client: ProbeClient, target: ProbeTarget, workload: str, params: WorkloadParams, repeat: int = 1,
+    on_progress: Callable[[PromptProgress], None] | None = None,
 ) -> AsyncGenerator[ProbeResult, None]:
-    """Send `repeat` requests one after another (agent: `repeat` turns), yielding each result."""
+    """Send `repeat` requests one after another (agent: `repeat` turns), yielding each result; `on_progress`
+    sees the prompt progress a long-prefill request streams (llama-server)."""
     if workload not in WORKLOADS:
         raise ValueError(f"unknown workload {workload!r}; choose one of {', '.join(WORKLOADS)}")
     if repeat < 1:
@@ -160,9 +165,10 @@ async def run_workload(
     for index in range(repeat):
         if conversation is not None:
             body = conversation.next_body()
-            result = await client.chat(target, body, workload=workload, index=index, turn=conversation.turn)
+            result = await client.chat(target, body, workload=workload, index=index, turn=conversation.turn,
+                                       on_progress=on_progress)
             conversation.observe(result)
         else:
             body = request_body(workload, params, index)
-            result = await client.chat(target, body, workload=workload, index=index)
+            result = await client.chat(target, body, workload=workload, index=index, on_progress=on_progress)
         yield result

@@ -114,7 +114,7 @@ def build_sources(options: RunOptions, *, gpu_report: Callable[[], GpuReport | N
     engines = [EngineSource(t, transports, every, timeout_s=timeout) for t in options.watched]
     engines += [EngineSource(t, transports, every, launched_by_us=True, timeout_s=timeout)
                 for t in options.launched]
-    fleet = make_sources(options.fleet, gpu_report) if options.fleet is not None else None
+    fleet = make_sources(options.fleet, gpu_report, transports) if options.fleet is not None else None
     local_pids = LocalPids(options.watched)
     gpu = gpu_sampler() if options.reads_nvml else None
     host = host_sampler() if options.machine else None

@@ -312,6 +312,19 @@ async def _inflight(transport: Transport, target: EngineTarget, headers: dict[st
         f"{events} ended without an in-flight snapshot"
 
 
+async def poll_slots(transport: Transport, target: EngineTarget, timeout: float,
+                     reading: EngineReading | None) -> SlotsReading | None:
+    """A llama-server's /slots alone (an engine whose figures come from elsewhere: Prometheus)."""
+    try:
+        headers = target_headers(target)
+    except InsecureSecret as exc:
+        return SlotsReading(error=str(exc))
+    slots = await _slots(transport, target, headers, timeout, reading)
+    if slots is not None and slots.error is not None:
+        return SlotsReading(error=_scrub(slots.error, target))
+    return slots
+
+
 async def _slots(transport: Transport, target: EngineTarget, headers: dict[str, str], timeout: float,
                  reading: EngineReading | None) -> SlotsReading | None:
     """llama-server's slots, beside its /metrics (other engines have none)."""

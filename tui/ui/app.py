@@ -248,7 +248,8 @@ class EnginetopApp(App[None]):
                      "ok" if result.ok else f"failed: {result.error}")
 
         params = WorkloadParams(max_tokens=self.config.probe_max_tokens)
-        await self.probes.probe(target, self.config.probe_workload, params, repeat=1, on_result=keep)
+        await self.probes.probe(target, self.config.probe_workload, params, repeat=1, on_result=keep,
+                                on_progress=lambda progress: self.store.probe_progress(target.name, progress))
 
     async def _probe_loop(self, slot: Slot) -> None:
         assert slot.probe_every_s
@@ -524,6 +525,11 @@ class EnginetopApp(App[None]):
 
     def redraw_fleet(self, force: bool = False) -> float | None:
         """The table (or the engine opened from it) when something new came in; the seconds it took."""
+        engines = self.fleet.engines if self.fleet else None
+        if engines is not None:  # the engine opened from the table: its slots, read from it directly
+            opened = self.screen.engine_name if isinstance(self.screen, EngineScreen) else None
+            if set(engines.slots_of) != ({opened} if opened else set()):
+                engines.slots_of = {opened: self._fleet_target(opened)} if opened else {}
         if isinstance(self.screen, EngineScreen):
             self._show_engine(self.screen)
             return None
