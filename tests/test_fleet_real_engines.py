@@ -94,7 +94,7 @@ async def settle(prom, url: str) -> tuple:
         _, now = await direct(url)
         sample = await fleet_read(prom.url)
         idle = sample.reading.running == now.running == 0
-        if idle and sample.reading.generation_tokens_total == now.generation_tokens_total or \
+        if (idle and sample.reading.generation_tokens_total == now.generation_tokens_total) or \
                 time.monotonic() > deadline:
             return sample, now
         await asyncio.sleep(0.5)

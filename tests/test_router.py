@@ -42,6 +42,21 @@ pytestmark = pytest.mark.engine
 REPO = Path(__file__).resolve().parents[1]
 
 
+def start_router(models: Path, port: int):
+    argv = [str(llama_server_binary()), "--models-dir", str(models), "--host", "127.0.0.1",
+            "--port", str(port), "--metrics", "--ctx-size", "2048"]
+    launched = launch(argv, runs_dir() / f"test-router-{port}.log")
+    until(lambda: up(f"http://127.0.0.1:{port}"), "the router answering", timeout=60)
+    return launched
+
+
+def up(url: str) -> bool:
+    try:
+        return httpx.get(url + "/health", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 @pytest.fixture
 def router(tmp_path):
     models = tmp_path / "models"
@@ -50,20 +65,9 @@ def router(tmp_path):
         os.symlink(demo_model_path(), models / f"{name}.gguf")
     (models / "broken.gguf").write_bytes(b"GGUF" + bytes(64))  # a model whose load fails
     port = free_port()
-    argv = [str(llama_server_binary()), "--models-dir", str(models), "--host", "127.0.0.1",
-            "--port", str(port), "--metrics", "--ctx-size", "2048"]
-    launched = launch(argv, runs_dir() / f"test-router-{port}.log")
-    url = f"http://127.0.0.1:{port}"
-
-    def up() -> bool:
-        try:
-            return httpx.get(url + "/health", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
+    launched = start_router(models, port)
     try:
-        until(up, "the router answering", timeout=60)
-        yield url
+        yield f"http://127.0.0.1:{port}"
     finally:
         stop_group(launched)
 
@@ -290,11 +294,24 @@ async def test_the_dashboard_switches_the_demo_router_with_the_switch_keys_and_s
             assert statuses(url) == {"gemma-a": "unloaded", "gemma-b": "loaded"}
     finally:
         app.stop_managed()
-    assert not httpx_up(f"http://127.0.0.1:{port}")  # the router enginetop started is stopped on quit
+    assert not up(f"http://127.0.0.1:{port}")  # the router enginetop started is stopped on quit
 
 
-def httpx_up(url: str) -> bool:
+async def test_a_router_that_restarts_reads_down_then_its_models_again(tmp_path):
+    models = tmp_path / "models"
+    models.mkdir()
+    os.symlink(demo_model_path(), models / "gemma-a.gguf")
+    port = free_port()
+    launched = start_router(models, port)
+    source = EngineSource(EngineTarget("router", f"http://127.0.0.1:{port}"), Transports(), interval_s=0.2)
     try:
-        return httpx.get(url + "/health", timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
+        [before] = await source.read()
+        assert before.model == "router: 1 model, 0 loaded"
+        stop_group(launched)
+        [gone] = await source.read()
+        assert gone.health == "down" and "connection refused" in gone.health_reason and gone.models is None
+        launched = start_router(models, port)
+        [back] = await source.read()
+        assert back.health == "up" and back.model == "router: 1 model, 0 loaded"
+    finally:
+        stop_group(launched)

@@ -68,7 +68,8 @@ def test_a_run_whose_process_is_gone_reads_failed(tmp_path):
 
 async def test_a_measured_capacity_shows_the_traffics_headroom_and_slo(tmp_path):
     with SSEServer(default=Scenario(per_token_delay_s=0.001)) as engine:
-        save_capacities([MeasuredCapacity(engine.url, "sse", 10.0, "ttft:500", 0.95, "poisson", "w.jsonl",
+        # a loose SLO: what is checked is that the traffic is judged and shown, not the loop's TTFT under load
+        save_capacities([MeasuredCapacity(engine.url, "sse", 10.0, "ttft:5000", 0.95, "poisson", "w.jsonl",
                                           time.time())])
         assert load_capacities()[engine.url].capacity_rps == 10.0
         app = make_app([EngineTarget("sse", engine.url)], tmp_path)
@@ -82,7 +83,7 @@ async def test_a_measured_capacity_shows_the_traffics_headroom_and_slo(tmp_path)
                 for stream in (True, True, True, False):  # a request without a stream has no TTFT to judge
                     await client.post(via + "/v1/chat/completions", json={
                         "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": stream})
-            judged = "ttft:500: 100.0% met of 3 requests (last 5 min)"
+            judged = "ttft:5000: 100.0% met of 3 requests (last 5 min)"
             await wait_for(pilot, lambda: judged in screen_text(app), what="the traffic's SLO")
             text = screen_text(app)
             assert "headroom" in text and "req/s capacity" in text and "% used)" in text

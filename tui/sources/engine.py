@@ -22,7 +22,7 @@ from tui.net.keepalive import Transport, exchange
 from tui.net.policy import InsecureSecret, error_text, public_url, target_headers
 from tui.sources import swap as swap_source
 from tui.sources.metrics import MetricsFormatError, parse_reading
-from tui.sources.router import NEEDS_MODEL, read_router
+from tui.sources.router import NEEDS_MODEL, plural, read_router
 from tui.sources.slots import SLOTS_PATH, parse_slots
 
 # One line per request, off unless --log-http (tui.cli.dashboard.log_to_file): four engines a second say
@@ -162,7 +162,8 @@ async def poll_engine(transport: Transport, target: EngineTarget, *, timeout: fl
         if isinstance(models, str):
             return sample(health, None, None, None, f"router mode: {models}")
         loaded = sum(m.status == "loaded" for m in models)
-        return sample(health, None, f"router: {len(models)} models, {loaded} loaded", models=models)
+        return sample(health, None, f"router: {len(models)} model{plural(len(models))}, {loaded} loaded",
+                      models=models)
 
     async def swapped(states: dict[str, str] | None = None) -> EngineSample:
         """llama-swap: its models and their states, requests in flight, and the figures of the ready ones."""

@@ -24,8 +24,8 @@ NEEDS_MODEL = "model name is missing"  # the router's /metrics and /slots withou
 Fetch = Callable[[str], Awaitable[tuple[int, bytes, bool]]]
 
 
-def is_router_answer(status: int, body: bytes) -> bool:
-    return status == 400 and NEEDS_MODEL in body.decode("utf-8", "replace")
+def plural(n: int) -> str:
+    return "" if n == 1 else "s"
 
 
 def parse_models(body: bytes) -> list[dict[str, Any]]:

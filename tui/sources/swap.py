@@ -20,7 +20,7 @@ import orjson
 
 from tui.model.samples import EngineReading, RoutedModel
 from tui.sources.metrics import MetricsFormatError, parse_reading
-from tui.sources.router import MODELS_PATH, Fetch, parse_models
+from tui.sources.router import MODELS_PATH, Fetch, parse_models, plural
 from tui.sources.slots import SLOTS_PATH, parse_slots
 
 LABEL = "llama-swap"
@@ -96,7 +96,8 @@ async def read_swap(fetch: Fetch, events: Events, metrics_path: str,
             model = await _ready(fetch, metrics_path, model)
         models.append(model)
     ready = sum(m.status == "ready" for m in models)
-    summary = f"{LABEL}: {len(models)} models, {ready} ready" + (f", profile {profile}" if profile else "")
+    summary = f"{LABEL}: {len(models)} model{plural(len(models))}, {ready} ready" + (
+        f", profile {profile}" if profile else "")
     return tuple(models), "; ".join([summary, *words])
 
 
