@@ -16,7 +16,7 @@
   machine has no GPU), so throttled spans show.
 - router-slots.svg / router-switch.svg: the demo router profiles (llama-server in router mode, the demo Gemma
   as gemma-a and gemma-b): the model rows and gemma-a's slot table during a probe, then the switch to gemma-b
-  (key 4) with its timed steps.
+  (key 2) with its timed steps.
 - traffic-llama.svg: the dashboard running the traffic proxy (--proxy-listen) in front of the real
   llama-server, with an agent-like load sent through the proxy: the column's "traffic" rows.
 The GPU panel shows what this machine has (no NVIDIA driver here: one line saying so).
@@ -275,7 +275,7 @@ async def shoot_router() -> None:
                 app.save_screenshot(filename="router-slots.svg", path=str(OUT))
                 print(f"wrote {OUT / 'router-slots.svg'}")
                 await wait(pilot, lambda: bool(app.store.engines[a.name].probes), 60)
-                await pilot.press("4")  # demo-router-gemma-b among the switchable profiles
+                await pilot.press("2")  # demo-router-gemma-b, the second switchable profile
                 await pilot.pause(0.5)
                 await pilot.press("y")
                 await wait(pilot, lambda: getattr(app.screen, "done", None) is not None, 120)

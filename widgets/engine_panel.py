@@ -236,7 +236,8 @@ def render_engine(state: EngineState, status: EngineStatus | None = None,
         where = f"job {sample.job}, instance {sample.instance}, node {sample.host or NA}"
         grid.add_row("scraped", where + "".join(f", {k} {v}" for k, v in sample.labels))
     # llama-server names the model by its file path: the file name is what tells models apart
-    grid.add_row("model", sample.model.rsplit("/", 1)[-1] if sample.model else NA)
+    if sample.models is None:  # a router's or llama-swap's own row below says what it serves
+        grid.add_row("model", sample.model.rsplit("/", 1)[-1] if sample.model else NA)
     if sample.metrics_error:
         grid.add_row("metrics", Text(sample.metrics_error, style="bold red"))
     if reading is None:
