@@ -26,7 +26,14 @@ from tests.waiting import until
 from tui.base.paths import runs_dir
 from tui.base.process import free_port, launch, pid_alive, stop_group
 from tui.engines.llamacpp import demo_model_path, llama_server_binary
-from tui.lifecycle.profiles import load_profiles, parse_profile, repo_profiles_dir, user_profiles_dir
+from tui.lifecycle.engine import launch_instance
+from tui.lifecycle.profiles import (
+    load_profiles,
+    parse_profile,
+    repo_profiles_dir,
+    resolve,
+    user_profiles_dir,
+)
 from tui.lifecycle.router import model_processes
 from tui.lifecycle.switch import EngineManager
 from tui.model.targets import EngineTarget
@@ -297,19 +304,27 @@ async def test_the_dashboard_switches_the_demo_router_with_the_switch_keys_and_s
     assert not up(f"http://127.0.0.1:{port}")  # the router enginetop started is stopped on quit
 
 
-async def test_a_router_that_restarts_reads_down_then_its_models_again(tmp_path):
+async def test_a_router_that_restarts_reads_down_then_its_models_again(tmp_path, llama_server):
     models = tmp_path / "models"
     models.mkdir()
     os.symlink(demo_model_path(), models / "gemma-a.gguf")
     port = free_port()
+    url = f"http://127.0.0.1:{port}"
     launched = start_router(models, port)
-    source = EngineSource(EngineTarget("router", f"http://127.0.0.1:{port}"), Transports(), interval_s=0.2)
+    source = EngineSource(EngineTarget("router", url), Transports(), interval_s=0.2)
     try:
         [before] = await source.read()
         assert before.model == "router: 1 model, 0 loaded"
+        manager = EngineManager(record_state=False)  # the column watched a model of this router
+        manager.adopt(launch_instance(resolve(router_profile(tmp_path, "r-a", url, "gemma-a"))))
         stop_group(launched)
         [gone] = await source.read()
         assert gone.health == "down" and "connection refused" in gone.health_reason and gone.models is None
+        other = tmp_path / "other.toml"  # a switch away from the dead router is not blocked by it
+        other.write_text(f'name = "other"\nengine = "llama.cpp"\nport = {llama_server.port}\n')
+        away = manager.switch(parse_profile(other.read_text(), other)[0])
+        assert away.ok, away.message
+        assert steps(away)["stop"] == ("skipped", f"nothing answers at {url} any more: gemma-a is not loaded")
         launched = start_router(models, port)
         [back] = await source.read()
         assert back.health == "up" and back.model == "router: 1 model, 0 loaded"

@@ -75,6 +75,14 @@ class Router:
             raise StepError(step, f"{self.KIND} at {self.url} has no model {model!r} (it has: {known})")
         return models[model]
 
+    def answers(self) -> bool:
+        """Does anything answer HTTP at the router's address?"""
+        try:
+            self._client.get(self.url + self.profile.health_path, timeout=5.0)
+        except httpx.HTTPError:
+            return False
+        return True
+
     def props(self) -> dict[str, Any]:
         try:
             reply = self._client.get(self.url + "/props")

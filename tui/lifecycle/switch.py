@@ -523,6 +523,9 @@ class EngineManager:
         model = old.profile.router_model if old is not None else None
         if old is not None and model and (keep_router or old.attached):
             router = run.router(old.resolved)
+            if old.attached and not router.answers():  # gone, and its models with it: nothing to unload
+                run.emit("stop", "skipped", f"nothing answers at {old.url} any more: {model} is not loaded")
+                return False
             run.emit("stop", "running", f"asking {router.KIND} at {old.url} to unload {model}")
             router.unload(model, lambda words: run.emit("stop", "running", words))
             if self._record_state and not old.attached:  # the router's record moves to the next profile
