@@ -319,3 +319,26 @@ def test_llama_key_with_a_comma_is_refused(tmp_path: Path) -> None:
     profile, _ = parse_profile(GOOD + f'api_key_file = "{key_file}"\n', tmp_path / "l.toml", environ={})
     with pytest.raises(ProfileError, match="contains a comma"):
         resolve(profile, environ={})
+
+
+@pytest.mark.parametrize(("extra", "field", "words"), [
+    ('router_model = ""', "router_model", "must not be empty"),
+    ('swap_profile = "fast"', "swap_profile", "needs router_model"),
+])
+def test_router_model_and_swap_profile_are_checked(tmp_path: Path, extra: str, field: str,
+                                                   words: str) -> None:
+    profile, issue = only_issue(GOOD + extra + "\n", tmp_path)
+    assert profile is None and issue.field == field and words in issue.message and issue.line == 5
+
+
+def test_router_model_needs_a_llama_cpp_engine(tmp_path: Path) -> None:
+    profile, issue = only_issue(GOOD.replace('"llama.cpp"', '"vllm"') + 'router_model = "a"\n', tmp_path)
+    assert profile is None and issue.field == "router_model" and "llama-server router" in issue.message
+
+
+def test_profiles_of_one_router_switch_models_and_keep_it(tmp_path: Path) -> None:
+    a = parse_profile(GOOD + 'router_model = "a"\n', write(tmp_path, "a.toml", GOOD), environ={})[0]
+    b_text = GOOD.replace('"good"', '"b"') + 'router_model = "b"\n'
+    b = parse_profile(b_text, tmp_path / "b.toml", environ={})[0]
+    plain = parse_profile(GOOD, tmp_path / "c.toml", environ={})[0]
+    assert a.same_router(b) and not a.same_router(plain) and not plain.same_router(plain)

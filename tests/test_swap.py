@@ -109,11 +109,11 @@ async def test_llama_swap_is_seen_model_by_model_and_looking_starts_nothing(swap
     assert swap.running() == {"gemma-b": "ready"}  # gemma-a was never started by the polls
 
 
-def profile(tmp_path: Path, url: str, model: str):
+def profile(tmp_path: Path, url: str, model: str, extra: str = ""):
     path = tmp_path / f"swap-{model}.toml"
     port = url.rsplit(":", 1)[1]
     path.write_text(f'name = "swap-{model}"\nengine = "llama.cpp"\nport = {port}\nrouter_model = "{model}"\n'
-                    "start_timeout_s = 90\ndrain_timeout_s = 30\n")
+                    "start_timeout_s = 90\ndrain_timeout_s = 30\n" + extra)
     loaded, issues = parse_profile(path.read_text(), path)
     assert loaded is not None, issues
     return loaded
@@ -130,9 +130,16 @@ def test_switching_through_llama_swap_stops_waits_starts_and_probes(swap, tmp_pa
     assert "gemma-a loaded and answers a 1-token completion" in steps["ready"][1]
     upstream = swap_processes(swap.url, "gemma-a")
 
-    second = manager.switch(profile(tmp_path, swap.url, "gemma-b"))
+    no_such = manager.switch(profile(tmp_path, swap.url, "gemma-b", 'swap_profile = "nope"\n'))
+    assert not no_such.ok and no_such.failed_step == "resolve"
+    assert "llama-swap has no profile 'nope' (it has: fast)" in no_such.message
+    assert swap.running() == {"gemma-a": "ready"}  # refused before anything was stopped
+
+    second = manager.switch(profile(tmp_path, swap.url, "gemma-b", 'swap_profile = "fast"\n'))
     assert second.ok, second.message
+    assert httpx.get(swap.url + "/api/profiles", timeout=5).json()["active"] == "fast"
     steps = {s.name: (s.status, s.message) for s in second.steps}
+    assert "and profile fast" in steps["resolve"][1]
     assert steps["stop"] == ("ok", f"llama-swap at {swap.url} accepted the unload of gemma-a")
     assert steps["drain"][1].startswith(f"gemma-a unloaded, its process {upstream} gone")
     assert not pid_alive(upstream)

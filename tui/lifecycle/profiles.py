@@ -84,7 +84,8 @@ class Profile:
     drain_timeout_s: float = 120.0
     vram_threshold_gib: float = DEFAULT_VRAM_THRESHOLD_GIB
     notes: str = ""
-    router_model: str | None = None  # a model of a llama-server router: switching loads it there
+    router_model: str | None = None  # a model of a llama-server router or llama-swap: switching loads it
+    swap_profile: str | None = None  # llama-swap: the profile (its model pins) made active by the switch
 
     def same_router(self, other: Profile) -> bool:
         """Both name a model of one router, started (or attached to) the same way: a switch between them
@@ -245,10 +246,11 @@ _KNOWN_KEYS = {
     "vram_threshold_gib",
     "notes",
     "router_model",
+    "swap_profile",
 }
 _STRING_KEYS = (
     "name", "engine", "workdir", "host", "health_path", "metrics_path", "api_key_file", "notes",
-    "router_model",
+    "router_model", "swap_profile",
 )
 _NUMBER_KEYS = ("start_timeout_s", "stop_timeout_s", "drain_timeout_s", "vram_threshold_gib")
 
@@ -354,6 +356,9 @@ def parse_profile(
         err("router_model", "must name a model of a llama-server router (engine \"llama.cpp\")"
             if router_model.strip() else "must not be empty")
 
+    if "swap_profile" in data and router_model is None:
+        err("swap_profile", "needs router_model: the llama-swap model this profile serves")
+
     if issues:
         return None, issues
     assert isinstance(name, str) and isinstance(engine, str) and isinstance(port, int)  # checked above
@@ -376,6 +381,7 @@ def parse_profile(
         vram_threshold_gib=float(data.get("vram_threshold_gib", DEFAULT_VRAM_THRESHOLD_GIB)),
         notes=data.get("notes", ""),
         router_model=router_model.strip() if isinstance(router_model, str) else None,
+        swap_profile=data.get("swap_profile"),
     )
     issues += _unset_variables(profile, lines, environ)
     if not is_loopback_host(profile.host) and profile.api_key_file is None:

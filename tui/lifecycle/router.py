@@ -254,6 +254,35 @@ class LlamaSwap(Router):
         progress(f"asked llama-swap for {model} (GET /upstream/{model}/health starts it)")
         return True
 
+    def profiles(self, step: str) -> tuple[list[str], str | None]:
+        """llama-swap's profile ids and the active one."""
+        try:
+            data = self._client.get(self.url + swap_source.PROFILES_PATH).json()
+            listed = [str(p.get("id")) for p in data.get("profiles") or [] if isinstance(p, dict)]
+            return listed, data.get("active")
+        except (httpx.HTTPError, ValueError, AttributeError) as exc:
+            raise StepError(step, f"llama-swap's {swap_source.PROFILES_PATH}: {type(exc).__name__}") from exc
+
+    def check_profile(self, name: str, step: str) -> None:
+        known, _ = self.profiles(step)
+        if name not in known:
+            listed = ", ".join(known) or "none"
+            raise StepError(step, f"llama-swap has no profile {name!r} (it has: {listed})")
+
+    def activate(self, name: str, progress: Callable[[str], object]) -> None:
+        """Make `name` llama-swap's active profile (its model pins), and check it took."""
+        try:
+            reply = self._client.put(self.url + swap_source.PROFILES_PATH + "/active", json={"name": name})
+        except httpx.HTTPError as exc:
+            raise StepError("start", f"PUT {swap_source.PROFILES_PATH}/active: {type(exc).__name__}") from exc
+        if reply.status_code != 200:
+            raise StepError("start", f"llama-swap refused profile {name}: HTTP {reply.status_code}"
+                                     f"{_reason(reply)}")
+        active = self.profiles("start")[1]
+        if active != name:
+            raise StepError("start", f"llama-swap's active profile is {active!r} after setting {name!r}")
+        progress(f"llama-swap's active profile is {name}")
+
     def check_load(self, model: str, status: dict[str, Any], seen_loading: bool) -> None:
         if self._start is None or self._start[0].is_alive() or not self._start[1]:
             return

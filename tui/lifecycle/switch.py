@@ -45,7 +45,7 @@ from tui.lifecycle.engine import (
     wait_ready,
 )
 from tui.lifecycle.profiles import GIB, Profile, ProfileError, ResolvedProfile, resolve
-from tui.lifecycle.router import Router, open_router
+from tui.lifecycle.router import LlamaSwap, Router, open_router
 from tui.model.samples import GpuReport, GpuSample
 from tui.model.status import EngineStatus, RunState, StepEvent, StepStatus
 
@@ -508,8 +508,12 @@ class EngineManager:
             raise StepError("resolve", f"profile {to.name} cannot start: {exc}") from exc
         what = "attach, nothing to launch" if resolved.argv is None else f"{len(resolved.argv)} arguments"
         if to.router_model and ask_router:  # an unknown model is refused before anything is stopped
-            status = run.router(resolved).status(to.router_model, "resolve")
-            what = f"{run.router(resolved).KIND} at {to.url} has {to.router_model} ({status.get('value')})"
+            router = run.router(resolved)
+            status = router.status(to.router_model, "resolve")
+            what = f"{router.KIND} at {to.url} has {to.router_model} ({status.get('value')})"
+            if to.swap_profile:
+                self._swap(router, to).check_profile(to.swap_profile, "resolve")
+                what += f" and profile {to.swap_profile}"
         run.emit(
             "resolve", "ok", f"{to.name}: {what}" + (", API key read from file" if resolved.api_key else "")
         )
@@ -657,6 +661,13 @@ class EngineManager:
                 state.write_state(new)
         return new
 
+    @staticmethod
+    def _swap(router: Router, to: Profile) -> LlamaSwap:
+        if not isinstance(router, LlamaSwap):
+            raise StepError("resolve", f"swap_profile {to.swap_profile!r} needs llama-swap, and {to.url} "
+                                       "is a llama-server router")
+        return router
+
     def _check_started(self, run: _Run, new: EngineInstance, more: bool = False) -> None:
         if not new.alive():
             raise StepError("start", crash_message(new, "immediately"))
@@ -684,6 +695,8 @@ class EngineManager:
                 run.forget_router(new.url)
                 waiting(str(exc))
             time.sleep(0.25)
+        if new.profile.swap_profile:
+            self._swap(router, new.profile).activate(new.profile.swap_profile, waiting)
         new.started_mono = time.monotonic()  # its cold start: load request to first completion
         asked = router.load(model, waiting)
         run.emit("start", "ok", f"{router.KIND} at {new.url} is loading {model}" if asked else
