@@ -71,6 +71,7 @@ bench: engine vllm prometheus
 	$(BIN)/python bench/bench_exporter.py
 	$(BIN)/python bench/bench_fleet.py
 	$(BIN)/python bench/bench_proxy.py
+	$(BIN)/python bench/bench_swap_poll.py
 	$(BIN)/python bench/bench_workload.py
 
 clean:

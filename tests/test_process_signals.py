@@ -20,7 +20,7 @@ import pytest
 from waiting import until
 
 from tui.base import process
-from tui.base.process import free_port, launch, pid_alive, stop_group
+from tui.base.process import free_port, free_ports, launch, pid_alive, stop_group
 from tui.lifecycle.engine import EngineInstance, launch_instance, stop_instance
 from tui.lifecycle.profiles import Profile, resolve
 from tui.lifecycle.switch import EngineManager
@@ -161,3 +161,11 @@ def test_stop_waits_until_our_child_has_really_exited(tmp_path: Path) -> None:
     assert stop_group(launched) == "terminated"
     assert not launched.alive()  # reaped: not merely a zombie-looking leader with a thread still running
     assert time.monotonic() - started >= 1.0
+
+
+def test_ports_picked_together_are_all_different():
+    """Picked one at a time, the kernel may hand out the same free port twice (two A/B arms once got the
+    same one and the second could not start): picked together, never."""
+    for _ in range(20):
+        ports = free_ports(8)
+        assert len(set(ports)) == 8 and all(1024 <= p <= 65535 for p in ports)

@@ -89,7 +89,10 @@ def statuses(url: str) -> dict[str, str]:
 
 
 async def test_a_router_is_one_engine_with_a_row_per_model_and_looking_loads_nothing(router, tmp_path):
-    async with httpx.AsyncClient(timeout=120) as client:  # the user's request loads gemma-a
+    async with httpx.AsyncClient(timeout=120) as client:  # the user loads gemma-a and sends it a request
+        # (loaded first: a request racing the load it triggers was once dropped by the router, seen here)
+        assert (await client.post(router + "/models/load", json={"model": "gemma-a"})).status_code == 200
+        until(lambda: statuses(router)["gemma-a"] == "loaded", "gemma-a loaded", timeout=60)
         reply = await client.post(router + "/v1/chat/completions", json={
             "model": "gemma-a", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8})
         assert reply.status_code == 200
@@ -250,6 +253,12 @@ def test_up_switch_down_of_router_profiles_keep_one_router_and_stop_it_with_its_
                          ("start", "ok"), ("ready", "ok")]
         assert statuses(url) == {"gemma-a": "unloaded", "gemma-b": "loaded"}
         [child] = model_processes(router_profile(tmp_path, "probe", url, "gemma-b"), "gemma-b")
+        # another column asks for gemma-a: the router (--models-max 1) has to evict gemma-b, and says so
+        other = EngineManager(record_state=False).switch(router_profile(tmp_path, "other", url, "gemma-a"))
+        assert other.ok, other.message
+        evicts = "it holds 1 of its limit of 1 models (gemma-b), so it unloads the least recently used one"
+        assert steps(other)["start"] == ("ok", f"the router at {url} is loading gemma-a; {evicts}")
+        until(lambda: statuses(url) == {"gemma-a": "loaded", "gemma-b": "unloaded"}, "gemma-b evicted")
     finally:
         down = cli("down", "mine-b")
     assert down["ok"], down
@@ -329,4 +338,37 @@ async def test_a_router_that_restarts_reads_down_then_its_models_again(tmp_path,
         [back] = await source.read()
         assert back.health == "up" and back.model == "router: 1 model, 0 loaded"
     finally:
+        stop_group(launched)
+
+
+async def test_a_loading_models_progress_comes_from_the_routers_event_stream(tmp_path):
+    """While a model loads, the poller follows GET /models/sse (the only place the router says how far a load
+    is) and the row carries it; once nothing loads, the stream is dropped. The demo model loads in about a
+    second, so the load is repeated (at most three times) until the stream was seen in time."""
+    models = tmp_path / "models"
+    models.mkdir()
+    os.symlink(demo_model_path(), models / "gemma-a.gguf")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    launched = start_router(models, port)
+    source = EngineSource(EngineTarget("router", url), Transports(), interval_s=0.05)
+    seen: list[tuple[str, float | None]] = []
+    try:
+        await source.read()
+        for _ in range(3):
+            httpx.post(url + "/models/load", json={"model": "gemma-a"}, timeout=10)
+            for _ in range(200):
+                [sample] = await source.read()
+                seen.append((sample.models[0].status, sample.models[0].progress))
+                if sample.models[0].status == "loaded":
+                    break
+                await asyncio.sleep(0.05)
+            if any(p is not None for _, p in seen):
+                break
+            httpx.post(url + "/models/unload", json={"model": "gemma-a"}, timeout=10)
+            until(lambda: statuses(url)["gemma-a"] == "unloaded", "gemma-a unloaded", timeout=30)
+        assert any(status == "loading" and p is not None and 0 <= p <= 1 for status, p in seen), seen
+        assert not source.following  # loaded: the stream was dropped
+    finally:
+        await source.aclose()
         stop_group(launched)

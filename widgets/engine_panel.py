@@ -109,6 +109,8 @@ def _router_rows(grid: Rows, state: EngineState, models: tuple[RoutedModel, ...]
     for model in models:
         line = _model_line(state, model)
         since = state.model_status_since.get(model.id, (model.status, now))[1]
+        if model.progress is not None:
+            line.append(f" {model.progress:.0%}")
         if now is not None and since is not None and model.status in _COMING:
             line.append(f" for {now - since:.0f} s")
         used = state.model_used.get(model.id)

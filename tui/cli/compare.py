@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tui.base.paths import runs_dir
-from tui.base.process import free_port
+from tui.base.process import free_ports
 from tui.cli.options import add_output
 from tui.compare.ab import ABConfig, Arm, Mode, run_comparison, verdict_words
 from tui.compare.engines import AttachedEngine, ProfileEngine, new_manager, uses_port_variable, with_port
@@ -176,7 +176,8 @@ def _arms_from_profiles(
 ) -> list[Arm]:
     shared = new_manager(gpu)
     arms = []
-    for name, profile, spec in named:
+    ports = free_ports(len(named))  # each coresident instance its own port
+    for (name, profile, spec), port in zip(named, ports, strict=True):
         if profile is None:
             assert spec is not None
             engine = AttachedEngine(name, spec.url, basic_auth=spec.basic_auth)
@@ -184,7 +185,7 @@ def _arms_from_profiles(
                             "enginetop"))
             continue
         if mode == "coresident" and not profile.attach:
-            profile = with_port(profile, free_port())
+            profile = with_port(profile, port)
         manager = new_manager(gpu) if mode == "coresident" else shared
         arms.append(
             Arm(

@@ -137,11 +137,12 @@ class Router:
                 raise StepError("drain", timeout_message("drain", timeout, message), timed_out=True)
             time.sleep(POLL_S)
 
-    def load(self, model: str, progress: Callable[[str], object]) -> bool:
-        """Ask the router to load `model`; False when it was loaded already (nothing asked)."""
+    def load(self, model: str, progress: Callable[[str], object]) -> str | None:
+        """Ask the router to load `model`: what the load will do beside it ("" when nothing), None when it
+        was loaded already (nothing asked)."""
         status = self.status(model, "start")
         if status.get("value") == "loaded":
-            return False
+            return None
         loaded = [m for m, s in self.models("start").items() if s.get("value") in ("loaded", "loading")]
         limit = self.props().get("max_instances")
         reply = self.post("load", model, "start")
@@ -152,12 +153,12 @@ class Router:
             raise StepError("start", f"{model} is already running on the router (loaded by someone else "
                                      "since the switch began)" if already else
                             f"the router refused to load {model}: HTTP {reply.status_code}{_reason(reply)}")
-        words = f"the router accepted the load of {model}"
+        beside = ""
         if isinstance(limit, int) and limit > 0 and len(loaded) >= limit:
-            words += (f"; it holds {len(loaded)} of its limit of {limit} models ({', '.join(loaded)}), so it "
+            beside = (f"; it holds {len(loaded)} of its limit of {limit} models ({', '.join(loaded)}), so it "
                       "unloads the least recently used one")
-        progress(words)
-        return True
+        progress(f"the router accepted the load of {model}{beside}")
+        return beside
 
     def wait_loaded(self, model: str, cancel: threading.Event, progress: Callable[[str], object],
                     timeout: float) -> None:
@@ -236,9 +237,9 @@ class LlamaSwap(Router):
                                     f"{_reason(reply)}")
         progress(f"llama-swap stopped {model}")
 
-    def load(self, model: str, progress: Callable[[str], object]) -> bool:
+    def load(self, model: str, progress: Callable[[str], object]) -> str | None:
         if self.status(model, "start").get("value") == self.LOADED:
-            return False
+            return None
         answers: list[httpx.Response | str] = []
 
         def start() -> None:
@@ -252,7 +253,7 @@ class LlamaSwap(Router):
         thread.start()
         self._start = (thread, answers)
         progress(f"asked llama-swap for {model} (GET /upstream/{model}/health starts it)")
-        return True
+        return ""
 
     def profiles(self, step: str) -> tuple[list[str], str | None]:
         """llama-swap's profile ids and the active one."""

@@ -698,9 +698,9 @@ class EngineManager:
         if new.profile.swap_profile:
             self._swap(router, new.profile).activate(new.profile.swap_profile, waiting)
         new.started_mono = time.monotonic()  # its cold start: load request to first completion
-        asked = router.load(model, waiting)
-        run.emit("start", "ok", f"{router.KIND} at {new.url} is loading {model}" if asked else
-                 f"{model} was already loaded on {router.KIND} at {new.url}: nothing to load")
+        beside = router.load(model, waiting)
+        run.emit("start", "ok", f"{router.KIND} at {new.url} is loading {model}{beside}" if beside is not None
+                 else f"{model} was already loaded on {router.KIND} at {new.url}: nothing to load")
 
     def _ready(self, run: _Run, new: EngineInstance) -> None:
         self._set_step("ready")

@@ -81,6 +81,7 @@ class RoutedModel:
     error: str | None = None  # a loaded model's figures could not be read
     in_flight: int | None = None  # llama-swap: requests to it in flight (its event stream); None: unknown
     oldest_ms: int | None = None  # llama-swap: how long the oldest of them has run
+    progress: float | None = None  # router: share of a loading model's load done (its event stream)
 
 
 @dataclass(frozen=True, slots=True)

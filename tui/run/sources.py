@@ -89,6 +89,8 @@ class RunSources:
                 raise
 
     async def aclose(self) -> None:
+        for engine in self.engines:
+            await engine.aclose()
         if self.proxy is not None:
             await self.proxy.stop()
         for source in self.traffic:

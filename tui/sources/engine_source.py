@@ -6,16 +6,21 @@ headless is exactly what the dashboard would have shown. Nothing here imports Te
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
+from dataclasses import replace
 from urllib.parse import urlsplit
 
 from tui.base.process import pid_alive
 from tui.model.samples import EngineSample
 from tui.model.targets import EngineTarget
-from tui.net.keepalive import Transports
-from tui.net.policy import is_loopback_host
+from tui.net.keepalive import Transports, exchange
+from tui.net.policy import is_loopback_host, target_headers
 from tui.sources.engine import poll_engine
 from tui.sources.host import pids_listening
+from tui.sources.router import SSE_PATH, LoadProgress
+from tui.sources.swap import LABEL as SWAP_LABEL
 
 MODEL_REFRESH_S = 30.0
 HEALTH_REFRESH_S = 5.0  # while /metrics answers; any failure asks /health at once
@@ -37,6 +42,8 @@ class EngineSource:
         self._last: EngineSample | None = None
         self._model_asked = 0.0
         self._health_asked = 0.0
+        self._follow: asyncio.Task[None] | None = None  # a router's event stream, while a model loads
+        self._progress = LoadProgress()
 
     async def read(self) -> list[EngineSample]:
         started = time.monotonic()
@@ -61,8 +68,44 @@ class EngineSource:
                                    known_model=known, check_health=check_health, router=router)
         if target is not self.target:
             return []  # switched meanwhile: the old engine's answer
+        sample = self._with_load_progress(sample)
         self._last = sample
         return [sample]
+
+    def _with_load_progress(self, sample: EngineSample) -> EngineSample:
+        """A router loading a model: follow its event stream while it does, for the load's progress."""
+        loading = [m.id for m in sample.models or () if m.status == "loading"]
+        if not loading or (sample.model or "").startswith(SWAP_LABEL):
+            self._stop_following()
+            return sample
+        if self._follow is None or self._follow.done():
+            self._progress = LoadProgress()
+            self._follow = asyncio.create_task(self._follow_events(self.target, self._progress))
+        of = self._progress.of
+        return replace(sample, models=tuple(replace(m, progress=of.get(m.id)) if m.id in loading else m
+                                            for m in sample.models or ()))
+
+    async def _follow_events(self, target: EngineTarget, progress: LoadProgress) -> None:
+        with contextlib.suppress(Exception):  # the progress is a nicety: the poll reports trouble
+            await exchange(self.transports.for_url(target.url), "GET", target.base + SSE_PATH,
+                           target_headers(target), 64 * 2**20, self.timeout_s, until=progress.feed)
+
+    @property
+    def following(self) -> bool:
+        """A router's event stream is being read (a model of it loads)."""
+        return self._follow is not None and not self._follow.done()
+
+    def _stop_following(self) -> None:
+        if self._follow is not None:
+            self._follow.cancel()
+            self._follow = None
+
+    async def aclose(self) -> None:
+        if self._follow is not None:
+            self._follow.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._follow
+            self._follow = None
 
 
 def is_local(url: str) -> bool:

@@ -73,3 +73,34 @@ async def _loaded(fetch: Fetch, metrics_path: str, model: RoutedModel) -> Routed
     except (MetricsFormatError, ValueError) as exc:
         return replace(model, reading=reading, error=str(exc))
     return replace(model, reading=reading, slots=slots, error=error)
+
+
+SSE_PATH = "/models/sse"
+
+
+class LoadProgress:
+    """Each loading model's progress from the router's event stream (GET /models/sse): /models does not
+    carry it, and the stream does not repeat it, so it is followed while a model loads. Events are
+    `{"model", "event": "status_change", "data": {"status", "progress": {"current", "value"}}}`."""
+
+    def __init__(self) -> None:
+        self.of: dict[str, float] = {}  # model id -> share of its load done (0..1)
+        self._pending = b""
+
+    def feed(self, piece: bytes) -> bool:
+        """A piece of the stream as it came (for tui.net.keepalive's `until`): never enough, read on."""
+        *lines, self._pending = (self._pending + piece).split(b"\n")
+        for line in lines:
+            if not line.startswith(b"data:"):
+                continue
+            try:
+                event = orjson.loads(line[5:])
+                model, data = event["model"], event.get("data") or {}
+            except (orjson.JSONDecodeError, KeyError, TypeError):
+                continue
+            progress = data.get("progress") if isinstance(data, dict) else None
+            if isinstance(progress, dict) and isinstance(progress.get("value"), int | float):
+                self.of[str(model)] = float(progress["value"])
+            elif isinstance(data, dict) and data.get("status") not in (None, "loading"):
+                self.of.pop(str(model), None)
+        return False
