@@ -313,13 +313,18 @@ async def test_the_dashboard_switches_the_demo_router_with_the_switch_keys_and_s
     assert not up(f"http://127.0.0.1:{port}")  # the router enginetop started is stopped on quit
 
 
-async def test_a_router_that_restarts_reads_down_then_its_models_again(tmp_path, llama_server):
+def gemma_a_router(tmp_path: Path):
+    """A router with one model, gemma-a (the demo model): its models dir, port and process."""
     models = tmp_path / "models"
     models.mkdir()
     os.symlink(demo_model_path(), models / "gemma-a.gguf")
     port = free_port()
+    return models, port, start_router(models, port)
+
+
+async def test_a_router_that_restarts_reads_down_then_its_models_again(tmp_path, llama_server):
+    models, port, launched = gemma_a_router(tmp_path)
     url = f"http://127.0.0.1:{port}"
-    launched = start_router(models, port)
     source = EngineSource(EngineTarget("router", url), Transports(), interval_s=0.2)
     try:
         [before] = await source.read()
@@ -345,12 +350,8 @@ async def test_a_loading_models_progress_comes_from_the_routers_event_stream(tmp
     """While a model loads, the poller follows GET /models/sse (the only place the router says how far a load
     is) and the row carries it; once nothing loads, the stream is dropped. The demo model loads in about a
     second, so the load is repeated (at most three times) until the stream was seen in time."""
-    models = tmp_path / "models"
-    models.mkdir()
-    os.symlink(demo_model_path(), models / "gemma-a.gguf")
-    port = free_port()
+    _, port, launched = gemma_a_router(tmp_path)
     url = f"http://127.0.0.1:{port}"
-    launched = start_router(models, port)
     source = EngineSource(EngineTarget("router", url), Transports(), interval_s=0.05)
     seen: list[tuple[str, float | None]] = []
     try:
