@@ -84,9 +84,15 @@ async def test_a_busy_frontend_is_flagged_beside_the_engines_own_ttft(vllm_serve
         assert r.ttft_s is not None and r.connect_s is not None
     flagged = [(r, gap) for r in results if (gap := r.ttft_gap(FACTOR)) is not None]
     assert len(flagged) >= 3, [(r.ttft_s, r.server_ttft_s, r.server_queue_s, r.connect_s) for r in results]
+    frontend = 0
     for r, gap in flagged:
         assert gap.client_s == r.ttft_s and gap.server_s == r.server_ttft_s and gap.ratio > FACTOR
-        assert gap.cause.startswith(f"{FRONTEND}: the engine had the first token after"), gap.cause
+        if gap.cause.startswith(f"{FRONTEND}: the engine had the first token after"):
+            frontend += 1
+        else:  # once on CI's two busy cores the probe's own connect took 37 ms, and was named as the cause
+            assert gap.cause.startswith(f"a slow connection path: connecting alone took "
+                                        f"{r.connect_s * 1000:.0f} ms"), gap.cause
+    assert frontend >= 2, [gap.cause for _, gap in flagged]
 
     assert table.returncode == 0, table.stderr
     assert "srv TTFT" in table.stdout and f"likely {FRONTEND}" in table.stdout, table.stdout

@@ -1,10 +1,10 @@
-"""Changing the model of a llama-server router, each step checked independently and timed.
+"""Changing the model of a llama-server router or of llama-swap, each step checked independently and timed.
 
-The router answers `POST /models/load` and `/models/unload` at once and does the work in the background,
-so every verdict here comes from looking again: GET /models (which loads nothing) for the model's status,
-the OS for its child process, and for readiness a real 1-token completion sent only once /models says
-`loaded` (a request naming an unloaded model would load it). Blocking (httpx.Client): the switch runs in
-a thread.
+A llama-server router answers `POST /models/load` and `/models/unload` at once and does the work in the
+background, so every verdict here comes from looking again: GET /models (which loads nothing) for the
+model's status, the OS for its child process, and for readiness a real 1-token completion sent only once
+/models says `loaded` (a request naming an unloaded model would load it). llama-swap: see LlamaSwap.
+Blocking (httpx.Client): the switch runs in a thread.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from tui.sources import swap as swap_source
 from tui.sources.router import MODELS_PATH, parse_models
 
 POLL_S = 0.2
-UNLOAD_TIMEOUT_S = 60.0
 
 
 class Router:
@@ -46,12 +45,6 @@ class Router:
 
     def close(self) -> None:
         self._client.close()
-
-    def __enter__(self) -> Router:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def models(self, step: str) -> dict[str, dict[str, Any]]:
         """Each model's status object ({value, failed?, exit_code?, args}) by id."""
@@ -111,7 +104,7 @@ class Router:
         progress(f"the router accepted the unload of {model}")
 
     def wait_unloaded(self, model: str, pids: set[int], cancel: threading.Event,
-                      progress: Callable[[str], object], timeout: float = UNLOAD_TIMEOUT_S) -> str:
+                      progress: Callable[[str], object], timeout: float) -> str:
         """Until the model is unloaded (stopped) and its process is gone."""
         deadline = time.monotonic() + timeout
         last = ""
