@@ -145,11 +145,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(autouse=True)
 def _own_config_and_live_dirs(tmp_path_factory: pytest.TempPathFactory,
                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each test its own config dir (capacities, keys, user profiles) and live dir (bench runs the dashboard
-    shows): nothing a test writes reaches the user's, or another test's, dashboard."""
+    """Each test its own config dir (capacities, keys, user profiles), live dir (bench runs the dashboard
+    shows) and state dir (the engines it started): nothing a test writes reaches the user's, or another
+    test's, dashboard or `enginetop down`."""
     home = tmp_path_factory.mktemp("home")
     monkeypatch.setenv("XDG_CONFIG_HOME", str(home / "config"))
     monkeypatch.setenv("ENGINETOP_LIVE_DIR", str(home / "live"))
+    monkeypatch.setenv("ENGINETOP_STATE_DIR", str(home / "state"))
 
 
 @pytest.fixture(autouse=True)

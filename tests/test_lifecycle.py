@@ -18,6 +18,7 @@ import httpx
 import psutil
 import pytest
 
+from tui.base.paths import runs_dir
 from tui.base.process import free_port, pid_alive, port_listeners, port_open
 from tui.lifecycle import state
 from tui.lifecycle.profiles import Profile, load_profiles, resolve
@@ -100,6 +101,9 @@ def test_up_reaches_ready_and_down_verifies_it_is_gone(tmp_path: Path) -> None:
         assert httpx.get(f"{info['url']}/health", timeout=5).status_code == 200
         record = state.read_state(name)
         assert record is not None and record["pid"] == info["pid"] and record["cold_start_s"] is not None
+        # in this test's own state dir (conftest), never the user's
+        assert state.state_path(name).parent == Path(os.environ["ENGINETOP_STATE_DIR"])
+        assert state.state_path(name).exists() and not (runs_dir() / "state" / f"{name}.json").exists()
         log = Path(info["log_path"]).read_text()
         assert "# argv: " in log and "--threads 1" in log
 

@@ -1,6 +1,7 @@
 """State files of engines enginetop started, so a later command (`down`, `switch`) can find them.
 
-One JSON file per profile under runs_dir()/state. It holds PIDs and paths only, never the API key.
+One JSON file per profile under runs_dir()/state (or ENGINETOP_STATE_DIR). It holds PIDs and paths only,
+never the API key.
 The PID's create time guards against a reused PID: a file whose process is gone is stale.
 """
 
@@ -19,7 +20,9 @@ from tui.lifecycle.profiles import ResolvedProfile
 
 
 def state_dir() -> Path:
-    path = runs_dir() / "state"
+    """ENGINETOP_STATE_DIR moves it (each test has its own: a test's `enginetop down` then never finds the
+    user's engines, nor the user's a test's)."""
+    path = Path(os.environ.get("ENGINETOP_STATE_DIR") or runs_dir() / "state")
     path.mkdir(parents=True, exist_ok=True)
     return path
 

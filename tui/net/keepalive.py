@@ -29,6 +29,18 @@ _DEFAULT_HEADERS = (("Accept", "*/*"), ("Accept-Encoding", "identity"))
 Until = Callable[[bytes], bool]  # a piece of the body just received -> enough read
 
 
+class StreamLines:
+    """The whole lines of a stream read in pieces (an `until` reading an event stream): a line cut between
+    two pieces is kept until its end comes."""
+
+    def __init__(self) -> None:
+        self._pending = b""
+
+    def feed(self, piece: bytes) -> list[bytes]:
+        *lines, self._pending = (self._pending + piece).split(b"\n")
+        return lines
+
+
 class KeepAlivePool:
     """Idle connections by origin. A connection is taken for one request and put back only when the
     exchange ended cleanly, so an engine polled once a second keeps one connection for the whole session.

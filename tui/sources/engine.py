@@ -18,7 +18,7 @@ import httpx
 from tui.model.samples import EngineReading, EngineSample, Health, RoutedModel
 from tui.model.slots import SlotsReading
 from tui.model.targets import EngineTarget
-from tui.net.keepalive import Transport, exchange
+from tui.net.keepalive import StreamLines, Transport, exchange
 from tui.net.policy import InsecureSecret, error_text, public_url, target_headers
 from tui.sources import swap as swap_source
 from tui.sources.metrics import MetricsFormatError, parse_reading
@@ -290,13 +290,12 @@ async def _inflight(transport: Transport, target: EngineTarget, headers: dict[st
     """The first in-flight snapshot of llama-swap's event stream, which it sends on connect after its log
     history (hence the cap); the stream is dropped as soon as it came."""
     events = swap_source.EVENTS_PATH
-    pending = b""
+    lines = StreamLines()
     found: list[list[dict[str, Any]]] = []
 
     def until(piece: bytes) -> bool:
-        nonlocal pending
-        *lines, pending = (pending + piece).split(b"\n")
-        found.extend(r for line in lines if (r := swap_source.inflight_snapshot(line)) is not None)
+        snapshots = (swap_source.inflight_snapshot(line) for line in lines.feed(piece))
+        found.extend(r for r in snapshots if r is not None)
         return bool(found)
 
     try:

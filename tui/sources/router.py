@@ -14,6 +14,7 @@ import orjson
 
 from tui.model.samples import EngineReading, RoutedModel
 from tui.model.slots import SlotsReading
+from tui.net.keepalive import StreamLines
 from tui.sources.metrics import MetricsFormatError, parse_reading
 from tui.sources.slots import SLOTS_PATH, parse_slots
 
@@ -85,12 +86,11 @@ class LoadProgress:
 
     def __init__(self) -> None:
         self.of: dict[str, float] = {}  # model id -> share of its load done (0..1)
-        self._pending = b""
+        self._lines = StreamLines()
 
     def feed(self, piece: bytes) -> bool:
         """A piece of the stream as it came (for tui.net.keepalive's `until`): never enough, read on."""
-        *lines, self._pending = (self._pending + piece).split(b"\n")
-        for line in lines:
+        for line in self._lines.feed(piece):
             if not line.startswith(b"data:"):
                 continue
             try:
