@@ -64,6 +64,7 @@ def gone(pid: int) -> bool:
 
 async def test_q_during_a_cold_start_stops_the_starting_engine_at_once(tmp_path, monkeypatch):
     monkeypatch.setenv("ENGINETOP_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("ENGINETOP_STATE_DIR", str(tmp_path / "cache" / "runs" / "state"))  # as env_for
     slow_profile(tmp_path / "profiles")
     profile = load_profiles([tmp_path / "profiles"]).get("slow-start")
     nvml = FakeNvml([h200()])
@@ -129,8 +130,10 @@ def env_for(tmp_path: Path) -> dict[str, str]:
     (cache / "models").mkdir(parents=True, exist_ok=True)
     # the demo model is assembled once in the real cache: point at it instead of copying 250 MB
     (cache / "models" / demo_model_path().name).symlink_to(demo_model_path())
-    return {**os.environ, "ENGINETOP_CACHE": str(cache), "XDG_CONFIG_HOME": str(tmp_path / "config"),
-            "TERM": "xterm-256color", "COLUMNS": "160", "LINES": "50"}
+    # the state files in this cache too (conftest gave the test a state dir of its own elsewhere)
+    return {**os.environ, "ENGINETOP_CACHE": str(cache), "ENGINETOP_STATE_DIR": str(cache / "runs" / "state"),
+            "XDG_CONFIG_HOME": str(tmp_path / "config"), "TERM": "xterm-256color", "COLUMNS": "160",
+            "LINES": "50"}
 
 
 def recorded_pid(tmp_path: Path, name: str, timeout: float) -> int:
