@@ -64,7 +64,7 @@ def gone(pid: int) -> bool:
 
 async def test_q_during_a_cold_start_stops_the_starting_engine_at_once(tmp_path, monkeypatch):
     monkeypatch.setenv("ENGINETOP_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("ENGINETOP_STATE_DIR", str(tmp_path / "cache" / "runs" / "state"))  # as env_for
+    monkeypatch.setenv("ENGINETOP_STATE_DIR", str(state_dir_of(tmp_path)))
     slow_profile(tmp_path / "profiles")
     profile = load_profiles([tmp_path / "profiles"]).get("slow-start")
     nvml = FakeNvml([h200()])
@@ -125,19 +125,24 @@ class Terminal:
         os.close(self.master)
 
 
+def state_dir_of(tmp_path: Path) -> Path:
+    """Where the test's dashboards keep their engines' state files: in the test's own cache (conftest gave
+    the test a state dir of its own elsewhere), where the test reads them."""
+    return tmp_path / "cache" / "runs" / "state"
+
+
 def env_for(tmp_path: Path) -> dict[str, str]:
     cache = tmp_path / "cache"
     (cache / "models").mkdir(parents=True, exist_ok=True)
     # the demo model is assembled once in the real cache: point at it instead of copying 250 MB
     (cache / "models" / demo_model_path().name).symlink_to(demo_model_path())
-    # the state files in this cache too (conftest gave the test a state dir of its own elsewhere)
-    return {**os.environ, "ENGINETOP_CACHE": str(cache), "ENGINETOP_STATE_DIR": str(cache / "runs" / "state"),
+    return {**os.environ, "ENGINETOP_CACHE": str(cache), "ENGINETOP_STATE_DIR": str(state_dir_of(tmp_path)),
             "XDG_CONFIG_HOME": str(tmp_path / "config"), "TERM": "xterm-256color", "COLUMNS": "160",
             "LINES": "50"}
 
 
 def recorded_pid(tmp_path: Path, name: str, timeout: float) -> int:
-    path = tmp_path / "cache" / "runs" / "state" / f"{name}.json"
+    path = state_dir_of(tmp_path) / f"{name}.json"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if path.exists():
@@ -174,7 +179,7 @@ def test_sighup_stops_a_running_llama_server(tmp_path):
     try:
         pid = recorded_pid(tmp_path, "quit-llama", timeout=60)
         deadline = time.monotonic() + 120
-        state = tmp_path / "cache" / "runs" / "state" / "quit-llama.json"
+        state = state_dir_of(tmp_path) / "quit-llama.json"
         while json.loads(state.read_text()).get("cold_start_s") is None:  # written again once ready
             assert time.monotonic() < deadline, "llama-server not ready"
             term.drain(0.3)
