@@ -5,8 +5,10 @@
 
 CPU cost: --cpu-requests sequential streamed requests of --max-tokens tokens (ignore_eos) against the real
 llama-server (started here with the demo model, --parallel 1, unless --engine names one), sent by (a)
-enginetop's ProbeClient, (b) a bare streaming client (http.client, reading SSE lines, json.loads of
-every event) and (c) the same through httpx's async streaming API, taking turns over --rounds. Each
+enginetop's ProbeClient on the loop `enginetop probe` runs it on (tui.net.loop: uvloop), (b) a bare
+streaming client (http.client, reading SSE lines, json.loads of every event), (c) the ProbeClient on
+asyncio's own loop (as the dashboard's probes run, on Textual's) and (d) the same requests through httpx's
+async streaming API, taking turns over --rounds. Each
 side's figure is the CPU time (time.process_time) of this process while it sends its block, client
 set-up included, interpreter start-up excluded; ratios are to (b). Every request gets its own prompt
 (a per-run nonce), so no side is served another's cached prompt. Figures are indicative on a shared
@@ -43,6 +45,7 @@ from tui.base.paths import runs_dir  # noqa: E402
 from tui.base.process import Launched, free_port, launch, stop_group  # noqa: E402
 from tui.base.stats import median, quantile  # noqa: E402
 from tui.engines.llamacpp import demo_argv  # noqa: E402
+from tui.net.loop import run_loop  # noqa: E402
 from tui.probe.client import CHAT_PATH, ProbeClient  # noqa: E402
 from tui.probe.workloads import WorkloadParams, short_body  # noqa: E402
 
@@ -209,7 +212,9 @@ def cpu_cost(url: str, n: int, max_tokens: int, rounds: int) -> None:
     def bare_block(bodies: list[dict[str, Any]]) -> list[str]:
         return [f"{e} events" for b in bodies if (e := bare_request(url, b)) < max_tokens]
 
-    sides = {"ProbeClient": lambda bodies: asyncio.run(probe_block(url, bodies)), "bare client": bare_block,
+    sides = {"enginetop probe's ProbeClient": lambda bodies: run_loop(probe_block(url, bodies)),
+             "bare client": bare_block,
+             "ProbeClient on asyncio's loop": lambda bodies: asyncio.run(probe_block(url, bodies)),
              "httpx client": lambda bodies: asyncio.run(httpx_block(url, bodies))}
     cpu: dict[str, list[float]] = {name: [] for name in sides}
     for run in sides.values():  # warm up imports and first connections, every side

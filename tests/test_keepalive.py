@@ -215,3 +215,65 @@ async def test_a_server_that_never_answers_is_bounded_by_the_caller_and_its_conn
     await pool.aclose()
     server.close()
     assert len(accepted) == 1
+
+
+class RawServer:
+    """Answers the first request on each connection with `answer`, bytes as given (one write), then closes
+    the connection when `close` says so."""
+
+    def __init__(self, answer: bytes, close: bool = True) -> None:
+        self.answer, self.close = answer, close
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(self.answer)
+        await writer.drain()
+        if self.close:
+            writer.close()
+        else:
+            await reader.read()  # held open until the client goes
+
+    async def __aenter__(self) -> str:
+        self.server = await asyncio.start_server(self.handle, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/metrics"
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.server.close()
+
+
+async def test_a_body_that_arrives_with_its_head_in_one_read_is_not_taken_for_a_long_head() -> None:
+    body = b"x_total 1\n" * 30_000  # 300 kB: more than MAX_HEAD_BYTES (64 KiB) in the read that ends the head
+    answer = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+    pool = KeepAlivePool()
+    async with RawServer(answer) as url:
+        assert await pool.get(url, {}, 1 << 20) == (200, body, False)
+    await pool.aclose()
+
+
+async def test_a_head_that_never_ends_is_refused() -> None:
+    answer = b"HTTP/1.1 200 OK\r\nX-Filler: " + b"a" * 70_000  # one header line that never ends
+    pool = KeepAlivePool()
+    async with RawServer(answer, close=False) as url:
+        with pytest.raises(httpx.RemoteProtocolError, match="head is over 65536 bytes"):
+            await asyncio.wait_for(pool.get(url, {}, 1 << 20), 10)
+    await pool.aclose()
+
+
+async def test_a_body_framed_by_the_close_ends_there_and_one_cut_short_is_an_error() -> None:
+    pool = KeepAlivePool()
+    async with RawServer(b"HTTP/1.1 200 OK\r\n\r\nuntil the end") as url:
+        assert await pool.get(url, {}, 1 << 20) == (200, b"until the end", False)
+    async with RawServer(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nshort") as url:
+        with pytest.raises(httpx.RemoteProtocolError, match="before the body was complete"):
+            await pool.get(url, {}, 1 << 20)
+    await pool.aclose()
+
+
+async def test_a_corrupt_gzip_body_is_named_as_such() -> None:
+    bad = b"\x1f\x8b\x08\x00" + b"not gzip at all" * 4
+    answer = b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n" % len(bad) + bad
+    pool = KeepAlivePool()
+    async with RawServer(answer) as url:
+        with pytest.raises(httpx.DecodingError, match="bad compressed body"):
+            await pool.get(url, {}, 1 << 20)
+    await pool.aclose()

@@ -23,6 +23,7 @@ from tui.lifecycle.profiles import Profile, ProfileError, load_profiles
 from tui.model.bench import RunState
 from tui.model.slo import Slo, SloError
 from tui.model.targets import EngineTarget
+from tui.net.loop import run_loop
 from tui.probe.client import ProbeLimits
 from tui.proxy.headroom import MeasuredCapacity, save_capacities
 from tui.run.targets import build_targets
@@ -188,7 +189,7 @@ def _run_all(parts: list[Part], work: Callable[[Part, EngineTarget], Awaitable[A
             await asyncio.gather(writer, return_exceptions=True)
 
     try:
-        asyncio.run(go())
+        run_loop(go())
     except KeyboardInterrupt:
         return True
     return False

@@ -6,7 +6,6 @@ Exit status: 0 when at least one request succeeded, 1 when every request failed,
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 from typing import Any, TextIO
@@ -14,6 +13,7 @@ from typing import Any, TextIO
 from tui.base.secrets import SecretError
 from tui.cli.options import EXIT_BAD_INPUT, EXIT_FAILED, add_targets
 from tui.model.targets import EngineTarget
+from tui.net.loop import run_loop
 from tui.probe.client import ProbeClient, ProbeLimits
 from tui.probe.results import DEFAULT_TTFT_GAP_FACTOR, ProbeResult, ProbeSummary
 from tui.probe.sweep import (
@@ -190,7 +190,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
             raise ValueError(f"--ttft-gap-factor must be positive, got {args.ttft_gap_factor}")
     except (TargetError, SecretError, ValueError) as exc:
         return _bad_input("probe", exc)
-    results = asyncio.run(_probe(args, target, params, limits))
+    results = run_loop(_probe(args, target, params, limits))
     summary = ProbeSummary.of(results)
     if args.json:
         print(json.dumps({**summary.to_json(), "engine": target.name, "workload": args.workload}), flush=True)
@@ -254,7 +254,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 else f"{config.duration_s:g} s")
         print(f"sweep {target.name} ({target.url}), workload {config.workload}, each level held {hold}")
         print(SWEEP_HEADER)
-    result = asyncio.run(go())
+    result = run_loop(go())
     if args.json:
         print(json.dumps(result.to_json()), flush=True)
     if result.ok == 0:

@@ -22,7 +22,6 @@ is recorded in the result's "method" (method_facts), and the report's Method is 
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
@@ -41,6 +40,7 @@ from tui.compare.stats import (
     summarize,
     verdict,
 )
+from tui.net.loop import run_loop
 from tui.probe.client import ProbeClient, ProbeLimits
 from tui.probe.results import ProbeResult, token_source_of
 from tui.probe.sweep import SweepConfig, SweepResult, run_sweep
@@ -197,7 +197,7 @@ class _Run:
         if self.config.warmup_requests < 1:
             return 0, 0
         seed = 10_000_000 + self.config.seed * 100_000 + self.seq * 10 + instance
-        results = asyncio.run(self._requests(started, self.config.warmup_requests, seed))
+        results = run_loop(self._requests(started, self.config.warmup_requests, seed))
         return len(results), sum(r.ok for r in results)
 
     async def _requests(self, started: Started, n: int, seed: int) -> list[ProbeResult]:
@@ -221,9 +221,9 @@ class _Run:
         n = self.config.requests_per_block
         with GpuWatch(self.gpu, self.config.gpu_interval_s) as watch:
             if self.source is not None:
-                results = asyncio.run(self.source.requests(started.target, instance, block, n))
+                results = run_loop(self.source.requests(started.target, instance, block, n))
             else:
-                results = asyncio.run(self._requests(started, n, seed))
+                results = run_loop(self._requests(started, n, seed))
         host_cpu = cpu.percent()
         gpu = watch.summary()
         good = [r for r in results if r.ok]
@@ -263,7 +263,7 @@ class _Run:
         sweep_config = SweepConfig(levels=self.config.concurrency, requests_per_stream=2,
                                    workload=self.config.workload, params=self.params(seed))
         self.progress(f"{arm.name}: concurrency sweep {', '.join(map(str, self.config.concurrency))}")
-        swept = asyncio.run(self._sweep(started, sweep_config))
+        swept = run_loop(self._sweep(started, sweep_config))
         for level in swept.levels:
             self.concurrency.append({"arm": arm.name, **level.to_json()})
         self.seq += 1

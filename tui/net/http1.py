@@ -1,14 +1,16 @@
-"""enginetop's one HTTP/1.1 client: h11 parses, asyncio's Protocol API delivers (`Connection`). The probe's
-streamed POST on a fresh connection (`Exchange`, here) and the poller's keep-alive pool (tui.net.keepalive)
-both run on it.
+"""enginetop's one HTTP/1.1 client: h11 writes each request (and refuses an invalid header), httptools
+(llhttp, the parser uvicorn uses) reads the response, asyncio's Protocol API delivers (`Connection`). The
+probe's streamed POST on a fresh connection (`Exchange`, here) and the poller's keep-alive pool
+(tui.net.keepalive) both run on it.
 
 Why not httpx here (the rest of enginetop uses it): a probe reads a token or two per network read, and
 httpx's stack (httpcore, anyio, a task switch and a timeout object per read) costs about 2.5x the CPU of
-a bare streaming client (bench/bench_probe.py: 20 requests of 128 tokens on llama-server). Here h11, the
-HTTP/1.1 parser httpx itself uses, is fed straight from `data_received`, and each body piece goes to the
-caller's sink from there, with no task switch and no per-read timer.
+a bare streaming client (bench/bench_probe.py: 20 requests of 128 tokens on llama-server). Here the parser
+is fed straight from `data_received`, and each body piece goes to the caller's sink from its callback,
+with no task switch and no per-read timer. Why httptools and not h11 for reading: h11 is pure Python,
+about 20 us per chunk of a stream against 0.5 us (one chunk a token).
 
-What this module adds to h11: a fresh connection per request (`Connection: close`; see tui.probe.client
+What this module adds to them: a fresh connection per request (`Connection: close`; see tui.probe.client
 for why), TLS with the trust every enginetop httpx client has (certifi, nothing from the environment),
 the proxy policy of tui.net.policy (an http:// proxy forwards http:// engines and tunnels https:// ones with
 CONNECT; user:password in the proxy URL becomes Proxy-Authorization), gzip or deflate if a server
@@ -30,6 +32,7 @@ from typing import Any, cast
 from urllib.parse import unquote, urlsplit
 
 import h11
+import httptools
 
 from tui.net.policy import MAX_HEAD_BYTES, Origin, proxy_for, public_url, request_target, ssl_context
 
@@ -75,12 +78,16 @@ class Connection(asyncio.Protocol):
         self.loop = loop
         self.read_s = read_s
         self.keep_alive = keep_alive
-        self.conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.answered = False  # something came back during this exchange
         self.head: asyncio.Future[tuple[int, dict[str, str]]] = loop.create_future()
         self.body_done: asyncio.Future[None] = loop.create_future()
+        self._parser: httptools.HttpResponseParser | None = None  # the exchange's response reader
+        self._server_keeps = False  # the response lets the connection carry another (read as it completes)
+        self._head_bytes = 0  # read before the head was complete
+        self._headers: dict[str, str] = {}
+        self._now = 0.0  # arrival time of the read being parsed
         self._decoder: Any = None  # a zlib decompressor when the body is compressed
         self._sink: Sink | None = None
         self._early: list[tuple[bytes, float]] = []  # body that came before a sink was given
@@ -91,17 +98,19 @@ class Connection(asyncio.Protocol):
     def begin(self, method: str, target: str, headers: list[tuple[str, str]], content: bytes = b"") -> None:
         """Send one request (head and body in one write)."""
         assert self.transport is not None
-        conn = self.conn
-        if conn.our_state is h11.DONE:  # the next exchange on a kept connection
-            conn.start_next_cycle()
+        if self._parser is not None:  # the next exchange on a kept connection
             self.head, self.body_done = self.loop.create_future(), self.loop.create_future()
             self._decoder, self._sink, self._early, self._stopped = None, None, [], False
+        self._parser = httptools.HttpResponseParser(self)
+        self._head_bytes, self._headers = 0, {}
+        self._server_keeps = False
         self.answered = False
+        writer = h11.Connection(h11.CLIENT)
         try:
-            out = conn.send(h11.Request(method=method, target=target, headers=headers))
+            out = writer.send(h11.Request(method=method, target=target, headers=headers))
             if content:
-                out += conn.send(h11.Data(data=content))
-            out += conn.send(h11.EndOfMessage())
+                out += writer.send(h11.Data(data=content))
+            out += writer.send(h11.EndOfMessage())
         except h11.LocalProtocolError:
             # h11's text quotes the offending header, which may be a secret: never pass it on
             raise HttpFailure("request", f"the {method} could not be sent: a header or the target is not "
@@ -111,7 +120,9 @@ class Connection(asyncio.Protocol):
 
     @property
     def reusable(self) -> bool:
-        return not self.closed and self.conn.our_state is h11.DONE and self.conn.their_state is h11.DONE
+        return (not self.closed and self._parser is not None and self.body_done.done()
+                and not self.body_done.cancelled() and self.body_done.exception() is None
+                and not self._stopped and self._server_keeps)
 
     # -- asyncio callbacks ------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -122,13 +133,27 @@ class Connection(asyncio.Protocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def data_received(self, data: bytes) -> None:
-        now = self._last_data = time.monotonic()
+        self._now = self._last_data = time.monotonic()
         self.answered = True
+        if self._parser is None or self.body_done.done():
+            if not self._stopped:  # nothing asked, or the answer complete: a server speaking out of turn
+                self._fail(HttpFailure("protocol", "the server sent data nobody asked for"))
+            return
         try:
-            self.conn.receive_data(data)
-            self._events(now)
-        except Exception as exc:  # ours, h11's, zlib's or the sink's (e.g. a malformed stream): it ends here
-            self._fail(exc)
+            self._parser.feed_data(data)
+        except httptools.HttpParserCallbackError as exc:  # ours, zlib's or the sink's: the cause is the news
+            self._fail(exc.__context__ if isinstance(exc.__context__, Exception) else exc)
+            return
+        except httptools.HttpParserUpgrade:
+            self._fail(HttpFailure("protocol", "the server switched protocols, which is not read"))
+            return
+        except httptools.HttpParserError as exc:
+            self._fail(HttpFailure("protocol", str(exc) or type(exc).__name__))
+            return
+        if not self.head.done():  # a head that never ends is refused, not buffered without end
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES:
+                self._fail(HttpFailure("protocol", f"the response head is over {MAX_HEAD_BYTES} bytes"))
 
     def eof_received(self) -> bool | None:
         return None  # close the transport: connection_lost follows
@@ -142,13 +167,46 @@ class Connection(asyncio.Protocol):
         if not self.head.done():
             self._fail(HttpFailure("dropped", f"{why} before answering"))
             return
-        try:  # a body framed by the close ends here; any other is cut short
-            self.conn.receive_data(b"")
-            self._events(time.monotonic())
-        except Exception:
-            pass
-        if not self.body_done.done():
-            self._fail(HttpFailure("dropped", f"{why} before the body was complete"))
+        if exc is None and self._framed_by_close():  # a body with no length and no chunks ends here
+            try:
+                self._complete()
+            except Exception as failure:
+                self._fail(failure)
+            return
+        self._fail(HttpFailure("dropped", f"{why} before the body was complete"))
+
+    def _framed_by_close(self) -> bool:
+        return "content-length" not in self._headers and "chunked" not in self._headers.get(
+            "transfer-encoding", "").lower()
+
+    # -- the parser's callbacks (httptools) --------------------------------------------------------------
+    def on_header(self, name: bytes, value: bytes) -> None:
+        key, text = name.decode("latin-1").lower(), value.decode("latin-1")
+        headers = self._headers
+        headers[key] = f"{headers[key]}, {text}" if key in headers else text
+
+    def on_headers_complete(self) -> None:
+        assert self._parser is not None
+        status = self._parser.get_status_code()
+        if status < 200:  # an informational answer (100 Continue): the real one follows
+            self._headers = {}
+            return
+        self._start_body(self._headers)
+        self.head.set_result((status, self._headers))
+
+    def on_body(self, body: bytes) -> None:
+        self._deliver(body, self._now)
+
+    def on_message_complete(self) -> None:
+        assert self._parser is not None
+        self._server_keeps = self._parser.should_keep_alive()  # before the parser resets for the next
+        if self.head.done() and not self.body_done.done():
+            self._complete()
+
+    def _complete(self) -> None:
+        if self._decoder is not None and not self._decoder.eof:
+            raise HttpFailure("protocol", "the compressed body is truncated")
+        self._finish()
 
     # -- silence ----------------------------------------------------------------------------------------
     def arm_silence_timer(self) -> None:
@@ -172,34 +230,6 @@ class Connection(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-
-    # -- events -----------------------------------------------------------------------------------------
-    def _events(self, now: float) -> None:
-        conn = self.conn
-        while not self._stopped and not self.body_done.done():
-            try:
-                event = conn.next_event()
-            except h11.RemoteProtocolError as exc:
-                raise HttpFailure("protocol", str(exc)) from None
-            if event is h11.NEED_DATA or event is h11.PAUSED:  # PAUSED: a tunnel is open, the rest is its
-                return
-            if isinstance(event, h11.Data):
-                self._deliver(bytes(event.data), now)
-            elif isinstance(event, h11.Response):
-                headers: dict[str, str] = {}
-                for raw_name, raw_value in event.headers:
-                    name, value = raw_name.decode("latin-1"), raw_value.decode("latin-1")
-                    headers[name] = f"{headers[name]}, {value}" if name in headers else value
-                self._start_body(headers)
-                self.head.set_result((event.status_code, headers))
-            elif isinstance(event, h11.EndOfMessage):
-                if self._decoder is not None and not self._decoder.eof:
-                    raise HttpFailure("protocol", "the compressed body is truncated")
-                self._finish()
-                return
-            elif isinstance(event, h11.ConnectionClosed):
-                raise HttpFailure("dropped", "the server closed the connection")
-            # InformationalResponse (1xx): the real answer follows
 
     def _start_body(self, headers: dict[str, str]) -> None:
         encoding = headers.get("content-encoding", "identity").strip().lower()
