@@ -114,6 +114,7 @@ async def test_a_router_is_one_engine_with_a_row_per_model_and_looking_loads_not
     assert a.reading is not None and a.reading.generation_tokens_total >= 8 and b.reading is None
     assert a.slots is not None and len(a.slots.slots) == 4 and b.slots is None
     assert all(s.models is not None for s in seen)  # every poll after the first went straight to /models
+    assert {s.router for s in seen} == {"llama-server"}
     snapshot = subprocess.run([sys.executable, "-m", "tui", "snapshot", "--engine", f"router={router}",
                                "--json"], cwd=REPO, capture_output=True, text=True, timeout=60)
     models = orjson.loads(snapshot.stdout)["engines"]["router"]["models"]

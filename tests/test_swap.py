@@ -78,6 +78,7 @@ async def test_llama_swap_is_seen_model_by_model_and_looking_starts_nothing(swap
     seen = [s for _ in range(30) for s in await source.read()]
     last = seen[-1]
     assert last.health == "up" and last.model == "llama-swap: 3 models, 0 ready"
+    assert all(s.router == "llama-swap" for s in seen[1:])  # told apart by kind, not by the summary's words
     assert [(m.id, m.status, m.in_flight) for m in last.models] == [
         ("broken", "stopped", 0), ("gemma-a", "stopped", 0), ("gemma-b", "stopped", 0)]
     snapshot = subprocess.run([sys.executable, "-m", "tui", "snapshot", "--engine", f"swap={swap.url}",

@@ -84,6 +84,10 @@ class RoutedModel:
     progress: float | None = None  # router: share of a loading model's load done (its event stream)
 
 
+# What serves several models behind one address: llama-server in router mode, or llama-swap.
+RouterKind = Literal["llama-server", "llama-swap"]
+
+
 @dataclass(frozen=True, slots=True)
 class EngineSample:
     """One poll of one engine: health, model, and (when /metrics answered) a reading."""
@@ -108,7 +112,8 @@ class EngineSample:
     stale: bool = False  # the source could not refresh it: these are the last good values
     alerts: tuple[str, ...] = ()  # what is wrong beyond health, in words (tui.fleet.alerts)
     slots: SlotsReading | None = None  # llama-server's /slots, polled beside its /metrics
-    models: tuple[RoutedModel, ...] | None = None  # llama-server in router mode: its models (None: not one)
+    models: tuple[RoutedModel, ...] | None = None  # a router's models (None: not one)
+    router: RouterKind | None = None  # what serves those models
 
 
 THROTTLE_REASON_WORDS: dict[int, str] = {

@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from tui.model.samples import EngineReading, EngineSample, Health, RoutedModel
+from tui.model.samples import EngineReading, EngineSample, Health, RoutedModel, RouterKind
 from tui.model.slots import SlotsReading
 from tui.model.targets import EngineTarget
 from tui.net.keepalive import StreamLines, Transport, exchange
@@ -134,26 +134,26 @@ async def _metrics(transport: Transport, target: EngineTarget, headers: dict[str
 async def poll_engine(transport: Transport, target: EngineTarget, *, timeout: float = 2.0,
                       max_body: int = 8 * 2**20, launched_by_us: bool = False,
                       known_model: str | None = None, check_health: bool = True,
-                      router: bool = False) -> EngineSample:
+                      router: RouterKind | None = None) -> EngineSample:
     """One poll. `launched_by_us`: a refused connection means "still starting" (vLLM binds its port only
     after loading the model), not "down". `known_model`: the model id from a recent poll, so /v1/models
     need not be asked again (a dashboard polling every second asks it only now and then). `check_health`
     False: go straight to /metrics, and ask /health only if that fails (a healthy engine then costs one
     request a poll; a caller asks /health itself every few seconds, since a dead vLLM engine core still
-    serves /metrics). `router`: the last poll found a llama-server in router mode, so its models are read
-    at once (/metrics without a model only answers 400 there)."""
+    serves /metrics). `router`: the last poll found a router (llama-server's router mode or llama-swap), so
+    its models are read at once (/metrics without a model only answers 400 on llama-server's)."""
     where = _where(target.url)
 
     def sample(health: Health, reason: str | None = None, model: str | None = None,
                reading: EngineReading | None = None, metrics_error: str | None = None,
-               slots: SlotsReading | None = None,
-               models: tuple[RoutedModel, ...] | None = None) -> EngineSample:
+               slots: SlotsReading | None = None, models: tuple[RoutedModel, ...] | None = None,
+               router: RouterKind | None = None) -> EngineSample:
         if slots is not None and slots.error is not None:
             slots = SlotsReading(error=_scrub(slots.error, target))
         return EngineSample(
             name=target.name, url=target.url, t=time.monotonic(), wall=time.time(), health=health,
             health_reason=_scrub(reason, target), model=model, reading=reading,
-            metrics_error=_scrub(metrics_error, target), slots=slots, models=models,
+            metrics_error=_scrub(metrics_error, target), slots=slots, models=models, router=router,
         )
 
     async def routed(health: Health) -> EngineSample:
@@ -163,7 +163,7 @@ async def poll_engine(transport: Transport, target: EngineTarget, *, timeout: fl
             return sample(health, None, None, None, f"router mode: {models}")
         loaded = sum(m.status == "loaded" for m in models)
         return sample(health, None, f"router: {len(models)} model{plural(len(models))}, {loaded} loaded",
-                      models=models)
+                      models=models, router="llama-server")
 
     async def swapped(states: dict[str, str] | None = None) -> EngineSample:
         """llama-swap: its models and their states, requests in flight, and the figures of the ready ones."""
@@ -171,7 +171,7 @@ async def poll_engine(transport: Transport, target: EngineTarget, *, timeout: fl
         if isinstance(read, str):
             return sample("up", None, None, None, f"{swap_source.LABEL}: {read}")
         models, summary = read
-        return sample("up", None, summary, models=models)
+        return sample("up", None, summary, models=models, router="llama-swap")
 
     if target.api_key is not None and not (target.api_key.isascii() and target.api_key.isprintable()):
         # httpx would fail on it, and its error could quote the header: say so without the key.
@@ -182,8 +182,8 @@ async def poll_engine(transport: Transport, target: EngineTarget, *, timeout: fl
     except InsecureSecret as exc:
         return sample("down", str(exc))
 
-    if router and known_model is not None and not check_health:
-        routed_sample = await (swapped() if known_model.startswith(swap_source.LABEL) else routed("up"))
+    if router is not None and known_model is not None and not check_health:
+        routed_sample = await (swapped() if router == "llama-swap" else routed("up"))
         if routed_sample.models is not None:
             return routed_sample
     if not check_health and known_model is not None:

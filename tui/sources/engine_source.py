@@ -20,7 +20,6 @@ from tui.net.policy import is_loopback_host, target_headers
 from tui.sources.engine import poll_engine
 from tui.sources.host import pids_listening
 from tui.sources.router import SSE_PATH, LoadProgress
-from tui.sources.swap import LABEL as SWAP_LABEL
 
 MODEL_REFRESH_S = 30.0
 HEALTH_REFRESH_S = 5.0  # while /metrics answers; any failure asks /health at once
@@ -60,8 +59,8 @@ class EngineSource:
         check_health = known is None or (not llama and started - self._health_asked >= HEALTH_REFRESH_S)
         if check_health:
             self._health_asked = started
-        router = last is not None and last.models is not None
-        if router:  # one HTTP server answers for every model: its /models says it all, like llama's /metrics
+        router = last.router if last is not None and last.models is not None else None
+        if router is not None:  # one server answers for every model: its /models says it all, like /metrics
             check_health = known is None
         sample = await poll_engine(self.transports.for_url(target.url), target,
                                    timeout=self.timeout_s, launched_by_us=self.launched_by_us,
@@ -75,7 +74,7 @@ class EngineSource:
     def _with_load_progress(self, sample: EngineSample) -> EngineSample:
         """A router loading a model: follow its event stream while it does, for the load's progress."""
         loading = [m.id for m in sample.models or () if m.status == "loading"]
-        if not loading or (sample.model or "").startswith(SWAP_LABEL):
+        if not loading or sample.router == "llama-swap":
             self._stop_following()
             return sample
         if self._follow is None or self._follow.done():
