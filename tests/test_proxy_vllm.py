@@ -20,6 +20,7 @@ async def test_vllm_events_are_unchanged_through_the_proxy_and_its_usage_is_coun
                         [EngineTarget("vllm", vllm_server.url)])
     await proxy.start()
     via = proxy.routes[0].proxy_url
+    proxied_requests = 0
     try:
         async with httpx.AsyncClient(timeout=120) as client:
             for usage in (False, True):
@@ -27,8 +28,15 @@ async def test_vllm_events_are_unchanged_through_the_proxy_and_its_usage_is_coun
                         "temperature": 0, "stream": True, "ignore_eos": True}
                 if usage:
                     body["stream_options"] = {"include_usage": True}
-                direct = await stream_events(client, vllm_server.url, body)
-                proxied = await stream_events(client, via, body)
+                # vLLM hands its frontend every token ready at once when the frontend lags (a loaded 2-core
+                # machine), so two generations can chunk the same text differently: a pair is asked again
+                # when they do. A proxy that changed events would change them on every try.
+                for _ in range(3):
+                    direct = await stream_events(client, vllm_server.url, body)
+                    proxied = await stream_events(client, via, body)
+                    proxied_requests += 1
+                    if normalised(proxied) == normalised(direct):
+                        break
                 assert normalised(proxied) == normalised(direct)
                 assert text_of(proxied) == text_of(direct)
                 events = [event_json(e + b"\n\n") for e in proxied]
@@ -43,6 +51,6 @@ async def test_vllm_events_are_unchanged_through_the_proxy_and_its_usage_is_coun
     finally:
         await proxy.stop()
     lines = [orjson.loads(line) for line in trace.read_text().splitlines()]
-    assert len(lines) == 2 and proxy.trace.failures == []
-    assert lines[0]["hash_ids"] == lines[1]["hash_ids"]  # the same prompt, the same blocks
+    assert len(lines) == proxied_requests and proxy.trace.failures == []
+    assert all(line["hash_ids"] == lines[0]["hash_ids"] for line in lines)  # the same prompt, the same blocks
     assert len(lines[0]["hash_ids"]) == math.ceil(lines[0]["input_length"] / 4)
