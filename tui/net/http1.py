@@ -84,7 +84,7 @@ class Connection(asyncio.Protocol):
         self.head: asyncio.Future[tuple[int, dict[str, str]]] = loop.create_future()
         self.body_done: asyncio.Future[None] = loop.create_future()
         self._parser: httptools.HttpResponseParser | None = None  # the exchange's response reader
-        self._server_keeps = False  # the response lets the connection carry another (read as it completes)
+        self._server_keeps = False  # this exchange's answer is complete and lets the connection carry another
         self._head_bytes = 0  # read before the head was complete
         self._headers: dict[str, str] = {}
         self._now = 0.0  # arrival time of the read being parsed
@@ -120,9 +120,7 @@ class Connection(asyncio.Protocol):
 
     @property
     def reusable(self) -> bool:
-        return (not self.closed and self._parser is not None and self.body_done.done()
-                and not self.body_done.cancelled() and self.body_done.exception() is None
-                and not self._stopped and self._server_keeps)
+        return not self.closed and self._server_keeps  # a failed or stopped exchange has closed it
 
     # -- asyncio callbacks ------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -198,9 +196,9 @@ class Connection(asyncio.Protocol):
         self._deliver(body, self._now)
 
     def on_message_complete(self) -> None:
-        assert self._parser is not None
-        self._server_keeps = self._parser.should_keep_alive()  # before the parser resets for the next
-        if self.head.done() and not self.body_done.done():
+        if self.head.done() and not self.body_done.done():  # not a 1xx: the answer itself is complete
+            assert self._parser is not None
+            self._server_keeps = self._parser.should_keep_alive()  # before the parser resets for the next
             self._complete()
 
     def _complete(self) -> None:
