@@ -211,17 +211,21 @@ async def test_a_flapping_target_reads_down_with_prometheus_own_last_error(fleet
     client = PrometheusClient(prom.url)
     source = FleetSource(client)
     seen = set()
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + 20
     try:
-        while time.monotonic() < deadline and seen != {"up", "down"}:
+        while time.monotonic() < deadline and seen != {"up", "down with 500"}:
             s = {x.name: x for x in await source.read()}[flapping.instance]
-            seen.add(s.health)
             if s.health == "down":
-                assert "500" in s.health_reason and "Prometheus cannot scrape it" in s.health_reason
+                assert s.health_reason.startswith("Prometheus cannot scrape it: "), s.health_reason
+                # a read whose scrape succeeded again between the `up` query and the targets' has no
+                # lastError left to show; Prometheus' own words whenever it has them
+                seen.add("down with 500" if "500" in s.health_reason else "down")
+            else:
+                seen.add(s.health)
             await asyncio.sleep(1.0)
     finally:
         await client.aclose()
-    assert seen == {"up", "down"}
+    assert {"up", "down with 500"} <= seen
 
 
 async def test_a_series_that_disappears_leaves_the_engine_listed_with_that_figure_na(fleet_prom):

@@ -157,8 +157,7 @@ class FleetSource:
                                        latency=window(max(4 * scrape, 60.0)))
 
     async def _read(self) -> list[EngineSample]:
-        fresh_targets = not self._targets
-        await self._refresh_targets(force=fresh_targets)
+        await self._refresh_targets(force=not self._targets)
         figures = self.queries.figures()
         names = ["discovery", "up", *figures]
         exprs = [self.queries.discovery(), self.queries.up(), *figures.values()]
@@ -175,8 +174,9 @@ class FleetSource:
                 raise answer
         results: dict[str, Any] = dict(zip(names, answers, strict=True))
         up = {(labels.get("job", ""), labels.get("instance", "")): v for labels, v in results["up"]}
-        if any(v == 0 for v in up.values()) and not fresh_targets:
-            await self._refresh_targets(force=True)  # lastError of the targets that are down now
+        if any(v == 0 and not self._last_error(key) for key, v in up.items()):
+            # lastError of the targets that are down now (ones read before the `up` query may predate it)
+            await self._refresh_targets(force=True)
         found: dict[Key, Dialect] = {}
         pods: dict[Key, tuple[tuple[str, str], ...]] = {}
         for labels, _ in results["discovery"]:
@@ -226,11 +226,15 @@ class FleetSource:
         value = up.get((job, instance))
         if value == 1:
             return "up", None
-        target = self._targets.get((job, instance))
         if value is None:
             return "down", "no longer scraped by Prometheus (the target is gone from its configuration)"
-        error = target.last_error if target and target.last_error else "the last scrape failed"
+        # empty when the target was scraped well again between the `up` query and the targets' read
+        error = self._last_error((job, instance)) or "the last scrape failed"
         return "down", f"Prometheus cannot scrape it: {error}"
+
+    def _last_error(self, key: tuple[str, str]) -> str:
+        target = self._targets.get(key)
+        return target.last_error if target else ""
 
 
     def _backfill(self, names: dict[Key, str], found: dict[Key, Dialect], answers: list[Any]) -> str | None:
