@@ -10,7 +10,9 @@ own noise is as small as it gets); TTFT is measured by a raw-socket client as th
 that carries text. Printed: direct and proxied TTFT p50/p99 and the per-pair difference's p50/p99 (targets:
 p50 <= 1 ms, p99 <= 5 ms); and the same difference with each request's own prefill time taken out (the
 engine's `timings.prompt_ms`, which varies by milliseconds from one request to the next whoever sends it):
-what the proxy adds, with the engine's noise removed.
+what the proxy adds, with the engine's noise removed. Printed first: what waking a sleeping process costs
+on this machine (a socketpair round trip after 10 ms of quiet against back to back), since a proxy sleeps
+between the events of each request and the direct path does not wake it.
 
 Load (b): a loopback SSE server streaming as fast as it can (tests/sse_server.py, its own process),
 --streams concurrent streams of --tokens one-token events each, from an asyncio client reading raw sockets,
@@ -94,6 +96,41 @@ def ttft_once(url: str, body: dict) -> tuple[float, float | None]:
 # server is: there the engine's CPU threads wait on the GPU, not on the proxy's core.
 ENGINES = {"as it comes (2 threads, --poll 50: its threads spin on both cores)": (),
            "--threads 1 --poll 0 (a core left to client and proxy)": ("--threads", "1", "--poll", "0")}
+
+
+def wake_rtt_us(idle_s: float, rounds: int = 300) -> float:
+    """Median round trip (us) of one byte to another process and back over a socketpair, each after
+    `idle_s` of quiet: with a pause both processes sleep, so it prices waking a sleeping process twice.
+    A proxy is such a process: it sleeps between the events of a request (the client's bytes, the upstream
+    connection made, the engine's first chunk), and the direct path has none of those wake-ups."""
+    mine, theirs = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:  # the echo: blocks in recv, as a proxy blocks in epoll
+        mine.close()
+        while byte := theirs.recv(1):
+            theirs.send(byte)
+        os._exit(0)
+    theirs.close()
+    times = []
+    try:
+        for _ in range(rounds):
+            if idle_s:
+                time.sleep(idle_s)
+            started = time.perf_counter()
+            mine.send(b"x")
+            mine.recv(1)
+            times.append(time.perf_counter() - started)
+    finally:
+        mine.close()
+        os.waitpid(pid, 0)
+    return quantile(sorted(times), 0.5) * 1e6
+
+
+def section_wake() -> None:
+    hot, cold = wake_rtt_us(0.0), wake_rtt_us(0.01)
+    print("Waking a sleeping process on this machine (a socketpair round trip, median of 300):")
+    print(f"  back to back {hot:6.1f} us; after 10 ms of quiet {cold:6.1f} us: "
+          f"~{(cold - hot) / 2:.0f} us per wake-up from idle")
 
 
 def section_ttft(pairs: int, label: str, engine_args: tuple[str, ...]) -> None:
@@ -182,6 +219,7 @@ def main() -> None:
     args = parser.parse_args()
     sections = args.sections.split(",")
     if "ttft" in sections:
+        section_wake()
         for label, engine_args in ENGINES.items():
             section_ttft(args.pairs, label, engine_args)
     if "load" in sections:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import socket
 import ssl
 import time
@@ -66,6 +67,25 @@ def _origin(url: str) -> Origin:
         raise HttpFailure("url", str(exc)) from None
 
 
+def _request(method: str, target: str, headers: tuple[tuple[str, str], ...], content: bytes) -> bytes:
+    writer = h11.Connection(h11.CLIENT)
+    try:
+        out = writer.send(h11.Request(method=method, target=target, headers=list(headers)))
+        if content:
+            out += writer.send(h11.Data(data=content))
+        out += writer.send(h11.EndOfMessage())
+    except h11.LocalProtocolError:
+        # h11's text quotes the offending header, which may be a secret: never pass it on
+        raise HttpFailure("request", f"the {method} could not be sent: a header or the target is not "
+                                     "valid HTTP/1.1") from None
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def _bodiless_request(method: str, target: str, headers: tuple[tuple[str, str], ...]) -> bytes:
+    return _request(method, target, headers, b"")
+
+
 class Connection(asyncio.Protocol):
     """One HTTP/1.1 connection, one exchange at a time: `begin` sends a request; `head` gives the status and
     headers; `read_body(sink)` hands the decoded body to a sink as it arrives. `keep_alive`: after a clean
@@ -105,16 +125,9 @@ class Connection(asyncio.Protocol):
         self._head_bytes, self._headers = 0, {}
         self._server_keeps = False
         self.answered = False
-        writer = h11.Connection(h11.CLIENT)
-        try:
-            out = writer.send(h11.Request(method=method, target=target, headers=headers))
-            if content:
-                out += writer.send(h11.Data(data=content))
-            out += writer.send(h11.EndOfMessage())
-        except h11.LocalProtocolError:
-            # h11's text quotes the offending header, which may be a secret: never pass it on
-            raise HttpFailure("request", f"the {method} could not be sent: a header or the target is not "
-                                         "valid HTTP/1.1") from None
+        # a poller sends the same few requests every second: each is written (and checked) by h11 once
+        out = _request(method, target, tuple(headers), content) if content else \
+            _bodiless_request(method, target, tuple(headers))
         self.arm_silence_timer()
         self.transport.write(out)
 

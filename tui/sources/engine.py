@@ -8,6 +8,7 @@ message this module produces.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -41,6 +42,7 @@ class _Failed(Exception):
         self.refused = refused
 
 
+@functools.lru_cache(maxsize=64)  # asked on every poll of the same few URLs
 def _where(url: str) -> str:
     try:
         u = httpx.URL(url)
