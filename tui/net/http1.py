@@ -67,10 +67,10 @@ def _origin(url: str) -> Origin:
         raise HttpFailure("url", str(exc)) from None
 
 
-def _request(method: str, target: str, headers: tuple[tuple[str, str], ...], content: bytes) -> bytes:
+def _request(method: str, target: str, headers: list[tuple[str, str]], content: bytes) -> bytes:
     writer = h11.Connection(h11.CLIENT)
     try:
-        out = writer.send(h11.Request(method=method, target=target, headers=list(headers)))
+        out = writer.send(h11.Request(method=method, target=target, headers=headers))
         if content:
             out += writer.send(h11.Data(data=content))
         out += writer.send(h11.EndOfMessage())
@@ -83,7 +83,7 @@ def _request(method: str, target: str, headers: tuple[tuple[str, str], ...], con
 
 @functools.lru_cache(maxsize=64)
 def _bodiless_request(method: str, target: str, headers: tuple[tuple[str, str], ...]) -> bytes:
-    return _request(method, target, headers, b"")
+    return _request(method, target, list(headers), b"")
 
 
 class Connection(asyncio.Protocol):
@@ -126,7 +126,7 @@ class Connection(asyncio.Protocol):
         self._server_keeps = False
         self.answered = False
         # a poller sends the same few requests every second: each is written (and checked) by h11 once
-        out = _request(method, target, tuple(headers), content) if content else \
+        out = _request(method, target, headers, content) if content else \
             _bodiless_request(method, target, tuple(headers))
         self.arm_silence_timer()
         self.transport.write(out)

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
+
 def run_loop(main: Coroutine[Any, Any, T]) -> T:
     """asyncio.run, on uvloop when it is installed."""
     try:

@@ -59,7 +59,7 @@ class EngineSource:
         check_health = known is None or (not llama and started - self._health_asked >= HEALTH_REFRESH_S)
         if check_health:
             self._health_asked = started
-        router = last.router if last is not None and last.models is not None else None
+        router = last.router if last is not None else None  # set only beside the router's models
         if router is not None:  # one server answers for every model: its /models says it all, like /metrics
             check_health = known is None
         sample = await poll_engine(self.transports.for_url(target.url), target,
