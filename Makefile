@@ -73,6 +73,7 @@ bench: engine vllm prometheus
 	$(BIN)/python bench/bench_proxy.py
 	$(BIN)/python bench/bench_swap_poll.py
 	$(BIN)/python bench/bench_workload.py
+	$(BIN)/python bench/bench_engines_at_once.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

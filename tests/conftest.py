@@ -135,11 +135,35 @@ def vllm_server() -> Iterator[RunningVllm]:
 # engine fails instead of slipping into the fast loop.
 ENGINE_FIXTURES = {"llama_server", "vllm_server"}
 
+# --- groups for parallel runs (pytest-xdist, --dist loadgroup: see pyproject.toml) -------------------------
+# Tests in one xdist group run one after the other on one worker. Every test marked `engine` is in one group:
+# two engines generating at once on 2 cores run each other down (bench/bench_engines_at_once.py: two demo
+# llama-servers of 2 threads, 1-12 tok/s each at once against 32-35 alone), the vLLM tests share the
+# session's vLLM, and the bundled demo profiles share their fixed port. Except the modules that only start,
+# switch, signal and stop small engines of their own on free ports, measuring no speed: they run on the
+# other worker. Other tests that share a module-scoped fixture (a Prometheus over the synthetic fleet, a
+# recording) share a worker, so it is built once.
+LIGHT_ENGINE_MODULES = {"test_lifecycle", "test_swap", "test_quit", "test_engine_check"}
 
+
+def _group(item: pytest.Item) -> str | None:
+    if item.get_closest_marker("engine") is not None:
+        light = isinstance(item, pytest.Function) and item.module.__name__ in LIGHT_ENGINE_MODULES
+        return "engines-light" if light else "engines"
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs.values() if info is not None else ()
+    if isinstance(item, pytest.Function) and any(d.scope == "module" for fds in defs for d in fds):
+        return item.module.__name__
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.engine)
+        if group := _group(item):
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(autouse=True)

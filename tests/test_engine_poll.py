@@ -116,6 +116,7 @@ def transport_kind(request: pytest.FixtureRequest) -> str:
 
 
 async def poll(fake: Fake, kind: str, api_key: str | None = None, **kwargs: object):
+    kwargs.setdefault("timeout", 10.0)  # the fake answers at once, but tests run beside engines on 2 cores
     transport = make_transport(kind)
     try:
         return await poll_engine(transport, EngineTarget("e1", fake.url, api_key), **kwargs)
