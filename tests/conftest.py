@@ -139,17 +139,15 @@ ENGINE_FIXTURES = {"llama_server", "vllm_server"}
 # Tests in one xdist group run one after the other on one worker. Every test marked `engine` is in one group:
 # two engines generating at once on 2 cores run each other down (bench/bench_engines_at_once.py: two demo
 # llama-servers of 2 threads, 1-12 tok/s each at once against 32-35 alone), the vLLM tests share the
-# session's vLLM, and the bundled demo profiles share their fixed port. Except the modules that only start,
-# switch, signal and stop small engines of their own on free ports, measuring no speed: they run on the
-# other worker. Other tests that share a module-scoped fixture (a Prometheus over the synthetic fleet, a
-# recording) share a worker, so it is built once.
-LIGHT_ENGINE_MODULES = {"test_lifecycle", "test_swap", "test_quit", "test_engine_check"}
+# session's vLLM, and the bundled demo profiles share their fixed port. Even engine tests that only start
+# and stop small engines slowed the others 2-4x when they ran beside them (tried: an A/B test 23 s -> 96 s).
+# Other tests that share a module-scoped fixture (a Prometheus over the synthetic fleet, a recording) share
+# a worker, so it is built once.
 
 
 def _group(item: pytest.Item) -> str | None:
     if item.get_closest_marker("engine") is not None:
-        light = isinstance(item, pytest.Function) and item.module.__name__ in LIGHT_ENGINE_MODULES
-        return "engines-light" if light else "engines"
+        return "engines"
     info = getattr(item, "_fixtureinfo", None)
     defs = info.name2fixturedefs.values() if info is not None else ()
     if isinstance(item, pytest.Function) and any(d.scope == "module" for fds in defs for d in fds):
