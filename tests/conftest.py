@@ -140,7 +140,7 @@ ENGINE_FIXTURES = {"llama_server", "vllm_server"}
 # two engines generating at once on 2 cores run each other down (bench/bench_engines_at_once.py: two demo
 # llama-servers of 2 threads, 1-12 tok/s each at once against 32-35 alone), the vLLM tests share the
 # session's vLLM, and the bundled demo profiles share their fixed port. Even engine tests that only start
-# and stop small engines slowed the others 2-4x when they ran beside them (tried: an A/B test 23 s -> 96 s).
+# and stop small engines slowed the others 2-4x when they ran beside them (tried: an A/B test 35 s -> 96 s).
 # Other tests that share a module-scoped fixture (a Prometheus over the synthetic fleet, a recording) share
 # a worker, so it is built once.
 

@@ -45,7 +45,11 @@ async def test_panel_tracks_real_generation_counter(llama_server, tmp_path):
     app = make_app([EngineTarget("llama", llama_server.url)], tmp_path)
     async with app.run_test(size=(200, 60)) as pilot:
         state = app.store.engines["llama"]
-        await wait_for(pilot, lambda: state.sample and state.sample.reading, what="first reading")
+        # the session's engine is shared: an earlier test's request must be done and counted first
+        await wait_for(pilot, lambda: state.sample and state.sample.reading
+                       and state.sample.reading.running == 0, what="the engine idle")
+        idle = state.sample
+        await wait_for(pilot, lambda: state.sample.t > idle.t, what="a poll after it")
         before = state.sample.reading.generation_tokens_total
         reply = await chat(llama_server.url, 24)
         produced = reply["usage"]["completion_tokens"]
