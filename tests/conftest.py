@@ -139,8 +139,8 @@ ENGINE_FIXTURES = {"llama_server", "vllm_server"}
 # Tests in one xdist group run one after the other on one worker. Every test marked `engine` is in one group:
 # two engines generating at once on 2 cores run each other down (bench/bench_engines_at_once.py: two demo
 # llama-servers of 2 threads, 1-12 tok/s each at once against 32-35 alone), the vLLM tests share the
-# session's vLLM, and the bundled demo profiles share their fixed port. Even engine tests that only start
-# and stop small engines slowed the others 2-4x when they ran beside them (tried: an A/B test 35 s -> 96 s).
+# session's vLLM, and the bundled demo profiles share their fixed port. Engine tests that only start and
+# stop small engines were tried on the other worker: no faster (fresh clone, 18 min 35 s against 18 min 14 s).
 # Other tests that share a module-scoped fixture (a Prometheus over the synthetic fleet, a recording) share
 # a worker, so it is built once.
 
