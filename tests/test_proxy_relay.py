@@ -77,7 +77,8 @@ class Upstream:
 
 
 async def test_256_concurrent_streams_are_relayed_at_once_none_waits_behind_another():
-    with SSEServer(default=Scenario(tokens=5, per_token_delay_s=0.4)) as upstream:
+    # 5 s a stream: longer than opening 256 of them takes beside the engine tests (2 s was not, once)
+    with SSEServer(default=Scenario(tokens=5, per_token_delay_s=1.0)) as upstream:
         proxy = proxy_for(upstream.url)
         await proxy.start()
         url = proxy.routes[0].proxy_url + "/v1/chat/completions"
@@ -105,7 +106,7 @@ async def test_256_concurrent_streams_are_relayed_at_once_none_waits_behind_anot
     assert len(set(counts)) == 1  # every client got the same events
     assert [(r.outcome, r.completion_tokens, r.token_events) for r in proxy.books["e"].recent()] == [
         ("ok", 5, 5)] * 256
-    # each stream lasts ~2 s (5 tokens 0.4 s apart); one after another they would take 8 minutes
+    # each stream lasts ~5 s (5 tokens 1 s apart); one after another they would take 21 minutes
     assert peak == 256, f"at most {peak} streams were relayed at once"
     assert took < 30, took
     assert proxy.books["e"].total == 256 and proxy.books["e"].stats().errors == 0
