@@ -50,7 +50,16 @@ from widgets.plots import TimePlot
 from widgets.probe_panel import ProbePanel
 
 N_ENGINES, N_NODES, GPUS_PER_NODE = 210, 13, 4
-RATE_TOLERANCE = 0.03  # counters move linearly; what is left is scrape-time jitter over a 10 s window
+RATE_TOLERANCE = 0.03  # for ratios of two rates over the same samples: their shortfalls cancel
+# rate() extrapolates to the window's ends only by up to 1.1 average scrape intervals: when scrapes come late
+# (a busy machine) it covers less of the window and reads LOW, never high, as the stamped counters are exact.
+# 6.4 % low was seen once beside the engine tests; a neighbouring engine's rate is 12 % off or more.
+RATE_SHORTFALL = 0.10
+
+
+def rate_of(want: float):
+    """What Prometheus' rate() may read for a counter that moves at exactly `want` per second."""
+    return pytest.approx(want * (1 - RATE_SHORTFALL / 2), rel=RATE_SHORTFALL / 2 + 0.01)
 
 
 def plain(content) -> str:
@@ -112,14 +121,14 @@ async def test_every_synthetic_engine_is_found_with_prometheus_figures_matching_
             continue
         assert s.health == "up", (e, s.health_reason)
         assert s.reading.dialect == e.dialect.removesuffix("-old")
-        assert s.stats.gen_tps == pytest.approx(e.gen_rate, rel=RATE_TOLERANCE), e
+        assert s.stats.gen_tps == rate_of(e.gen_rate), e
         assert s.reading.running == e.running and s.reading.waiting == e.waiting
         if e.dialect == "llamacpp":
             # llama.cpp counts prompt tokens without the cached ones: processed = computed + cached
-            assert s.stats.prompt_processed_tps == pytest.approx(e.prompt_rate, rel=RATE_TOLERANCE)
+            assert s.stats.prompt_processed_tps == rate_of(e.prompt_rate)
             assert s.model is None and s.reading.kv_cache_usage is None and s.stats.ttft_p50_s is None
         else:
-            assert s.stats.prompt_processed_tps == pytest.approx(e.prompt_rate, rel=RATE_TOLERANCE)
+            assert s.stats.prompt_processed_tps == rate_of(e.prompt_rate)
             assert s.reading.kv_cache_usage == pytest.approx(e.kv)
             assert s.model == e.model
             assert s.stats.ttft_p50_s == pytest.approx(ttft50, rel=1e-6)
@@ -237,7 +246,7 @@ async def test_a_series_that_disappears_leaves_the_engine_listed_with_that_figur
     _, samples = await read(prom.url)
     s = samples[gone.instance]
     assert s.health == "up" and s.reading.running is None and s.reading.waiting is None
-    assert s.stats.gen_tps == pytest.approx(gone.gen_rate, rel=RATE_TOLERANCE)
+    assert s.stats.gen_tps == rate_of(gone.gen_rate)
 
 
 async def test_remote_gpus_through_prometheus_and_directly_decode_the_same(fleet_prom):
@@ -310,7 +319,7 @@ def test_snapshot_prints_the_fleet_with_todays_keys_plus_job_instance_host(fleet
                 "job", "instance", "host"):
         assert key in row, key
     assert (row["job"], row["instance"], row["host"]) == (e.job, e.instance, e.instance.split(":")[0])
-    assert row["gen_tps"] == pytest.approx(e.gen_rate, rel=RATE_TOLERANCE)
+    assert row["gen_tps"] == rate_of(e.gen_rate)
     gpu = out["gpus"][0]
     for key in ("util_gpu_pct", "power_w", "temp_c", "sm_clock_mhz", "mem_clock_mhz", "throttle_reasons",
                 "throttled", "host"):
@@ -409,7 +418,7 @@ async def test_a_partial_answer_shows_prometheus_warning_and_keeps_the_values_fr
     assert source.error_kind == "warning"
     assert source.error.startswith("Prometheus warned: ") and direct["warnings"][0] in source.error
     assert not s.stale and s.health == "up" and s.metrics_error is None
-    assert s.stats.gen_tps == pytest.approx(engine.gen_rate, rel=RATE_TOLERANCE)
+    assert s.stats.gen_tps == rate_of(engine.gen_rate)
     assert s.reading.running == engine.running
 
 
@@ -730,7 +739,7 @@ async def test_an_engine_opens_in_the_dashboards_own_layout_and_f_probes_it(flee
         data, now = screen.query_one("#plot-gen", TimePlot).shown
         xs, ys = data.lines[picked.instance]
         assert now + xs[0] < app_started - 5  # back-filled from query_range
-        assert ys[-1] == pytest.approx(picked.gen_rate, rel=RATE_TOLERANCE)
+        assert ys[-1] == rate_of(picked.gen_rate)
         assert data.throttle_spans  # node 3's GPUs are throttled (0x24)
         assert screen.query_one("#plot-ttft", TimePlot).shown[0].lines[picked.instance][0]
         text = screen_text(app)
