@@ -16,6 +16,7 @@ from tests.test_demo_both import profiles_on_free_ports
 from tui.compare.ab import ABConfig
 from tui.model.targets import EngineTarget
 from tui.probe.sweep import SweepConfig
+from tui.probe.workloads import WorkloadParams
 from tui.sources.gpu import GpuSampler
 from tui.ui.app import AppConfig, EnginetopApp
 from tui.ui.screens.ab import ABScreen
@@ -51,7 +52,8 @@ async def test_key_f_probes_and_marks_the_plots(llama_server, tmp_path):
 
 async def test_key_c_sweeps_every_engine(llama_server, tmp_path):
     app = make_app([EngineTarget("llama", llama_server.url)], tmp_path)
-    app.config.sweep = SweepConfig(levels=(1, 2), requests_per_stream=1, duration_s=None)
+    app.config.sweep = SweepConfig(levels=(1, 2), requests_per_stream=1, duration_s=None,
+                                   params=WorkloadParams(max_tokens=16))
     async with app.run_test(size=(200, 60)) as pilot:
         await wait_for(pilot, lambda: app.store.engines["llama"].sample, what="first poll")
         await pilot.press("c")

@@ -79,6 +79,7 @@ async def test_dashboard_sweep_and_ab_are_recorded_and_shown_again(llama_server,
     from tui.model.events import Event
     from tui.model.targets import EngineTarget
     from tui.probe.sweep import SweepConfig
+    from tui.probe.workloads import WorkloadParams
     from tui.ui.replay import ReplayApp
     from tui.ui.screens.sweep import SweepScreen
 
@@ -88,7 +89,8 @@ async def test_dashboard_sweep_and_ab_are_recorded_and_shown_again(llama_server,
     app = dashboard_app([EngineTarget("A", llama_server.url), EngineTarget("B", llama_server.url)], tmp_path)
     app.recorder = recorder
     app.store.listeners.append(recorder)
-    app.config.sweep = SweepConfig(levels=(1, 2), requests_per_stream=1, duration_s=None)
+    app.config.sweep = SweepConfig(levels=(1, 2), requests_per_stream=1, duration_s=None,
+                                   params=WorkloadParams(max_tokens=16))
     app.config.ab = ABConfig(instances=2, blocks=2, requests_per_block=1, max_tokens=12, warmup_requests=0,
                              mode="coresident", bootstrap_samples=200)
     told = capture(app)
