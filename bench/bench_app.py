@@ -30,9 +30,8 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tui.base.paths import runs_dir  # noqa: E402
-from tui.base.process import free_port, launch, stop_group  # noqa: E402
-from tui.engines.llamacpp import demo_argv  # noqa: E402
+from tests.conftest import start_llama  # noqa: E402
+from tui.base.process import stop_group  # noqa: E402
 
 DATA = ROOT / "tests/data/metrics"
 VLLM_BODY = (DATA / "vllm_0_33.txt").read_bytes()  # what FakeVllm serves; each run sets it
@@ -62,20 +61,6 @@ class FakeVllm(BaseHTTPRequestHandler):
         pass
 
 
-def wait_http(url: str, timeout: float = 120) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise SystemExit(f"{url} not up")
-
-
 def cpu_ns(pid: int) -> dict[int, int]:
     """Nanoseconds each thread of `pid` has run (/proc/PID/task/TID/schedstat, the scheduler's own clock).
     psutil's cpu_times counts 10 ms clock ticks: at ~0.6 s of CPU a minute that is ±10 % of the figure
@@ -98,18 +83,16 @@ def measure(seconds: float, llamas: int, body: Path, replays: int, record: Path 
     global VLLM_BODY
     VLLM_BODY = body.read_bytes()
     engines, launched, servers = [], [], []
-    for i in range(llamas):
-        port = free_port()
-        launched.append(launch(demo_argv(port, "--threads", "1"), runs_dir() / f"bench-app-{port}.log"))
-        engines.append(f"llama{i}=http://127.0.0.1:{port}")
     for i in range(replays):
         server = ThreadingHTTPServer(("127.0.0.1", 0), FakeVllm)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         servers.append(server)
         engines.append(f"vllm{i}=http://127.0.0.1:{server.server_address[1]}")
     try:
-        for e in engines:
-            wait_http(e.split("=", 1)[1] + "/health")
+        for i in range(llamas):  # ready: /health and a 1-token completion (tests/conftest.py)
+            llama = start_llama(f"bench-app-{i}", "--threads", "1")
+            launched.append(llama.launched)
+            engines.insert(i, f"llama{i}={llama.url}")
         argv = [sys.executable, str(ROOT / "bench/app_under_test.py")]
         for e in engines:
             argv += ["--engine", e]

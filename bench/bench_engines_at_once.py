@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import sys
 import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -21,26 +20,13 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tui.base.paths import runs_dir  # noqa: E402
-from tui.base.process import Launched, free_port, launch, stop_group  # noqa: E402
-from tui.engines.llamacpp import demo_argv  # noqa: E402
+from tests.conftest import start_llama  # noqa: E402
+from tui.base.process import Launched, stop_group  # noqa: E402
 
 
 def start(poll: bool) -> tuple[Launched, str]:
-    port = free_port()
-    argv = demo_argv(port, "--threads", "2", *(["--poll", "0"] if poll else []))
-    launched = launch(argv, runs_dir() / f"bench-at-once-{port}.log")
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return launched, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    stop_group(launched)
-    raise SystemExit(f"llama-server at {url} not ready")
+    engine = start_llama("bench-at-once", "--threads", "2", *(["--poll", "0"] if poll else []))
+    return engine.launched, engine.url
 
 
 def decode_tps(url: str, tokens: int) -> float:

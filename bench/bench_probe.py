@@ -41,10 +41,8 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tui.base.paths import runs_dir  # noqa: E402
-from tui.base.process import Launched, free_port, launch, stop_group  # noqa: E402
+from tui.base.process import Launched, stop_group  # noqa: E402
 from tui.base.stats import median, quantile  # noqa: E402
-from tui.engines.llamacpp import demo_argv  # noqa: E402
 from tui.net.loop import run_loop  # noqa: E402
 from tui.probe.client import CHAT_PATH, ProbeClient  # noqa: E402
 from tui.probe.workloads import WorkloadParams, short_body  # noqa: E402
@@ -138,21 +136,11 @@ async def ttft_overhead(url: str, n: int) -> None:
 # ---------------------------------------------------------------- CPU cost on the real llama-server
 
 def start_llama(*extra: str) -> tuple[Launched, str]:
-    port = free_port()
-    launched = launch(demo_argv(port, "--parallel", "1", *extra),
-                      runs_dir() / f"bench-probe-llama-{port}.log")
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if not launched.alive():
-            raise SystemExit("llama-server exited while loading:\n" + "\n".join(launched.log_tail()))
-        try:
-            if bare_request(url, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}) >= 0:
-                return launched, url
-        except OSError:
-            time.sleep(0.5)
-    stop_group(launched)
-    raise SystemExit("llama-server did not answer within 120 s")
+    """The demo llama-server with one slot, ready (tests/conftest.py's ready-wait)."""
+    from tests.conftest import start_llama as start
+
+    engine = start("bench-probe", "--parallel", "1", *extra)
+    return engine.launched, engine.url
 
 
 def bare_request(url: str, body: dict[str, Any]) -> int:
