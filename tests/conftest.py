@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -105,19 +106,20 @@ async def _poll_once(target: EngineTarget) -> EngineSample:
 
 @pytest.fixture(scope="session")
 def vllm_server() -> Iterator[RunningVllm]:
-    """The real vLLM (CPU) serving the tiny model (--enforce-eager, per-request metrics), for the session.
+    """The real vLLM (CPU) serving the tiny model, for the session: the bundled demo-vllm-tiny profile as a
+    user starts it (--enforce-eager; per-request metrics put the engine's own TTFT/ITL for each request on
+    its final usage chunk, prompt token details its cached tokens in the usage), on a free port.
 
     A missing install raises EngineNotInstalled ("run `make vllm`"): the tests using it fail, never skip.
     """
-    from tui.engines.vllm import tiny_model_dir, vllm_argv, vllm_env
+    from tui.lifecycle.profiles import load_profiles, repo_profiles_dir, resolve
 
     port = free_port()
     log = runs_dir() / f"test-vllm-{port}.log"
-    # Per-request metrics put the engine's own TTFT/ITL for each request on its final usage chunk; prompt
-    # token details its cached tokens in the usage.
-    argv = vllm_argv(tiny_model_dir(), port, "--enforce-eager", "--enable-per-request-metrics",
-                     "--enable-prompt-tokens-details")
-    launched = launch(argv, log, env=vllm_env())
+    profile = dataclasses.replace(load_profiles([repo_profiles_dir()]).get("demo-vllm-tiny"), port=port)
+    resolved = resolve(profile)
+    assert resolved.argv is not None
+    launched = launch(list(resolved.argv), log, env=resolved.env)
     url = f"http://127.0.0.1:{port}"
     engine = RunningVllm(name="vllm", url=url, port=port, launched=launched)
     try:

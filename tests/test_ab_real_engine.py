@@ -43,7 +43,7 @@ def test_ab_demo_profiles_2x2_and_report_in_chromium(tmp_path: Path) -> None:
         "--requests",
         "2",
         "--max-tokens",
-        "24",
+        "8",
         "--warmup",
         "1",
         "--bandwidth",
@@ -86,8 +86,8 @@ def test_ab_demo_profiles_2x2_and_report_in_chromium(tmp_path: Path) -> None:
     # blocks alternate arms within each round
     order = [b["arm"] for b in sorted(result["blocks"], key=lambda b: b["seq"])]
     assert order[:4] == ["demo-cpu-threads1", "demo-cpu-threads2"] * 2
-    # every request asked for 24 tokens and the server says it produced 24
-    assert {r["completion_tokens"] for b in result["blocks"] for r in b["requests"]} == {24}
+    # every request asked for 8 tokens and the server says it produced 8
+    assert {r["completion_tokens"] for b in result["blocks"] for r in b["requests"]} == {8}
     assert result["roofline_input"]["bytes_source"].endswith("(file size)")
     for suffix in (".arms.csv", ".blocks.csv", ".requests.csv"):
         assert (tmp_path / f"ab{suffix}").is_file()

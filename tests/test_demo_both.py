@@ -1,7 +1,8 @@
 """The seeds' comparison, live: real llama.cpp and real vLLM on the same Gemma 3 270M, side by side.
 
 This is the README's demo, driven by Pilot: both engines started through their profiles (each on a free
-port), probed, and swept. It runs before the vLLM tests (file order) so that two vLLMs never overlap.
+port), probed and swept; then the vLLM column is switched to a llama-server with the safe switch's keys. It
+runs before the vLLM tests (file order) so that two vLLMs never overlap.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import contextlib
 import re
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.fake_pynvml import FakeNvml, h200
@@ -18,12 +20,12 @@ from tests.screen import screen_text
 from tests.test_dashboard import chat, wait_for
 from tui.base.process import free_port
 from tui.lifecycle.profiles import load_profiles, repo_profiles_dir
-from tui.lifecycle.switch import EngineManager
 from tui.probe.sweep import SweepConfig
 from tui.probe.workloads import WorkloadParams
 from tui.sources.gpu import GpuSampler
 from tui.ui.app import AppConfig, EnginetopApp
 from tui.ui.screens.sweep import SweepScreen
+from tui.ui.screens.switch import ConfirmSwitch, SwitchProgress
 
 pytestmark = pytest.mark.engine  # every test here starts a real engine
 
@@ -38,11 +40,13 @@ def profiles_on_free_ports(tmp_path: Path, *names: str):
 
 
 async def test_llama_and_vllm_side_by_side_on_gemma(tmp_path):
-    profiles = profiles_on_free_ports(tmp_path, "demo-cpu-threads2", "demo-vllm-gemma")
+    profiles = profiles_on_free_ports(tmp_path, "demo-cpu-threads2", "demo-vllm-gemma", "demo-cpu-threads1")
     llama, vllm = profiles.get("demo-cpu-threads2"), profiles.get("demo-vllm-gemma")
+    other_llama = profiles.get("demo-cpu-threads1")
     nvml = FakeNvml([h200()])
     app = EnginetopApp(AppConfig(
-        profiles=[llama, vllm], switchable=[llama, vllm], probe_every_managed_s=4.0, probe_max_tokens=32,
+        profiles=[llama, vllm], switchable=[llama, vllm, other_llama], probe_every_managed_s=4.0,
+        probe_max_tokens=32,
         sweep=SweepConfig(levels=(1, 2), requests_per_stream=1, duration_s=None,
                           params=WorkloadParams(max_tokens=16)),
         poll_interval_s=1.0, redraw_interval_s=0.5, screenshot_dir=tmp_path / "shots",
@@ -94,25 +98,30 @@ async def test_llama_and_vllm_side_by_side_on_gemma(tmp_path):
                 assert [lv.level for lv in levels] == [1, 2]
                 assert all(lv.ok == lv.requests and lv.aggregate_tps for lv in levels), name
             await pilot.press("escape")
+            await wait_for(pilot, lambda: not isinstance(app.screen, SweepScreen), what="the sweep closed")
+
+            # the safe switch away from vLLM, with the keys: its whole process tree (API server, engine
+            # core, worker) verified gone before the llama-server starts (llama to vLLM: the start above)
+            vllm_slot = app.slots[1]
+            vllm_pid = vllm_slot.status.pid
+            app.query_one("#engine-1").focus()
+            await pilot.press("3")
+            await wait_for(pilot, lambda: isinstance(app.screen, ConfirmSwitch), what="the confirmation")
+            assert f"This stops {vllm.name} (PID {vllm_pid})" in app.screen.question
+            await pilot.press("y")
+            progress = await wait_for(pilot, lambda: isinstance(app.screen, SwitchProgress) and app.screen,
+                                      what="the switch's progress")
+            await wait_for(pilot, lambda: progress.done is not None, timeout=120, what="switch done")
+            steps = ("resolve", "stop", "drain", "port", "start", "ready")
+            assert [progress.events[s].status for s in steps] == ["ok"] * 6, progress.events
+            stopped = progress.events["stop"].message
+            assert "verified gone" in stopped and vllm.name in stopped, stopped
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: vllm_slot.status.state == "ready"
+                           and vllm_slot.status.profile == other_llama.name, what="the llama-server ready")
+            assert vllm_slot.status.cold_start_s > 0
+            alive = psutil.pid_exists(vllm_pid) and psutil.Process(vllm_pid).status() != psutil.STATUS_ZOMBIE
+            assert not alive, "vLLM's API server outlived the switch"
+            assert app.slots[0].status.profile == llama.name  # the other column untouched
     finally:
         app.stop_managed()
-
-
-def test_safe_switch_between_llama_and_vllm(tmp_path):
-    profiles = profiles_on_free_ports(tmp_path, "demo-cpu-threads1", "demo-vllm-tiny")
-    llama, vllm = profiles.get("demo-cpu-threads1"), profiles.get("demo-vllm-tiny")
-    manager = EngineManager(gpu=GpuSampler(FakeNvml([h200()])).sample, log_dir=tmp_path, record_state=False)
-    try:
-        first = manager.switch(llama)
-        assert first.ok, first.message
-        second = manager.switch(vllm)
-        assert second.ok, second.message
-        steps = {s.name: s for s in second.steps}
-        assert [s.name for s in second.steps] == ["resolve", "stop", "drain", "port", "start", "ready"]
-        assert "verified gone" in steps["stop"].message and llama.name in steps["stop"].message
-        assert manager.poll_status().profile == vllm.name
-        back = manager.switch(llama)
-        assert back.ok, back.message
-        assert back.instance.cold_start_s > 0
-    finally:
-        manager.stop()
