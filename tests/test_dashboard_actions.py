@@ -12,7 +12,7 @@ import pytest
 from tests.fake_pynvml import FakeNvml, h200
 from tests.screen import screen_text
 from tests.test_dashboard import make_app, wait_for
-from tests.test_demo_both import profiles_on_free_ports
+from tests.test_demo_both import profiles_on_free_ports, switch_with_keys
 from tui.compare.ab import ABConfig
 from tui.model.targets import EngineTarget
 from tui.probe.sweep import SweepConfig
@@ -22,7 +22,6 @@ from tui.ui.app import AppConfig, EnginetopApp
 from tui.ui.screens.ab import ABScreen
 from tui.ui.screens.logs import LogScreen
 from tui.ui.screens.sweep import SweepScreen
-from tui.ui.screens.switch import ConfirmSwitch, SwitchProgress
 from widgets.plots import TimePlot
 
 
@@ -85,15 +84,7 @@ async def test_switch_with_keys_then_crash_behind_our_back(tmp_path):
             assert slot.status.profile == a.name and slot.status.cold_start_s > 0
             await wait_for(pilot, lambda: app.store.engines[a.name].sample.health == "up", what="A polled up")
 
-            await pilot.press("2")
-            await wait_for(pilot, lambda: isinstance(app.screen, ConfirmSwitch), what="the confirmation")
-            assert f"This stops {a.name} (PID {slot.status.pid})" in app.screen.question
-            await pilot.press("y")
-            progress = await wait_for(pilot, lambda: isinstance(app.screen, SwitchProgress) and app.screen,
-                                      what="the switch's progress")
-            await wait_for(pilot, lambda: progress.done is not None, timeout=120, what="switch done")
-            steps = ("resolve", "stop", "drain", "port", "start", "ready")
-            assert [progress.events[s].status for s in steps] == ["ok"] * 6
+            await switch_with_keys(pilot, app, "2", a.name, slot.status.pid)
             text = screen_text(app)
             assert "ready" in text and "elapsed" in text
             await pilot.press("escape")

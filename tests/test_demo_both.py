@@ -39,6 +39,23 @@ def profiles_on_free_ports(tmp_path: Path, *names: str):
     return load_profiles([out])
 
 
+SWITCH_STEPS = ("resolve", "stop", "drain", "port", "start", "ready")
+
+
+async def switch_with_keys(pilot, app: EnginetopApp, key: str, stops: str, pid: int) -> SwitchProgress:
+    """Press a profile's number, check what the confirmation says it stops, say yes, and wait for every step
+    of the safe switch to pass; the progress screen is left open."""
+    await pilot.press(key)
+    await wait_for(pilot, lambda: isinstance(app.screen, ConfirmSwitch), what="the confirmation")
+    assert f"This stops {stops} (PID {pid})" in app.screen.question
+    await pilot.press("y")
+    progress = await wait_for(pilot, lambda: isinstance(app.screen, SwitchProgress) and app.screen,
+                              what="the switch's progress")
+    await wait_for(pilot, lambda: progress.done is not None, timeout=120, what="switch done")
+    assert [progress.events[s].status for s in SWITCH_STEPS] == ["ok"] * 6, progress.events
+    return progress
+
+
 async def test_llama_and_vllm_side_by_side_on_gemma(tmp_path):
     profiles = profiles_on_free_ports(tmp_path, "demo-cpu-threads2", "demo-vllm-gemma", "demo-cpu-threads1")
     llama, vllm = profiles.get("demo-cpu-threads2"), profiles.get("demo-vllm-gemma")
@@ -105,15 +122,7 @@ async def test_llama_and_vllm_side_by_side_on_gemma(tmp_path):
             vllm_slot = app.slots[1]
             vllm_pid = vllm_slot.status.pid
             app.query_one("#engine-1").focus()
-            await pilot.press("3")
-            await wait_for(pilot, lambda: isinstance(app.screen, ConfirmSwitch), what="the confirmation")
-            assert f"This stops {vllm.name} (PID {vllm_pid})" in app.screen.question
-            await pilot.press("y")
-            progress = await wait_for(pilot, lambda: isinstance(app.screen, SwitchProgress) and app.screen,
-                                      what="the switch's progress")
-            await wait_for(pilot, lambda: progress.done is not None, timeout=120, what="switch done")
-            steps = ("resolve", "stop", "drain", "port", "start", "ready")
-            assert [progress.events[s].status for s in steps] == ["ok"] * 6, progress.events
+            progress = await switch_with_keys(pilot, app, "3", vllm.name, vllm_pid)
             stopped = progress.events["stop"].message
             assert "verified gone" in stopped and vllm.name in stopped, stopped
             await pilot.press("escape")
