@@ -246,7 +246,9 @@ async def test_a_series_that_disappears_leaves_the_engine_listed_with_that_figur
     _, samples = await read(prom.url)
     s = samples[gone.instance]
     assert s.health == "up" and s.reading.running is None and s.reading.waiting is None
-    assert s.stats.gen_tps == rate_of(gone.gen_rate)
+    # its counters stay; unstamped (as a real engine's), they carry the time Prometheus asked, so a scrape
+    # that waited for the busy fleet process moves the rate either way (63.4 for 74.1 seen under load)
+    assert s.stats.gen_tps == pytest.approx(gone.gen_rate, rel=0.3)
 
 
 async def test_remote_gpus_through_prometheus_and_directly_decode_the_same(fleet_prom):
@@ -766,8 +768,9 @@ async def test_an_engine_opens_in_the_dashboards_own_layout_and_f_probes_it(flee
 async def test_a_recorded_fleet_replays_as_the_fleet_table_with_the_same_figures(fleet_prom, tmp_path):
     _, prom, _ = fleet_prom
     out = tmp_path / "fleet.enginetop.sqlite"
+    # 15 s: on a loaded machine the first read of 210 engines (after the recorder's own start) took over 5
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tui", "record", "--prometheus", prom.url, "--refresh", "1", "--duration", "5",
+        sys.executable, "-m", "tui", "record", "--prometheus", prom.url, "--refresh", "1", "--duration", "15",
         "-o", str(out), stderr=asyncio.subprocess.PIPE)
     _, err = await asyncio.wait_for(proc.communicate(), 90)
     assert proc.returncode == 0, err.decode()

@@ -87,18 +87,17 @@ async def test_thinking_off_is_accepted(llama_server) -> None:
 
 
 async def test_sweep_four_streams_beat_one(llama_server) -> None:
-    # Levels interleaved (1, 4, 1, 4) so that load from other processes on this small machine hits both.
-    config = SweepConfig(levels=(1, 4, 1, 4), requests_per_stream=2, params=WorkloadParams(max_tokens=32))
+    # Levels interleaved (1, 4, 1, 4, 1, 4), each level's best compared: the other worker's tests (a
+    # Prometheus over 210 synthetic engines, Chromium) take the CPU in bursts, and a burst during one level
+    # cut it to 70 % of the other once when the levels' sums were compared. A burst only slows a level, so
+    # the best of three is the engine's own rate.
+    config = SweepConfig(levels=(1, 4) * 3, requests_per_stream=2, params=WorkloadParams(max_tokens=32))
     async with ProbeClient() as client:
         result = await run_sweep(client, EngineTarget(name="llama", url=llama_server.url), config)
     for lv in result.levels:
         assert lv.ok == lv.requests == 2 * lv.level, lv.errors
         assert lv.token_source == "server" and lv.aggregate_tps is not None
-    rate = {
-        n: sum(lv.completion_tokens for lv in result.levels if lv.level == n)
-        / sum(lv.wall_s for lv in result.levels if lv.level == n)
-        for n in (1, 4)
-    }
+    rate = {n: max(lv.completion_tokens / lv.wall_s for lv in result.levels if lv.level == n) for n in (1, 4)}
     assert rate[4] > rate[1], rate
 
 
