@@ -110,7 +110,8 @@ def vllm_server() -> Iterator[RunningVllm]:
     user starts it (--enforce-eager; per-request metrics put the engine's own TTFT/ITL for each request on
     its final usage chunk, prompt token details its cached tokens in the usage), on a free port.
 
-    A missing install raises EngineNotInstalled ("run `make vllm`"): the tests using it fail, never skip.
+    A missing install fails the profile's resolution with a ProfileError that says "run `make vllm`": the
+    tests using it fail, never skip.
     """
     from tui.lifecycle.profiles import load_profiles, repo_profiles_dir, resolve
 
