@@ -83,16 +83,16 @@ def measure(seconds: float, llamas: int, body: Path, replays: int, record: Path 
     global VLLM_BODY
     VLLM_BODY = body.read_bytes()
     engines, launched, servers = [], [], []
-    for i in range(replays):
-        server = ThreadingHTTPServer(("127.0.0.1", 0), FakeVllm)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
-        engines.append(f"vllm{i}=http://127.0.0.1:{server.server_address[1]}")
     try:
         for i in range(llamas):  # ready: /health and a 1-token completion (tests/conftest.py)
             llama = start_llama(f"bench-app-{i}", "--threads", "1")
             launched.append(llama.launched)
-            engines.insert(i, f"llama{i}={llama.url}")
+            engines.append(f"llama{i}={llama.url}")
+        for i in range(replays):
+            server = ThreadingHTTPServer(("127.0.0.1", 0), FakeVllm)
+            threading.Thread(target=server.serve_forever, daemon=True).start()
+            servers.append(server)
+            engines.append(f"vllm{i}=http://127.0.0.1:{server.server_address[1]}")
         argv = [sys.executable, str(ROOT / "bench/app_under_test.py")]
         for e in engines:
             argv += ["--engine", e]
