@@ -5,10 +5,13 @@ Prometheus."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
 
 import httpx
 import orjson
+import psutil
 import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
@@ -20,6 +23,7 @@ from tui.base.process import free_port
 from tui.live.store import Store
 from tui.model.samples import EngineSample
 from tui.net.listen import Listen, ListenError
+from tui.proxy import upstream as spares
 from tui.proxy.metrics import METRICS_PATH, TRAFFIC_PATH
 from tui.proxy.server import Route, TrafficProxy
 from tui.proxy.source import ProxyTraffic, RemoteTraffic
@@ -40,12 +44,14 @@ class Upstream:
     def __init__(self, headers_first: bool) -> None:
         self.headers_first = headers_first
         self.received: list[dict[str, str]] = []
+        self.peers: list[int] = []  # the proxy's port of each request's connection
         self.cancelled_at: list[float] = []
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         self.received.append(dict(request.headers))
+        self.peers.append(request.transport.get_extra_info("peername")[1])
         await request.read()
         try:
             if request.path == "/echo":
@@ -162,6 +168,63 @@ async def test_headers_are_forwarded_and_hop_by_hop_ones_are_not():
     assert seen.get("connection") != "keep-alive, X-Drop"
     assert seen["host"] == f"localhost:{upstream.port}"
     assert "cookie" not in seen  # the proxy keeps no cookie jar: nothing of one client reaches another
+
+
+def connections_to(port: int) -> set[int]:
+    """This process's own ports of its open connections to `port` (the proxy runs in the test's process)."""
+    return {c.laddr.port for c in psutil.Process().net_connections("tcp")
+            if c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED}
+
+
+async def test_the_next_request_finds_its_connection_made_and_never_a_stale_or_closed_one(monkeypatch):
+    async with Upstream(True) as upstream:
+        proxy = proxy_for(upstream.url)
+        await proxy.start()
+        url = proxy.routes[0].proxy_url + "/echo"
+        try:
+            async with httpx.AsyncClient() as client:
+                assert (await client.get(url)).status_code == 200
+                spare = await until_async(lambda: connections_to(upstream.port), "a connection opened ahead")
+                assert upstream.peers[-1] not in spare
+                assert (await client.get(url)).status_code == 200
+                assert upstream.peers[-1] in spare, "the second request connected again"
+                # older than an engine waits for a first request: closed, and the request connects anew
+                monkeypatch.setattr(spares, "SPARE_MAX_AGE_S", 0.0)
+                stale = await until_async(lambda: connections_to(upstream.port), "the next one")
+                assert (await client.get(url)).status_code == 200
+                assert upstream.peers[-1] not in stale
+                assert not stale & connections_to(upstream.port), "the stale spare stayed open"
+        finally:
+            await proxy.stop()
+        assert not connections_to(upstream.port), "the proxy left a spare open when it stopped"
+
+
+def sse_server_process(port: int) -> subprocess.Popen[str]:
+    proc = subprocess.Popen([sys.executable, "-m", "tests.sse_server", "--port", str(port)],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().startswith("listening ")
+    return proc
+
+
+async def test_an_engine_restarted_under_its_spare_connection_answers_the_next_request():
+    port = free_port()
+    engine = sse_server_process(port)
+    proxy = proxy_for(f"http://127.0.0.1:{port}")
+    await proxy.start()
+    try:
+        async with httpx.AsyncClient(timeout=30) as client:
+            url = proxy.routes[0].proxy_url + "/v1/chat/completions"
+            assert (await client.post(url, json=chat())).status_code == 200
+            await until_async(lambda: connections_to(port), "a connection opened ahead")
+            engine.kill()  # its sockets close with it, the spare among them
+            engine.wait()
+            engine = sse_server_process(port)
+            reply = await client.post(url, json=chat())
+        assert reply.status_code == 200 and "data: [DONE]" in reply.text
+    finally:
+        await proxy.stop()
+        engine.kill()
+        engine.wait()
 
 
 async def test_a_dead_engine_gets_502_naming_it_and_errors_pass_through_with_their_status_and_body():

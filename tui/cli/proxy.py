@@ -16,6 +16,7 @@ from typing import Any
 from tui.cli.options import EXIT_BAD_INPUT
 from tui.model.traffic import RequestRecord
 from tui.net.listen import ListenError, check_free
+from tui.net.loop import run_loop
 from tui.proxy.metrics import METRICS_PATH, TRAFFIC_PATH
 from tui.proxy.options import ProxyOptions, build_proxy, parse_listens
 from tui.proxy.server import CONNECT_TIMEOUT_S, MAX_BODY_BYTES
@@ -89,7 +90,7 @@ def cmd_proxy(args: argparse.Namespace) -> int:
     except (ListenError, ValueError, OSError) as exc:
         print(f"enginetop proxy: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    return asyncio.run(_serve(proxy, options))
+    return run_loop(_serve(proxy, options))
 
 
 def _say_failure(record: RequestRecord) -> None:

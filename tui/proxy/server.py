@@ -24,6 +24,7 @@ import orjson
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 from prometheus_client import CONTENT_TYPE_LATEST
+from yarl import URL
 
 from tui.base.stats import quantile
 from tui.engines.tokens import EngineTokens
@@ -35,6 +36,7 @@ from tui.proxy.headroom import load_capacities
 from tui.proxy.metrics import METRICS_PATH, TRAFFIC_PATH, ProxyMetrics
 from tui.proxy.stream import StreamReading, StreamRelay
 from tui.proxy.trace import SESSION_HEADERS, TraceItem, TraceWriter
+from tui.proxy.upstream import SpareConnector
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
 CONNECT_TIMEOUT_S = 10.0
@@ -59,8 +61,8 @@ class Route:
 
 
 def forwarded_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
-    named = {v.strip().lower() for h in headers.getall("Connection", ()) for v in h.split(",")}
-    return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in HOP_BY_HOP | named)
+    drop = HOP_BY_HOP.union(v.strip().lower() for h in headers.getall("Connection", ()) for v in h.split(","))
+    return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in drop)
 
 
 def openai_error(status: int, message: str, kind: str) -> web.Response:
@@ -103,6 +105,7 @@ class TrafficProxy:
         self._counts_itself: set[str] = set()
         self._runners: list[web.AppRunner] = []
         self._session: aiohttp.ClientSession | None = None
+        self._upstream: SpareConnector | None = None
         self._capacity_file: Path | None = None
         self._capacity_mtime: float | None = None
         self._tokens_http: httpx.AsyncClient | None = None  # the trace's tokenize calls, off the request path
@@ -111,9 +114,9 @@ class TrafficProxy:
     async def start(self) -> None:
         """Listen on every route's address; a port that cannot be bound raises ListenError and nothing stays
         open."""
+        self._upstream = SpareConnector()
         self._session = aiohttp.ClientSession(
-            # no pool: llama-server closes a connection after a stream although it advertises keep-alive
-            connector=aiohttp.TCPConnector(limit=0, force_close=True),
+            connector=self._upstream,
             timeout=aiohttp.ClientTimeout(total=None, connect=self.connect_timeout_s,
                                           sock_connect=self.connect_timeout_s),
             # no cookie jar: one client's cookies must never ride on another client's request
@@ -239,8 +242,9 @@ class TrafficProxy:
 
     async def _forward(self, route: Route, request: web.Request, body: bytes, headers: CIMultiDict[str],
                        exchange: _Exchange | None) -> web.StreamResponse:
-        assert self._session is not None
-        url = route.upstream + request.rel_url.raw_path_qs  # path and query exactly as the client sent them
+        assert self._session is not None and self._upstream is not None
+        # path and query exactly as the client sent them (encoded: not quoted again)
+        url = URL(route.upstream + request.rel_url.raw_path_qs, encoded=True)
         response: web.StreamResponse | None = None
         try:
             async with self._session.request(request.method, url, data=body or None, headers=headers,
@@ -258,16 +262,23 @@ class TrafficProxy:
                     response.content_length = upstream.content_length
                 await response.prepare(request)
                 copy = bytearray() if exchange is not None and relay is None else None
+                replenished = False
                 async for data in upstream.content.iter_any():
-                    if relay is None:
+                    arrived = time.monotonic()
+                    if relay is not None and relay.injected:
+                        # what arrived together leaves together: one write (a syscall) per read, not per event
+                        if events := relay.feed(data, arrived):
+                            await response.write(b"".join(events))
+                    else:  # bytes the proxy does not change go out as they came, before it reads them
                         await response.write(data)
-                        if copy is not None and len(copy) < self.max_body_bytes:
+                        if relay is not None:
+                            relay.feed(data, arrived)
+                        elif copy is not None and len(copy) < self.max_body_bytes:
                             copy += data
-                        continue
-                    # what arrived together leaves together: one write (a syscall) per read, not per event
-                    if events := relay.feed(data, time.monotonic()):
-                        await response.write(b"".join(events))
-                if relay is not None and (events := relay.close()):
+                    if not replenished:  # the next request's connection, once this one's first bytes are out
+                        self._upstream.replenish()
+                        replenished = True
+                if relay is not None and relay.injected and (events := relay.close()):
                     await response.write(b"".join(events))
                 if copy is not None and exchange is not None and "Content-Encoding" not in upstream.headers:
                     exchange.reading.take_body(bytes(copy))
