@@ -143,10 +143,12 @@ def assert_agree(results: list[ProbeResult], cli: list[dict], max_tokens: int) -
     # Same workload, same seed: the prompts differ only in their nonce tag.
     assert abs(statistics.median(r.prompt_tokens for r in results)
                - statistics.median(c["prompt_tokens"] for c in cli)) <= 3
-    exp_decode = statistics.median(r.decode_tps for r in results)
-    cli_decode = statistics.median(c["decode_tps"] for c in cli)
-    assert 0.6 < exp_decode / cli_decode < 1.6, (exp_decode, cli_decode)
-    # The engine's own decode rate is the cross-check: client and server within a few percent on each side.
+    # Rates measured minutes apart on a shared machine differ with its load (12.6 against 33.3 tok/s once, the
+    # other test worker busy): the same definition shows as the same ratio to the engine's own decode rate of
+    # each request, and each side's within a few percent of it.
+    exp_ratio = statistics.median(r.decode_tps / r.server_decode_tps for r in results)
+    cli_ratio = statistics.median(c["decode_tps"] / c["server_decode_tps"] for c in cli)
+    assert abs(exp_ratio - cli_ratio) < 0.05, (exp_ratio, cli_ratio)
     for r in results:
         assert abs(r.decode_tps / r.server_decode_tps - 1) < 0.15, (r.decode_tps, r.server_decode_tps)
     for c in cli:
