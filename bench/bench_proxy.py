@@ -1,6 +1,7 @@
 """What the traffic proxy adds: TTFT on the real llama-server, and CPU per relayed event under load.
 
-    .venv/bin/python bench/bench_proxy.py [--sections ttft,load] [--pairs 40] [--streams 64] [--tokens 200]
+    .venv/bin/python bench/bench_proxy.py [--sections ttft,floor,load] [--pairs 40] [--rounds 200]
+                                          [--streams 64] [--tokens 200]
 
 TTFT (a): the real llama-server (demo model, --parallel 1, started here) and `enginetop proxy` in front of it
 (its own process, as a user runs it), twice: the engine as it comes, and with a core left to the client and
@@ -14,6 +15,11 @@ what the proxy adds, with the engine's noise removed. Printed first: what waking
 on this machine (a socketpair round trip after 10 ms of quiet against back to back), since a proxy sleeps
 between the events of each request and the direct path does not wake it.
 
+Floor: direct, a bare byte pipe and a bare aiohttp relay (bench/relay_floor.py) and `enginetop proxy`, each
+its own process on uvloop, --rounds rounds in a shuffled order against the loopback SSE server (no engine
+noise). Printed: each one's added TTFT over direct: what any Python process in the path costs on this
+machine, what aiohttp costs on top, and what is the proxy's own.
+
 Load (b): a loopback SSE server streaming as fast as it can (tests/sse_server.py, its own process),
 --streams concurrent streams of --tokens one-token events each, from an asyncio client reading raw sockets,
 direct, then through `enginetop proxy`. Printed: events/s each way and their ratio, and the proxy process's
@@ -26,6 +32,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -210,9 +217,59 @@ def section_load(streams: int, tokens: int) -> None:
     print(f"  proxy CPU {cpu:.2f} s = {cpu / max(1, p_events) * 1e6:.1f} us per relayed event   (goal <= 25)")
 
 
+def start_floor(kind: str, upstream: str) -> tuple[subprocess.Popen[str], str]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, str(ROOT / "bench/relay_floor.py"), kind, upstream, str(port)],
+                            cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    if proc.stdout.readline().strip() != "ready":
+        proc.kill()
+        raise SystemExit(f"relay_floor.py {kind} did not start")
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def section_floor(rounds: int) -> None:
+    """Direct, a bare byte pipe, a bare aiohttp relay and `enginetop proxy`, in a shuffled order each round,
+    10 ms of quiet before every request (as between a client's requests), against the loopback SSE server:
+    what any Python process in the path adds on this machine, what the library adds, and what is the proxy's
+    own (its measuring, accounting and header handling)."""
+    server, upstream = start_server()
+    started = [start_floor("pipe", upstream), start_floor("aiohttp", upstream), start_proxy(upstream)]
+    urls = {"direct": upstream, "byte pipe (asyncio streams)": started[0][1],
+            "bare aiohttp relay": started[1][1], "enginetop proxy": started[2][1]}
+    body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "stream": True}
+    ttft: dict[str, list[float]] = {name: [] for name in urls}
+    order = random.Random(0)
+    try:
+        for i in range(rounds + 5):  # the first 5 rounds warm every path
+            names = list(urls)
+            order.shuffle(names)
+            for name in names:
+                time.sleep(0.01)
+                first, _ = ttft_once(urls[name], body)
+                if i >= 5:
+                    ttft[name].append(first)
+    finally:
+        for proc, _ in started:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(10)
+        server.kill()
+    ms = 1000.0
+    print(f"The floor: TTFT from the loopback SSE server, {rounds} rounds, added over direct per round (ms):")
+    for name, times in ttft.items():
+        if name == "direct":
+            d = sorted(times)
+            print(f"  {name:30s} p50 {quantile(d, 0.5) * ms:6.2f}  p99 {quantile(d, 0.99) * ms:6.2f}")
+            continue
+        added = sorted(t - d for t, d in zip(times, ttft["direct"], strict=True))
+        print(f"  {name:30s} added p50 {quantile(added, 0.5) * ms:6.2f}  "
+              f"p99 {quantile(added, 0.99) * ms:6.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sections", default="ttft,load")
+    parser.add_argument("--sections", default="ttft,floor,load")
+    parser.add_argument("--rounds", type=int, default=200, help="rounds of the floor section")
     parser.add_argument("--pairs", type=int, default=40)
     parser.add_argument("--streams", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=200)
@@ -222,6 +279,8 @@ def main() -> None:
         section_wake()
         for label, engine_args in ENGINES.items():
             section_ttft(args.pairs, label, engine_args)
+    if "floor" in sections:
+        section_floor(args.rounds)
     if "load" in sections:
         section_load(args.streams, args.tokens)
 
