@@ -41,6 +41,7 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tests.conftest import start_llama as start_demo_llama  # noqa: E402
 from tui.base.process import Launched, stop_group  # noqa: E402
 from tui.base.stats import median, quantile  # noqa: E402
 from tui.net.loop import run_loop  # noqa: E402
@@ -137,9 +138,7 @@ async def ttft_overhead(url: str, n: int) -> None:
 
 def start_llama(*extra: str) -> tuple[Launched, str]:
     """The demo llama-server with one slot, ready (tests/conftest.py's ready-wait)."""
-    from tests.conftest import start_llama as start
-
-    engine = start("bench-probe", "--parallel", "1", *extra)
+    engine = start_demo_llama("bench-probe", "--parallel", "1", *extra)
     return engine.launched, engine.url
 
 

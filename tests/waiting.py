@@ -4,6 +4,7 @@ can be asked. `until` for plain code, `until_async` on an event loop (Textual's 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -26,14 +27,17 @@ def until(condition: Callable[[], T], what: str, timeout: float = 30.0, every: f
         time.sleep(every)
 
 
-async def until_async(condition: Callable[[], T], what: str, timeout: float = 30.0, every: float = 0.05,
-                      pause: Callable[[float], Awaitable[Any]] | None = None) -> T:
+async def until_async(condition: Callable[[], T | Awaitable[T]], what: str, timeout: float = 30.0,
+                      every: float = 0.05, pause: Callable[[float], Awaitable[Any]] | None = None) -> T:
     """`until` on an event loop: between two asks, `pause(every)` (a Textual pilot's pause lets the app
-    process its messages and redraw; asyncio.sleep by default)."""
+    process its messages and redraw; asyncio.sleep by default). `condition` may be a coroutine function
+    (asking a server)."""
     pause = pause or asyncio.sleep
     deadline = time.monotonic() + timeout
     while True:
         value = condition()
+        if inspect.isawaitable(value):
+            value = await value
         if value:
             return value
         if time.monotonic() >= deadline:
