@@ -5,8 +5,10 @@ Three runs, one after the other:
   /metrics capture (614 lines, tests/data/metrics/vllm_cpu_0.32_real.txt);
 - heavy: one real llama-server and three loopback servers replaying the 3,012-line vLLM 0.33 body;
 - typical again, with the session recorded (tui.record) as the dashboard does unless --no-record.
-Loopback servers also answer /health and /v1/models. The app runs headless in a child process (fake
-NVML with one H200, since this machine has no GPU); its CPU time and RSS are read from outside. CPU time
+Loopback servers also answer /health and /v1/models, and /metrics/ as a real vLLM does (prometheus_client's
+exposition, honouring the `name[]` filter the poller sends once it has found a vLLM). The app runs headless
+in a child process (fake NVML with one H200, since this machine has no GPU); its CPU time and RSS are read
+from outside. CPU time
 is the scheduler's own count (/proc/PID/task/*/schedstat, nanoseconds); the 10 ms clock-tick figure
 psutil gives is printed beside it and varies by about ±10 % run to run at these rates.
 
@@ -16,6 +18,7 @@ psutil gives is printed beside it and varies by about ±10 % run to run at these
 from __future__ import annotations
 
 import argparse
+import functools
 import socket
 import subprocess
 import sys
@@ -31,10 +34,17 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.conftest import start_llama  # noqa: E402
+from tests.prom_filter import restricted  # noqa: E402
 from tui.base.process import stop_group  # noqa: E402
 
 DATA = ROOT / "tests/data/metrics"
 VLLM_BODY = (DATA / "vllm_0_33.txt").read_bytes()  # what FakeVllm serves; each run sets it
+
+
+@functools.cache
+def filtered(body: bytes, query: str) -> bytes:
+    """vLLM's /metrics/ (prometheus_client's exposition, name[] honoured), as the poller asks it."""
+    return restricted(body.decode(), query)
 
 
 class FakeVllm(BaseHTTPRequestHandler):
@@ -47,8 +57,9 @@ class FakeVllm(BaseHTTPRequestHandler):
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def do_GET(self) -> None:
+        path, _, query = self.path.partition("?")
         body = {"/health": b"", "/v1/models": b'{"object":"list","data":[{"id":"bench-model"}]}',
-                "/metrics": VLLM_BODY}.get(self.path)
+                "/metrics": VLLM_BODY, "/metrics/": filtered(VLLM_BODY, query)}.get(path)
         if body is None:
             self.send_error(404)
             return
@@ -59,6 +70,13 @@ class FakeVllm(BaseHTTPRequestHandler):
 
     def log_message(self, *args) -> None:
         pass
+
+
+def serve(handler: type[BaseHTTPRequestHandler]) -> ThreadingHTTPServer:
+    """A loopback server on a free port, serving in a thread until shut down."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
 
 
 def cpu_ns(pid: int) -> dict[int, int]:
@@ -89,8 +107,7 @@ def measure(seconds: float, llamas: int, body: Path, replays: int, record: Path 
             launched.append(llama.launched)
             engines.append(f"llama{i}={llama.url}")
         for i in range(replays):
-            server = ThreadingHTTPServer(("127.0.0.1", 0), FakeVllm)
-            threading.Thread(target=server.serve_forever, daemon=True).start()
+            server = serve(FakeVllm)
             servers.append(server)
             engines.append(f"vllm{i}=http://127.0.0.1:{server.server_address[1]}")
         argv = [sys.executable, str(ROOT / "bench/app_under_test.py")]

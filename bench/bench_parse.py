@@ -3,12 +3,18 @@
 Target: the ~3,000-line vLLM 0.33 body in under 5 ms. For comparison it also times prometheus_client's
 parser on the whole body, which is what the pre-filter avoids.
 
+Then a whole poll of a vLLM (tui.sources.engine_source.EngineSource against a loopback server replaying
+each vLLM capture, bench/bench_app.py's): the poller's CPU per poll (its thread's own clock) when the engine
+answers the `name[]` filter on /metrics/ as a real vLLM does, and when it does not (only /metrics), in one
+run, alternating.
+
 Run: .venv/bin/python bench/bench_parse.py [--runs N]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import statistics
 import sys
 import time
@@ -19,6 +25,10 @@ sys.path.insert(0, str(ROOT))
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
+from bench import bench_app  # noqa: E402
+from tui.model.targets import EngineTarget  # noqa: E402
+from tui.net.keepalive import Transports  # noqa: E402
+from tui.sources.engine_source import EngineSource  # noqa: E402
 from tui.sources.metrics import parse_reading  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "metrics"
@@ -54,7 +64,45 @@ def main(argv: list[str] | None = None) -> int:
     print(f"(prometheus_client parser alone on the whole vllm body: {full:.1f} ms median)")
     verdict = "OK" if worst < TARGET_MS else "OVER TARGET"
     print(f"vllm target < {TARGET_MS:g} ms: {verdict}")
+    for name in ("vllm_cpu_0.32_real.txt", "vllm_0_33.txt"):
+        bench_app.VLLM_BODY = (DATA / name).read_bytes()
+        alone, whole = asyncio.run(poll_cpu_us(args.runs))
+        print(f"poll of a vLLM serving {name}: {alone:.0f} us CPU asking the series alone (name[]), "
+              f"{whole:.0f} us asking the whole body: {whole / alone:.1f}x")
     return 0
+
+
+class Unfiltered(bench_app.FakeVllm):
+    """A server whose /metrics/ is not prometheus_client's: the poller falls back to the plain path."""
+
+    def do_GET(self) -> None:
+        if self.path.startswith("/metrics/"):
+            self.send_error(404)
+            return
+        super().do_GET()
+
+
+async def poll_cpu_us(polls: int) -> tuple[float, float]:
+    """Median CPU of one EngineSource.read() (the event loop's thread), filtered and not, alternating."""
+    servers = [bench_app.serve(bench_app.FakeVllm), bench_app.serve(Unfiltered)]
+    transports = Transports()
+    sources = [EngineSource(EngineTarget(f"v{i}", f"http://127.0.0.1:{s.server_address[1]}"), transports)
+               for i, s in enumerate(servers)]
+    times: list[list[float]] = [[], []]
+    try:
+        for i in range(polls + 3):
+            for source, took in zip(sources, times, strict=True):
+                started = time.thread_time()
+                [sample] = await source.read()
+                if i >= 3:  # the first polls ask /health and /v1/models, and find out what the engine is
+                    took.append(time.thread_time() - started)
+                assert sample.reading is not None, sample.metrics_error
+        assert sources[0].filtering and not sources[1].filtering
+    finally:
+        await transports.aclose()
+        for s in servers:
+            s.shutdown()
+    return statistics.median(times[0]) * 1e6, statistics.median(times[1]) * 1e6
 
 
 if __name__ == "__main__":

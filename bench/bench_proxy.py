@@ -5,11 +5,14 @@
 
 TTFT (a): the real llama-server (demo model, --parallel 1, started here) and `enginetop proxy` in front of it
 (its own process, as a user runs it), twice: the engine as it comes, and with a core left to the client and
-the proxy (see ENGINES). --pairs pairs of one streamed request direct and one through the proxy,
-in alternating order, the same short prompt every time (so prefill is the prompt cache's, and the engine's
-own noise is as small as it gets); TTFT is measured by a raw-socket client as the time to the first event
-that carries text. Printed: direct and proxied TTFT p50/p99 and the per-pair difference's p50/p99 (targets:
-p50 <= 1 ms, p99 <= 5 ms); and the same difference with each request's own prefill time taken out (the
+the proxy (see ENGINES). --pairs rounds of three streamed requests in a rotating order: direct, and through
+the proxy by a client that keeps its connection (as the OpenAI SDK, aiohttp and benchmark clients do) and by
+one that connects for every request (`Connection: close`); the same short prompt every time (so prefill is
+the prompt cache's, and the engine's own noise is as small as it gets). llama-server closes its connection
+after every stream, so a client of the engine connects for every request either way. TTFT is measured by a
+raw-socket client as the time to the first event that carries text. Printed: each path's TTFT p50/p99 and
+how often its connection was reused, and for each proxied path the per-round difference's p50/p99 (targets:
+p50 <= 1 ms, p99 <= 5 ms) and the same difference with each request's own prefill time taken out (the
 engine's `timings.prompt_ms`, which varies by milliseconds from one request to the next whoever sends it):
 what the proxy adds, with the engine's noise removed. Printed first: what waking a sleeping process costs
 on this machine (a socketpair round trip after 10 ms of quiet against back to back), since a proxy sleeps
@@ -34,6 +37,7 @@ import json
 import os
 import random
 import re
+import select
 import signal
 import socket
 import subprocess
@@ -71,31 +75,62 @@ def start_proxy(upstream: str) -> tuple[subprocess.Popen[str], str]:
     return proc, f"http://127.0.0.1:{port}"
 
 
-def request_bytes(url: str, body: dict) -> bytes:
+def request_bytes(url: str, body: dict, close: bool = True) -> bytes:
     parts = urlsplit(url)
     payload = json.dumps(body).encode()
     return (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {parts.netloc}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
-            "Connection: close\r\n\r\n").encode() + payload
+            + ("Connection: close\r\n" if close else "") + "\r\n").encode() + payload
 
 
-def ttft_once(url: str, body: dict) -> tuple[float, float | None]:
-    """Seconds from sending the request to the first event with text, on a raw socket; and the engine's own
-    prefill time of the request (llama.cpp's timings.prompt_ms, in seconds), when it sends it."""
-    parts = urlsplit(url)
-    data = request_bytes(url, body)
-    with socket.create_connection((parts.hostname, parts.port)) as sock:
+class Client:
+    """A streaming client on a raw socket. `keep`: it keeps its connection between requests, as the OpenAI
+    SDK (httpx), aiohttp and every benchmark client do, and, as they do, checks before reusing it that the
+    server has not closed it meanwhile (llama-server closes its connection after every stream); otherwise
+    it asks `Connection: close` and connects for every request."""
+
+    def __init__(self, url: str, keep: bool) -> None:
+        parts = urlsplit(url)
+        self.address = (parts.hostname, parts.port)
+        self.url, self.keep = url, keep
+        self.sock: socket.socket | None = None
+        self.reused = 0
+
+    def ttft(self, body: dict) -> tuple[float, float | None]:
+        """Seconds from sending the request to the first event with text; and the engine's own prefill
+        time of the request (llama.cpp's timings.prompt_ms, in seconds), when it sends it."""
+        if self.sock is not None and select.select([self.sock], [], [], 0)[0]:
+            self.close()  # readable while idle: the server closed it
+        if self.sock is None:
+            self.sock = socket.create_connection(self.address)
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        else:
+            self.reused += 1
+        data = request_bytes(self.url, body, close=not self.keep)
         started = time.perf_counter()
-        sock.sendall(data)
+        self.sock.sendall(data)
         seen = b""
         first = None
-        while chunk := sock.recv(65536):
+        while True:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                self.close()
+                break
             seen += chunk
             if first is None and CONTENT.search(seen):
                 first = time.perf_counter() - started
+            if seen.endswith(b"\r\n0\r\n\r\n"):  # the chunked body's end: the connection stays
+                break
+        if not self.keep:
+            self.close()
         assert first is not None, seen[:300]
-    prompt_ms = PROMPT_MS.findall(seen)
-    return first, float(prompt_ms[-1]) / 1000 if prompt_ms else None
+        prompt_ms = PROMPT_MS.findall(seen)
+        return first, float(prompt_ms[-1]) / 1000 if prompt_ms else None
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
 
 
 # The engine as started for (a): as it comes, and with one of the 2 cores left to the client and the proxy
@@ -141,38 +176,50 @@ def section_wake() -> None:
 
 
 def section_ttft(pairs: int, label: str, engine_args: tuple[str, ...]) -> None:
+    """Rounds of three requests in a rotating order: direct, and through the proxy by a client that keeps its
+    connection and by one that connects every time. The direct client keeps its connection too, which
+    llama-server closes after each stream: a client of the engine connects for every request either way."""
     launched, engine = start_llama(*engine_args)
     proxy, via = start_proxy(engine)
     body = {"messages": [{"role": "user", "content": "Say one word."}], "max_tokens": 4, "stream": True,
             "temperature": 0}
+    clients = {"direct": Client(engine, keep=True), "proxied, client keeps its connection": Client(via, True),
+               "proxied, client connects every time": Client(via, keep=False)}
+    times: dict[str, list[tuple[float, float | None]]] = {name: [] for name in clients}
     try:
-        for _ in range(3):  # warm the prompt cache and both paths
-            ttft_once(engine, body), ttft_once(via, body)
-        direct, proxied = [], []
+        for _ in range(3):  # warm the prompt cache and every path
+            for client in clients.values():
+                client.ttft(body)
+        reused = {name: client.reused for name, client in clients.items()}
+        names = list(clients)
         for i in range(pairs):
-            if i % 2:
-                proxied.append(ttft_once(via, body))
-                direct.append(ttft_once(engine, body))
-            else:
-                direct.append(ttft_once(engine, body))
-                proxied.append(ttft_once(via, body))
+            for name in names[i % 3:] + names[:i % 3]:
+                time.sleep(0.01)  # quiet between requests, as between a client's turns
+                times[name].append(clients[name].ttft(body))
     finally:
+        for client in clients.values():
+            client.close()
         proxy.send_signal(signal.SIGTERM)
         proxy.wait(10)
         stop_group(launched)
-    added = sorted(p[0] - d[0] for p, d in zip(proxied, direct, strict=True))
-    # what is left of each TTFT once the engine's own prefill of that request is taken out
-    beside = sorted((p[0] - (p[1] or 0.0)) - (d[0] - (d[1] or 0.0))
-                    for p, d in zip(proxied, direct, strict=True))
-    d, p = sorted(x[0] for x in direct), sorted(x[0] for x in proxied)
     ms = 1000.0
-    print(f"TTFT on the real llama-server {label}, {pairs} interleaved pairs (ms):")
-    print(f"  direct   p50 {quantile(d, 0.5) * ms:7.2f}  p99 {quantile(d, 0.99) * ms:7.2f}")
-    print(f"  proxied  p50 {quantile(p, 0.5) * ms:7.2f}  p99 {quantile(p, 0.99) * ms:7.2f}")
-    print(f"  added (per pair)  p50 {quantile(added, 0.5) * ms:6.2f}  p99 {quantile(added, 0.99) * ms:6.2f}"
-          "   (targets: p50 <= 1, p99 <= 5)")
-    print(f"  added, each request's own prefill (timings.prompt_ms) taken out  p50 "
-          f"{quantile(beside, 0.5) * ms:6.2f}  p99 {quantile(beside, 0.99) * ms:6.2f}")
+    direct = times["direct"]
+    print(f"TTFT on the real llama-server {label}, {pairs} rounds (ms):")
+    for name, got in times.items():
+        t = sorted(x[0] for x in got)
+        print(f"  {name:38s} p50 {quantile(t, 0.5) * ms:7.2f}  p99 {quantile(t, 0.99) * ms:7.2f}   "
+              f"connection reused {clients[name].reused - reused[name]} of {pairs}")
+    for name, got in times.items():
+        if name == "direct":
+            continue
+        pairs_ = list(zip(got, direct, strict=True))
+        added = sorted(p[0] - d[0] for p, d in pairs_)
+        # what is left of each TTFT once the engine's own prefill of that request is taken out
+        beside = sorted((p[0] - (p[1] or 0.0)) - (d[0] - (d[1] or 0.0)) for p, d in pairs_)
+        print(f"  added, {name[9:]}: per round p50 {quantile(added, 0.5) * ms:6.2f}  "
+              f"p99 {quantile(added, 0.99) * ms:6.2f};  each request's own prefill (timings.prompt_ms) "
+              f"taken out p50 {quantile(beside, 0.5) * ms:6.2f}  p99 {quantile(beside, 0.99) * ms:6.2f}"
+              "   (targets: p50 <= 1, p99 <= 5)")
 
 
 async def stream_events(url: str, body: bytes) -> int:
@@ -246,7 +293,7 @@ def section_floor(rounds: int) -> None:
             order.shuffle(names)
             for name in names:
                 time.sleep(0.01)
-                first, _ = ttft_once(urls[name], body)
+                first, _ = Client(urls[name], keep=False).ttft(body)
                 if i >= 5:
                     ttft[name].append(first)
     finally:

@@ -14,13 +14,17 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.prom_filter import restricted
 from tui.base.process import free_port
 from tui.model.targets import EngineTarget
-from tui.net.keepalive import KeepAlivePool
+from tui.net.keepalive import KeepAlivePool, Transports
 from tui.sources.engine import poll_engine
+from tui.sources.engine_source import EngineSource
+from tui.sources.metrics import names_query
 
 DATA = Path(__file__).parent / "data" / "metrics"
 VLLM_BODY = (DATA / "vllm_0_33.txt").read_bytes()
+FILTERED = "/metrics/?" + names_query("vllm")  # what EngineSource asks a vLLM for (NameFilter)
 LLAMA_LOADING = b'{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}'
 MODELS = json.dumps({"object": "list", "data": [{"id": "Qwen/Qwen3-8B", "object": "model"}]}).encode()
 
@@ -43,6 +47,7 @@ class Fake:
     port: int
     routes: dict[str, Route] = field(default_factory=dict)
     seen_auth: list[str | None] = field(default_factory=list)
+    seen_paths: list[str] = field(default_factory=list)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -51,6 +56,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         fake = self.server.fake
         fake.seen_auth.append(self.headers.get("Authorization"))
+        fake.seen_paths.append(self.path)
         route = fake.routes.get(self.path, Route(404, b'{"detail":"Not Found"}', "application/json"))
         if route.delay:
             time.sleep(route.delay)
@@ -99,9 +105,12 @@ def fake() -> Iterator[Fake]:
 
 
 def healthy(fake: Fake, metrics: Route | None = None) -> None:
+    """A vLLM: its unfiltered /metrics and, when that is the vLLM body, prometheus_client's filtered one."""
     fake.routes["/health"] = Route(200, b"")
     fake.routes["/v1/models"] = Route(200, MODELS, "application/json")
     fake.routes["/metrics"] = metrics or Route(200, VLLM_BODY)
+    if metrics is None:
+        fake.routes[FILTERED] = Route(200, restricted(VLLM_BODY.decode(), FILTERED.partition("?")[2]))
 
 
 def make_transport(kind: str) -> KeepAlivePool | httpx.AsyncHTTPTransport:
@@ -319,9 +328,6 @@ async def test_server_closing_mid_response(fake: Fake, transport_kind: str) -> N
 
 # ---- EngineSource: the one poller of the dashboard's columns and of `enginetop record` -------------------
 async def test_engine_source_asks_models_and_health_only_now_and_then(fake: Fake) -> None:
-    from tui.net.keepalive import Transports
-    from tui.sources.engine_source import EngineSource
-
     healthy(fake)
     transports = Transports()
     source = EngineSource(EngineTarget("e1", fake.url), transports, interval_s=1.0)
@@ -335,11 +341,66 @@ async def test_engine_source_asks_models_and_health_only_now_and_then(fake: Fake
     assert len(fake.seen_auth) == 6
 
 
+async def read_n(source: EngineSource, n: int) -> list:
+    samples = []
+    for _ in range(n):
+        [sample] = await source.read()
+        samples.append(sample)
+    return samples
+
+
+async def test_engine_source_asks_a_vllm_for_the_series_it_reads_alone(fake: Fake) -> None:
+    healthy(fake)
+    transports = Transports()
+    try:
+        samples = await read_n(EngineSource(EngineTarget("e1", fake.url), transports), 3)
+    finally:
+        await transports.aclose()
+    # the first poll finds a vLLM on the plain path; the next ones get ~90 lines instead of 3,012
+    assert fake.seen_paths == ["/health", "/v1/models", "/metrics", FILTERED, FILTERED]
+    assert len(fake.routes[FILTERED].body) < len(VLLM_BODY) / 10
+    assert all(s.metrics_error is None for s in samples)
+    assert samples[1].reading == samples[2].reading == samples[0].reading
+
+
+@pytest.mark.parametrize("filtered", [Route(404, b'{"detail":"Not Found"}', "application/json"),
+                                      Route(200, b"<html>a page of the user's</html>", "text/html"),
+                                      Route(200, (DATA / "llamacpp.txt").read_bytes())],
+                         ids=["404", "not-metrics", "another-engine"])
+async def test_engine_source_asks_the_plain_path_when_the_filtered_one_does_not_give_vllm(
+        fake: Fake, filtered: Route) -> None:
+    healthy(fake)
+    fake.routes[FILTERED] = filtered
+    transports = Transports()
+    try:
+        samples = await read_n(EngineSource(EngineTarget("e1", fake.url), transports), 4)
+    finally:
+        await transports.aclose()
+    # asked once, then never again; the poll that asked it still reads /metrics
+    assert fake.seen_paths == ["/health", "/v1/models", "/metrics", FILTERED] + ["/metrics"] * 3
+    assert all(s.metrics_error is None and s.reading is not None for s in samples)
+    assert len({s.reading for s in samples}) == 1
+
+
+async def test_engine_source_asks_the_filtered_path_again_after_a_timeout(fake: Fake) -> None:
+    healthy(fake)
+    answer = fake.routes[FILTERED]
+    fake.routes[FILTERED] = Route(200, answer.body, delay=1.0)
+    transports = Transports()
+    try:
+        source = EngineSource(EngineTarget("e1", fake.url), transports, timeout_s=0.3)
+        _, slow = await read_n(source, 2)
+        fake.routes[FILTERED] = answer
+        _, after = await read_n(source, 2)  # the poll after any trouble asks /health and the plain path
+    finally:
+        await transports.aclose()
+    # a slow engine is not a path that cannot filter: the error names the path, without the query
+    assert slow.metrics_error == f"no answer within 0.3s from 127.0.0.1:{fake.port}/metrics/"
+    assert fake.seen_paths[-1] == FILTERED and after.metrics_error is None and after.reading is not None
+
+
 async def test_engine_source_drops_the_answer_of_an_engine_switched_away_meanwhile(fake: Fake) -> None:
     import asyncio
-
-    from tui.net.keepalive import Transports
-    from tui.sources.engine_source import EngineSource
 
     healthy(fake, Route(200, VLLM_BODY, delay=0.5))
     transports = Transports()

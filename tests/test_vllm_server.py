@@ -17,10 +17,12 @@ from tui.base.stats import median
 from tui.engines import models
 from tui.model.samples import EngineReading
 from tui.model.targets import EngineTarget
+from tui.net.keepalive import Transports
 from tui.probe.client import ProbeClient
 from tui.probe.results import CHUNK_ESTIMATE_NOTE
 from tui.sources.engine import poll_engine
-from tui.sources.metrics import parse_reading
+from tui.sources.engine_source import EngineSource
+from tui.sources.metrics import names_query, parse_reading
 from tui.sources.rates import derive
 
 MODEL = models.TINY_NAME
@@ -144,6 +146,24 @@ async def test_poll_engine_reads_vllm(vllm_server) -> None:
     assert r.kv_cache_usage is not None and 0 <= r.kv_cache_usage <= 1
     assert r.ttft_buckets is not None and r.ttft_buckets[-1][0] == float("inf")
     assert r.prefix_cache_queries_total is not None and r.prefix_cache_hits_total is not None
+
+
+async def test_the_poller_asks_vllm_for_the_series_it_reads_alone(vllm_server) -> None:
+    # vLLM's /metrics/ is prometheus_client's own exposition, which honours name[]; /metrics is not.
+    full = httpx.get(f"{vllm_server.url}/metrics", timeout=10).text
+    alone = httpx.get(f"{vllm_server.url}/metrics/?{names_query('vllm')}", timeout=10).text
+    assert len(alone) < len(full) / 5, (len(alone), len(full))
+    assert parse_reading(alone) == parse_reading(full)  # an idle engine: nothing moved between the two
+    transports = Transports()
+    source = EngineSource(EngineTarget("vllm", vllm_server.url), transports)
+    try:
+        first = await source.read()
+        assert not source.filtering  # what the engine is comes from the plain path
+        later = [s for _ in range(2) for s in await source.read()]
+    finally:
+        await transports.aclose()
+    assert source.filtering
+    assert [s.reading for s in later] == [first[0].reading] * 2 == [parse_reading(full)] * 2
 
 
 def test_startup_is_shown_as_starting_while_connections_are_refused(vllm_server) -> None:

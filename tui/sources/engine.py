@@ -12,17 +12,18 @@ import functools
 import json
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
-from tui.model.samples import EngineReading, EngineSample, Health, RoutedModel, RouterKind
+from tui.model.samples import Dialect, EngineReading, EngineSample, Health, RoutedModel, RouterKind
 from tui.model.slots import SlotsReading
 from tui.model.targets import EngineTarget
 from tui.net.keepalive import StreamLines, Transport, exchange
 from tui.net.policy import InsecureSecret, error_text, public_url, target_headers
 from tui.sources import swap as swap_source
-from tui.sources.metrics import MetricsFormatError, parse_reading
+from tui.sources.metrics import MetricsFormatError, names_query, parse_reading
 from tui.sources.router import NEEDS_MODEL, plural, read_router
 from tui.sources.slots import SLOTS_PATH, parse_slots
 
@@ -82,10 +83,11 @@ async def _get(transport: Transport, url: str, headers: dict[str, str], timeout:
     return status, body, over
 
 
-async def _fetch(transport: Transport, target: EngineTarget, path: str,
-                 headers: dict[str, str], timeout: float, limit: int) -> tuple[int, bytes, bool]:
+async def _fetch(transport: Transport, target: EngineTarget, path: str, headers: dict[str, str],
+                 timeout: float, limit: int, query: str = "") -> tuple[int, bytes, bool]:
+    """GET `path` + `query`; a failure's message names the path alone."""
     try:
-        return await _get(transport, target.base + path, headers, timeout, limit)
+        return await _get(transport, target.base + path + query, headers, timeout, limit)
     except (httpx.HTTPError, httpx.InvalidURL, TimeoutError, OSError, ValueError) as exc:
         raise _transport_failure(exc, _where(target.url), timeout, path) from None
 
@@ -116,9 +118,39 @@ def _model_id(body: bytes) -> str | None:
     return model if isinstance(model, str) else None
 
 
+@dataclass
+class NameFilter:
+    """Ask a vLLM for only the series read here. vLLM serves its registry twice: `/metrics` through an
+    instrumentator that sends all of it (600 to 3,000 lines, nearly all of which this poller would only
+    skip), and `/metrics/` through prometheus_client's own exposition, which honours `name[]=` and sends
+    ~60. One per watched engine, made once a poll has found a vLLM; `refused` once the filtered path did
+    not give a vLLM reading where the engine answered (another server, a path of the user's), and then
+    only the plain path is asked. SGLang is not asked so: a declared family without a series yet means
+    zero there (tui.sources.metrics), and the filter drops such a family whole."""
+
+    dialect: Dialect = "vllm"
+    refused: bool = False
+
+
 async def _metrics(transport: Transport, target: EngineTarget, headers: dict[str, str],
-                   timeout: float, max_body: int) -> tuple[EngineReading | None, str | None]:
+                   timeout: float, max_body: int,
+                   only: NameFilter | None = None) -> tuple[EngineReading | None, str | None]:
     """The reading, or why there is none."""
+    if only is not None and not only.refused:
+        try:
+            path = target.metrics_path.rstrip("/") + "/"
+            status, body, over = await _fetch(transport, target, path, headers, timeout, max_body,
+                                              "?" + names_query(only.dialect))
+        except _Failed as exc:
+            return None, str(exc)  # the engine, not the path: the plain path would fail alike
+        if status == 200 and not over:
+            try:
+                reading = parse_reading(body.decode("utf-8", "replace"))
+            except MetricsFormatError:
+                reading = None
+            if reading is not None and reading.dialect == only.dialect:
+                return reading, None
+        only.refused = True
     try:
         status, body, over = await _fetch(transport, target, target.metrics_path, headers, timeout, max_body)
     except _Failed as exc:
@@ -136,14 +168,15 @@ async def _metrics(transport: Transport, target: EngineTarget, headers: dict[str
 async def poll_engine(transport: Transport, target: EngineTarget, *, timeout: float = 2.0,
                       max_body: int = 8 * 2**20, launched_by_us: bool = False,
                       known_model: str | None = None, check_health: bool = True,
-                      router: RouterKind | None = None) -> EngineSample:
+                      router: RouterKind | None = None, only: NameFilter | None = None) -> EngineSample:
     """One poll. `launched_by_us`: a refused connection means "still starting" (vLLM binds its port only
     after loading the model), not "down". `known_model`: the model id from a recent poll, so /v1/models
     need not be asked again (a dashboard polling every second asks it only now and then). `check_health`
     False: go straight to /metrics, and ask /health only if that fails (a healthy engine then costs one
     request a poll; a caller asks /health itself every few seconds, since a dead vLLM engine core still
     serves /metrics). `router`: the last poll found a router (llama-server's router mode or llama-swap), so
-    its models are read at once (/metrics without a model only answers 400 on llama-server's)."""
+    its models are read at once (/metrics without a model only answers 400 on llama-server's). `only`: ask
+    /metrics for the series read here alone (NameFilter)."""
     where = _where(target.url)
 
     def sample(health: Health, reason: str | None = None, model: str | None = None,
@@ -189,7 +222,7 @@ async def poll_engine(transport: Transport, target: EngineTarget, *, timeout: fl
         if routed_sample.models is not None:
             return routed_sample
     if not check_health and known_model is not None:
-        reading, metrics_error = await _metrics(transport, target, headers, timeout, max_body)
+        reading, metrics_error = await _metrics(transport, target, headers, timeout, max_body, only)
         if reading is not None:
             slots = await _slots(transport, target, headers, timeout, reading)
             return sample("up", None, known_model, reading, metrics_error, slots)
@@ -228,7 +261,7 @@ async def poll_engine(transport: Transport, target: EngineTarget, *, timeout: fl
         except _Failed:
             pass  # the model name is a nicety; /metrics below reports reachability problems in full
 
-    reading, metrics_error = await _metrics(transport, target, headers, timeout, max_body)
+    reading, metrics_error = await _metrics(transport, target, headers, timeout, max_body, only)
     if no_health_route and not models_ok and reading is None:
         reason = (f"no {target.health_path} endpoint at {where}, and neither /v1/models nor "
                   f"{target.metrics_path} answered")

@@ -17,7 +17,7 @@ from tui.model.samples import EngineSample
 from tui.model.targets import EngineTarget
 from tui.net.keepalive import Transports, exchange
 from tui.net.policy import is_loopback_host, target_headers
-from tui.sources.engine import poll_engine
+from tui.sources.engine import NameFilter, poll_engine
 from tui.sources.host import pids_listening
 from tui.sources.router import SSE_PATH, LoadProgress
 
@@ -43,6 +43,7 @@ class EngineSource:
         self._health_asked = 0.0
         self._follow: asyncio.Task[None] | None = None  # a router's event stream, while a model loads
         self._progress = LoadProgress()
+        self._only: tuple[EngineTarget, NameFilter] | None = None  # once a poll found a vLLM at the target
 
     async def read(self) -> list[EngineSample]:
         started = time.monotonic()
@@ -62,9 +63,15 @@ class EngineSource:
         router = last.router if last is not None else None  # set only beside the router's models
         if router is not None:  # one server answers for every model: its /models says it all, like /metrics
             check_health = known is None
+        only = None
+        vllm = last is not None and last.reading is not None and last.reading.dialect == "vllm"
+        if vllm and router is None:
+            if self._only is None or self._only[0] is not target:
+                self._only = (target, NameFilter())
+            only = self._only[1]
         sample = await poll_engine(self.transports.for_url(target.url), target,
                                    timeout=self.timeout_s, launched_by_us=self.launched_by_us,
-                                   known_model=known, check_health=check_health, router=router)
+                                   known_model=known, check_health=check_health, router=router, only=only)
         if target is not self.target:
             return []  # switched meanwhile: the old engine's answer
         sample = self._with_load_progress(sample)
@@ -88,6 +95,11 @@ class EngineSource:
         with contextlib.suppress(Exception):  # the progress is a nicety: the poll reports trouble
             await exchange(self.transports.for_url(target.url), "GET", target.base + SSE_PATH,
                            target_headers(target), 64 * 2**20, self.timeout_s, until=progress.feed)
+
+    @property
+    def filtering(self) -> bool:
+        """/metrics is asked for the series read here alone (tui.sources.engine.NameFilter)."""
+        return self._only is not None and self._only[0] is self.target and not self._only[1].refused
 
     @property
     def following(self) -> bool:

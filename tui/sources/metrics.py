@@ -19,6 +19,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlencode
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -105,6 +106,16 @@ _WANTED_NAMES: frozenset[str] = frozenset(
     fam + suffix for fam in _FAMILY_TO_SOURCE for suffix in ("", "_total", "_bucket", "_sum", "_count")
 )
 _HEADER_PREFIXES = ("# HELP ", "# TYPE ")
+
+
+@functools.cache
+def names_query(dialect: Dialect) -> str:
+    """The query that asks prometheus_client's exposition (`name[]=`, one per sample name) for only the
+    series this dialect is read from: the bare name and `_total` of a count or gauge, `_bucket` of a
+    histogram (its `_sum`/`_count` are not read)."""
+    names = [fam + suffix for src in _DIALECTS.get(dialect, ()) for fam in src.families
+             for suffix in (("_bucket",) if src.kind == "hist" else ("", "_total"))]
+    return urlencode([("name[]", name) for name in names])
 
 
 def detect_dialect(text: str) -> Dialect:
