@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from tui.model.samples import Dialect, EngineReading, EngineSample, Health, RoutedModel, RouterKind
+from tui.model.samples import EngineReading, EngineSample, Health, RoutedModel, RouterKind
 from tui.model.slots import SlotsReading
 from tui.model.targets import EngineTarget
 from tui.net.keepalive import StreamLines, Transport, exchange
@@ -123,12 +123,11 @@ class NameFilter:
     """Ask a vLLM for only the series read here. vLLM serves its registry twice: `/metrics` through an
     instrumentator that sends all of it (600 to 3,000 lines, nearly all of which this poller would only
     skip), and `/metrics/` through prometheus_client's own exposition, which honours `name[]=` and sends
-    ~60. One per watched engine, made once a poll has found a vLLM; `refused` once the filtered path did
+    ~80. One per watched engine, made once a poll has found a vLLM; `refused` once the filtered path did
     not give a vLLM reading where the engine answered (another server, a path of the user's), and then
     only the plain path is asked. SGLang is not asked so: a declared family without a series yet means
     zero there (tui.sources.metrics), and the filter drops such a family whole."""
 
-    dialect: Dialect = "vllm"
     refused: bool = False
 
 
@@ -140,7 +139,7 @@ async def _metrics(transport: Transport, target: EngineTarget, headers: dict[str
         try:
             path = target.metrics_path.rstrip("/") + "/"
             status, body, over = await _fetch(transport, target, path, headers, timeout, max_body,
-                                              "?" + names_query(only.dialect))
+                                              "?" + names_query("vllm"))
         except _Failed as exc:
             return None, str(exc)  # the engine, not the path: the plain path would fail alike
         if status == 200 and not over:
@@ -148,7 +147,7 @@ async def _metrics(transport: Transport, target: EngineTarget, headers: dict[str
                 reading = parse_reading(body.decode("utf-8", "replace"))
             except MetricsFormatError:
                 reading = None
-            if reading is not None and reading.dialect == only.dialect:
+            if reading is not None and reading.dialect == "vllm":
                 return reading, None
         only.refused = True
     try:
