@@ -382,6 +382,25 @@ async def test_engine_source_asks_the_plain_path_when_the_filtered_one_does_not_
     assert len({s.reading for s in samples}) == 1
 
 
+@pytest.mark.parametrize("status", [401, 503])
+async def test_engine_source_asks_the_filtered_path_again_after_an_answer_any_path_would_get(
+        fake: Fake, status: int) -> None:
+    healthy(fake)
+    answer = fake.routes[FILTERED]
+    fake.routes[FILTERED] = Route(status, b'{"error":{"message":"try again"}}', "application/json")
+    transports = Transports()
+    try:
+        source = EngineSource(EngineTarget("e1", fake.url), transports)
+        _, refused = await read_n(source, 2)
+        fake.routes[FILTERED] = answer
+        [after] = await source.read()
+    finally:
+        await transports.aclose()
+    assert refused.reading is not None  # that poll still read the plain path
+    assert fake.seen_paths[3:] == [FILTERED, "/metrics", FILTERED]
+    assert source.filtering and after.reading == refused.reading
+
+
 async def test_engine_source_asks_the_filtered_path_again_after_a_timeout(fake: Fake) -> None:
     healthy(fake)
     answer = fake.routes[FILTERED]

@@ -124,9 +124,10 @@ class NameFilter:
     instrumentator that sends all of it (600 to 3,000 lines, nearly all of which this poller would only
     skip), and `/metrics/` through prometheus_client's own exposition, which honours `name[]=` and sends
     ~80. One per watched engine, made once a poll has found a vLLM; `refused` once the filtered path did
-    not give a vLLM reading where the engine answered (another server, a path of the user's), and then
-    only the plain path is asked. SGLang is not asked so: a declared family without a series yet means
-    zero there (tui.sources.metrics), and the filter drops such a family whole."""
+    not give a vLLM reading where the engine answered (another server, a path of the user's; not for an
+    answer any path would get: 401/403, 5xx), and then only the plain path is asked. SGLang is not asked
+    so: a declared family without a series yet means zero there (tui.sources.metrics), and the filter
+    drops such a family whole."""
 
     refused: bool = False
 
@@ -149,7 +150,8 @@ async def _metrics(transport: Transport, target: EngineTarget, headers: dict[str
                 reading = None
             if reading is not None and reading.dialect == "vllm":
                 return reading, None
-        only.refused = True
+        if status not in (401, 403) and status < 500:  # a key or an overload is the engine's, on any path
+            only.refused = True
     try:
         status, body, over = await _fetch(transport, target, target.metrics_path, headers, timeout, max_body)
     except _Failed as exc:
