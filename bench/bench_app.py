@@ -8,9 +8,8 @@ Three runs, one after the other:
 Loopback servers also answer /health and /v1/models, and /metrics/ as a real vLLM does (prometheus_client's
 exposition, honouring the `name[]` filter the poller sends once it has found a vLLM). The app runs headless
 in a child process (fake NVML with one H200, since this machine has no GPU); its CPU time and RSS are read
-from outside. CPU time
-is the scheduler's own count (/proc/PID/task/*/schedstat, nanoseconds); the 10 ms clock-tick figure
-psutil gives is printed beside it and varies by about ±10 % run to run at these rates.
+from outside. CPU time is the scheduler's own count (/proc/PID/task/*/schedstat, nanoseconds); the 10 ms
+clock-tick figure psutil gives is printed beside it and varies by about ±10 % run to run at these rates.
 
     .venv/bin/python bench/bench_app.py [--seconds 60] [--warmup 5] [--only typical]
 """
@@ -58,8 +57,11 @@ class FakeVllm(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         path, _, query = self.path.partition("?")
-        body = {"/health": b"", "/v1/models": b'{"object":"list","data":[{"id":"bench-model"}]}',
-                "/metrics": VLLM_BODY, "/metrics/": filtered(VLLM_BODY, query)}.get(path)
+        if path == "/metrics/":
+            body: bytes | None = filtered(VLLM_BODY, query)
+        else:
+            body = {"/health": b"", "/v1/models": b'{"object":"list","data":[{"id":"bench-model"}]}',
+                    "/metrics": VLLM_BODY}.get(path)
         if body is None:
             self.send_error(404)
             return
