@@ -43,13 +43,16 @@ def test_the_found_capacity_sits_just_under_slots_over_service_time(engine, tmp_
                                           "output_tokens": r.output_length}).decode() + "\n"
                             for r in workload().requests))
     code = main(["capacity", f"vllm-custom:{path}", "--engine", f"cap={engine.url_for('cap')}",
-                 "--slo", "ttft:110", "--attainment", "0.9", "--arrival", "constant", "--start-rate", "3",
-                 "--level-s", "2.5", "--min-requests", "16", "-o", str(out)])
+                 "--slo", "ttft:110", "--attainment", "0.8", "--arrival", "constant", "--start-rate", "4",
+                 "--level-s", "2.5", "--min-requests", "30", "-o", str(out)])
     printed, err = capsys.readouterr()
     assert code == 0, err
     result = orjson.loads(out.read_bytes())
     cap = result["engines"][0]
     levels = cap["levels"]
+    # 30 requests a level, 6 of which may miss: a stall of the whole process (~0.6 s, seen once with engines
+    # busy on the other worker: 5 requests of a level at 0.85x capacity missed) does not fail a level below
+    # capacity, while a level over it builds a queue that makes most of its requests miss
     assert 0.8 * KNOWN <= cap["capacity_rps"] <= KNOWN * 1.02, printed
     # the curve: every level below the known capacity passed, every one well above it failed
     assert all(x["passed"] for x in levels if x["rate"] <= 0.8 * KNOWN), printed
