@@ -34,6 +34,11 @@ def engine():
         yield server
 
 
+# Its figures are latencies against an SLO with 60 ms to spare: beside a real engine's start on the other
+# worker (vLLM's three processes importing torch) the whole process stalled for ~0.6-1 s and failed levels
+# well under capacity (two fresh-clone runs). It starts no engine, but runs in the engines' group, one test
+# after another with them, so no engine runs beside it.
+@pytest.mark.xdist_group("engines")
 def test_the_found_capacity_sits_just_under_slots_over_service_time(engine, tmp_path, capsys):
     out = tmp_path / "cap.json"
     code = main(["capacity", "mem-is-not-a-file", "--engine", "x=http://127.0.0.1:9", "--slo", "ttft:100"])
@@ -50,9 +55,8 @@ def test_the_found_capacity_sits_just_under_slots_over_service_time(engine, tmp_
     result = orjson.loads(out.read_bytes())
     cap = result["engines"][0]
     levels = cap["levels"]
-    # 30 requests a level, 6 of which may miss: a stall of the whole process (~0.6 s, seen once with engines
-    # busy on the other worker: 5 requests of a level at 0.85x capacity missed) does not fail a level below
-    # capacity, while a level over it builds a queue that makes most of its requests miss
+    # 30 requests a level, 6 of which may miss: a short stall does not fail a level below capacity, while a
+    # level over it builds a queue that makes most of its requests miss
     assert 0.8 * KNOWN <= cap["capacity_rps"] <= KNOWN * 1.02, printed
     # the curve: every level below the known capacity passed, every one well above it failed
     assert all(x["passed"] for x in levels if x["rate"] <= 0.8 * KNOWN), printed
