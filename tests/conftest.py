@@ -146,11 +146,12 @@ ENGINE_FIXTURES = {"llama_server", "vllm_server"}
 # stop small engines were tried on the other worker: no faster (fresh clone, 18 min 35 s against 18 min 14 s).
 # Other tests that share a module-scoped fixture (a Prometheus over the synthetic fleet, a recording) share
 # a worker, so it is built once.
+ENGINE_GROUP = "engines"  # a test that must not run beside an engine may join it (xdist_group)
 
 
 def _group(item: pytest.Item) -> str | None:
     if item.get_closest_marker("engine") is not None:
-        return "engines"
+        return ENGINE_GROUP
     info = getattr(item, "_fixtureinfo", None)
     defs = info.name2fixturedefs.values() if info is not None else ()
     if isinstance(item, pytest.Function) and any(d.scope == "module" for fds in defs for d in fds):

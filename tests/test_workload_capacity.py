@@ -9,6 +9,7 @@ import asyncio
 import orjson
 import pytest
 
+from tests.conftest import ENGINE_GROUP
 from tests.sse_server import Scenario, SSEServer
 from tui.cli.main import main
 from tui.model.slo import Slo
@@ -38,7 +39,7 @@ def engine():
 # worker (vLLM's three processes importing torch) the whole process stalled for ~0.6-1 s and failed levels
 # well under capacity (two fresh-clone runs). It starts no engine, but runs in the engines' group, one test
 # after another with them, so no engine runs beside it.
-@pytest.mark.xdist_group("engines")
+@pytest.mark.xdist_group(ENGINE_GROUP)
 def test_the_found_capacity_sits_just_under_slots_over_service_time(engine, tmp_path, capsys):
     out = tmp_path / "cap.json"
     code = main(["capacity", "mem-is-not-a-file", "--engine", "x=http://127.0.0.1:9", "--slo", "ttft:100"])
