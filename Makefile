@@ -58,11 +58,13 @@ demo-llama: engine
 test: engine vllm chromium prometheus lint
 	PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(ENGINETOP_CACHE)/pycache $(BIN)/python -m pytest -q
 
-# ruff, the import contracts (the layers and the two rules) and the type checker.
+# ruff, the import contracts (the layers and the two rules) and the type checker. mypy keeps its cache beside the
+# engines, so a fresh clone checks only what changed (~1 s) instead of every module again (12-17 s on 2 cores);
+# a cached module is used only while its file's hash is the same.
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
-	$(BIN)/mypy
+	$(BIN)/mypy --cache-dir $(ENGINETOP_CACHE)/mypy
 
 bench: engine vllm prometheus
 	$(BIN)/python bench/bench_parse.py
