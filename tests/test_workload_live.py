@@ -18,6 +18,7 @@ from tests.screen import screen_text
 from tests.sse_server import Scenario, SSEServer
 from tests.test_dashboard import make_app, wait_for
 from tests.test_proxy_llama import proxy_options
+from tests.waiting import until
 from tui.cli.main import main
 from tui.model.targets import EngineTarget
 from tui.proxy.headroom import MeasuredCapacity, load_capacities, save_capacities
@@ -64,6 +65,38 @@ def test_a_run_whose_process_is_gone_reads_failed(tmp_path):
     assert seen[0].progress.state == "failed" and f"PID {gone.pid}" in seen[0].progress.error
     other = asyncio.run(LiveRuns([EngineTarget("e", "http://127.0.0.1:8")], tmp_path).read())
     assert other == []  # a run on an engine this dashboard does not watch is not shown
+
+
+def test_a_folder_that_has_not_changed_is_not_read_again_unless_a_run_is_going(tmp_path, monkeypatch):
+    folder = tmp_path / "live"
+    runs = LiveRuns([EngineTarget("e", "http://127.0.0.1:9")], folder)
+    scans = []
+    scan = runs._scan
+    monkeypatch.setattr(runs, "_scan", lambda: scans.append(1) or scan())
+    assert asyncio.run(runs.read()) == [] and scans == []  # no folder: nothing listed
+    live = LiveFile("bench", folder)
+    now = time.monotonic()
+    done = progress_of(None, "bench", "w.jsonl", None, "done", 10, now)
+    write = live.write
+
+    def after_a_tick(shown):
+        # the file system stamps mtimes from a clock that moves in ticks (up to 10 ms): a write in the tick
+        # of the one before leaves the folder's mtime as it was, which the runs' 0.5 s cadence never does
+        until(lambda: time.time_ns() > folder.stat().st_mtime_ns + 20_000_000, "a file system clock tick")
+        write(shown)
+
+    live.write = after_a_tick
+    live.write({"b": Shown("http://127.0.0.1:9", done)})
+    assert [s.progress.state for s in asyncio.run(runs.read())] == ["done"]
+    assert asyncio.run(runs.read()) == [] and len(scans) == 1  # the same folder: not listed again
+    live.write({"b": Shown("http://127.0.0.1:9", progress_of(None, "bench", "w.jsonl", None, "running", 10,
+                                                           now))})
+    for _ in range(2):  # a run going is read every time (its live TTFT is plotted, its process may die)
+        assert [s.progress.state for s in asyncio.run(runs.read())] == ["running"]
+    assert len(scans) == 3
+    live.write({"b": Shown("http://127.0.0.1:9", done)})
+    assert [s.progress.state for s in asyncio.run(runs.read())] == ["done"]
+    assert asyncio.run(runs.read()) == [] and len(scans) == 4
 
 
 async def test_a_measured_capacity_shows_the_traffics_headroom_and_slo(tmp_path):

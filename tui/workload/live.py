@@ -99,7 +99,14 @@ def _key(url: str) -> str:
 
 class LiveRuns:
     """Every run's live file, as BenchSamples for the engines this dashboard watches (by URL). The newest run
-    on an engine wins; a run whose process is gone before it finished reads "failed"."""
+    on an engine wins; a run whose process is gone before it finished reads "failed".
+
+    A run writes by renaming a whole file into the folder, so a folder whose mtime has not moved holds the
+    same figures: it is read again only while a run shown is still going (its live TTFT is plotted every
+    read, and its process may die without a last write). The store keeps each engine's last sample, so a
+    read that finds nothing new returns nothing. A dashboard with no run to show then costs one stat a
+    second, not a thread hop and a listing. (A rename in the clock tick of the change before it leaves the
+    mtime as it was; a run writes every WRITE_S, so its next write shows.)"""
 
     def __init__(self, targets: list[EngineTarget], directory: Path | None = None,
                  interval_s: float = 1.0) -> None:
@@ -107,9 +114,19 @@ class LiveRuns:
         self.directory = directory or live_dir()
         self.interval_s = interval_s
         self.name = "bench runs"
+        self._scanned: int | None = None  # the folder's mtime (ns) at the last scan that found no run going
 
     async def read(self) -> list[BenchSample]:
-        return await asyncio.to_thread(self._scan)
+        try:
+            mtime = self.directory.stat().st_mtime_ns  # one syscall on a local folder
+        except OSError:
+            return []  # no folder yet: no run has ever written here
+        if mtime == self._scanned:
+            return []
+        samples = await asyncio.to_thread(self._scan)
+        going = any(s.progress.state in ("preparing", "running") for s in samples)
+        self._scanned = None if going else mtime
+        return samples
 
     def _scan(self) -> list[BenchSample]:
         t, wall = time.monotonic(), time.time()
