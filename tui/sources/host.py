@@ -27,26 +27,36 @@ def children_map() -> dict[int, list[int]]:
     return children
 
 
-def _tree(pid: int, children: dict[int, list[int]] | None = None) -> list[psutil.Process]:
-    """The process and all its descendants; [] when the root has gone."""
+def _tree(pid: int, children: dict[int, list[int]] | None = None,
+          known: dict[int, psutil.Process] | None = None) -> list[psutil.Process]:
+    """The process and all its descendants; [] when the root has gone. `known`: Process objects kept from
+    an earlier sample (making one reads /proc/PID/stat), and the ones made here are added to it."""
     children = children_map() if children is None else children
+    known = {} if known is None else known
+
+    def process(p: int) -> psutil.Process:
+        proc = known.get(p)
+        if proc is None:
+            proc = known[p] = psutil.Process(p)
+        return proc
+
     try:
-        root = psutil.Process(pid)
+        root = process(pid)
     except _GONE:
         return []
     tree, todo = [root], list(children.get(pid, ()))
     while todo:
         child = todo.pop()
         try:
-            tree.append(psutil.Process(child))
+            tree.append(process(child))
         except _GONE:
             continue
         todo.extend(children.get(child, ()))
     return tree
 
 
-def tree_memory(engine: str, pid: int,
-                children: dict[int, list[int]] | None = None) -> ProcessTreeMemory | None:
+def tree_memory(engine: str, pid: int, children: dict[int, list[int]] | None = None,
+                known: dict[int, psutil.Process] | None = None) -> ProcessTreeMemory | None:
     """RSS summed over a process tree (shared pages count once per process) or None when the root has gone.
 
     vLLM / SGLang keep their model weights and KV cache in worker children, so the root alone says little.
@@ -54,14 +64,14 @@ def tree_memory(engine: str, pid: int,
     rss = 0
     count = 0
     pids: list[int] = []
-    for proc in _tree(pid, children):
+    for proc in _tree(pid, children, known):
         try:
-            with proc.oneshot():
-                if proc.status() == psutil.STATUS_ZOMBIE:  # dead, awaiting its parent: Linux shows RSS 0
-                    continue
-                rss += proc.memory_info().rss
+            own = proc.memory_info().rss  # one read of /proc/PID/statm
         except _GONE:  # exited since the tree was listed
             continue
+        if own == 0:  # a zombie (dead, awaiting its parent): Linux shows it no memory, and it runs nothing
+            continue
+        rss += own
         count += 1
         pids.append(proc.pid)
     if count == 0:
@@ -104,6 +114,7 @@ class HostSampler:
     def __init__(self) -> None:
         self._children_map: dict[int, list[int]] | None = None
         self._children_at = 0.0
+        self._known: dict[int, psutil.Process] = {}  # the engines' processes, until the next walk
         self._cpu = CpuMeter()
 
     def _children(self, now: float) -> dict[int, list[int]]:
@@ -111,6 +122,7 @@ class HostSampler:
         engine's workers appear at start-up; RSS is still read from every known process each sample)."""
         if self._children_map is None or now - self._children_at >= TREE_REFRESH_S:
             self._children_map, self._children_at = children_map(), now
+            self._known.clear()  # a PID that went may come back as another process
         return self._children_map
 
     def sample(self, engine_pids: dict[str, int] | None = None) -> HostSample:
@@ -137,7 +149,7 @@ class HostSampler:
         children = self._children(t) if engine_pids else {}
         for name, pid in (engine_pids or {}).items():
             try:
-                tree = tree_memory(name, pid, children)
+                tree = tree_memory(name, pid, children, self._known)
             except Exception as exc:
                 log.debug("memory of engine %s (pid %s) unavailable: %s", name, pid, exc)
                 continue
