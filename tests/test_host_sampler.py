@@ -11,11 +11,13 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import psutil
 import pytest
 from waiting import until
 
+from tui.sources import host
 from tui.sources.host import CpuMeter, HostSampler, children_map, pids_listening, tree_memory
 
 MiB = 1 << 20
@@ -123,6 +125,52 @@ def test_vanished_processes(chain: Chain) -> None:
     wait_until(lambda: not psutil.pid_exists(chain.middle), "the middle process to go")
     assert sampler.sample({"whole": chain.root}).engines == ()
     assert tree_pids(chain.root) == set()
+
+
+def test_the_process_table_is_walked_again_for_a_new_engine_a_gone_process_or_its_interval(
+        chain: Chain, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [1000.0]
+    # the sampler's own clock only (the waits below keep the real one)
+    monkeypatch.setattr(host, "time", SimpleNamespace(monotonic=lambda: clock[0], time=time.time))
+    walks = []
+    walk = host.children_map
+    monkeypatch.setattr(host, "children_map", lambda: walks.append(clock[0]) or walk())
+    young = HostSampler()  # the chain started just now: an engine that young may still start workers
+    for _ in range(3):
+        clock[0] += host.TREE_REFRESH_S
+        young.sample({"whole": chain.root})
+    assert len(walks) == 3  # the same tree each time, walked every TREE_REFRESH_S all the same
+    walks.clear()
+    monkeypatch.setattr(host, "TREE_YOUNG_S", 0.0)  # from here the chain counts as old
+    sampler = HostSampler()
+
+    def sample_after(seconds: float, **roots: int) -> dict:
+        clock[0] += seconds
+        return by_engine(sampler.sample(roots))
+
+    assert sample_after(0, whole=chain.root)["whole"].processes == 3 and len(walks) == 1
+    sample_after(2, whole=chain.root)
+    assert len(walks) == 1  # RSS is read again, the table is not
+    sample_after(host.TREE_REFRESH_S, whole=chain.root)
+    assert len(walks) == 2  # the trees were new at the first walk: the next one came after TREE_REFRESH_S
+    sample_after(host.TREE_REFRESH_S, whole=chain.root)
+    assert len(walks) == 2  # the second walk found the same tree: steady, walked every TREE_STEADY_S
+    sample_after(host.TREE_STEADY_S, whole=chain.root)
+    assert len(walks) == 3
+    sample_after(2, whole=chain.root, middle=chain.middle)
+    assert len(walks) == 4  # a new engine: walked at once
+    os.kill(chain.leaf, signal.SIGKILL)  # a zombie: still in the table, and in no need of a walk
+    wait_until(lambda: psutil.Process(chain.leaf).status() == psutil.STATUS_ZOMBIE, "the leaf to be a zombie")
+    assert sample_after(2, whole=chain.root, middle=chain.middle)["whole"].processes == 2
+    assert len(walks) == 4
+    kill_session(chain.proc)
+    wait_until(lambda: not psutil.pid_exists(chain.middle), "the middle process to go")
+    assert sample_after(2, whole=chain.root, middle=chain.middle) == {}
+    assert len(walks) == 4
+    sample_after(2, whole=chain.root, middle=chain.middle)
+    assert len(walks) == 5  # processes of the trees went: the next sample walks (a worker may restart)
+    sample_after(2, whole=chain.root, middle=chain.middle)
+    assert len(walks) == 5  # and the trees, now empty, do not make every sample walk
 
 
 def test_host_figures() -> None:
