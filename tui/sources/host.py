@@ -36,25 +36,17 @@ def _tree(pid: int, children: dict[int, list[int]] | None = None,
     an earlier sample (making one reads /proc/PID/stat), and the ones made here are added to it."""
     children = children_map() if children is None else children
     known = {} if known is None else known
-
-    def process(p: int) -> psutil.Process:
+    tree = []
+    for p in (pid, *sorted(_descendants(pid, children))):
         proc = known.get(p)
         if proc is None:
-            proc = known[p] = psutil.Process(p)
-        return proc
-
-    try:
-        root = process(pid)
-    except _GONE:
-        return []
-    tree, todo = [root], list(children.get(pid, ()))
-    while todo:
-        child = todo.pop()
-        try:
-            tree.append(process(child))
-        except _GONE:
-            continue
-        todo.extend(children.get(child, ()))
+            try:
+                proc = known[p] = psutil.Process(p)
+            except _GONE:
+                if p == pid:
+                    return []
+                continue
+        tree.append(proc)
     return tree
 
 
