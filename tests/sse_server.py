@@ -393,13 +393,14 @@ class SSEServer:
                 return
             if sc.mode == "oversized" and n_chunks == 1:
                 await send(_event(chunk({"content": "x" * sc.oversized_bytes})))
-            if t_first is None and sc.write_delay_s:
-                t_first = time.perf_counter()  # made now, written late
-                await asyncio.sleep(sc.write_delay_s)
-            await send(_event(chunk({"content": text})))
+            # An engine times a token when it is made, before writing it: a write that stalls (a loaded
+            # machine) must not put the engine's own TTFT after the client's.
             t_last = time.perf_counter()
             if t_first is None:
                 t_first = t_last
+                if sc.write_delay_s:
+                    await asyncio.sleep(sc.write_delay_s)  # made now, written late
+            await send(_event(chunk({"content": text})))
             sent += take
             n_chunks += 1
             if sc.empty_chunk_every and n_chunks % sc.empty_chunk_every == 0:

@@ -258,6 +258,9 @@ class SyntheticFleet:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"  # Prometheus keeps its connections: no new one every scrape
+            # headers and body go in two writes: without this, Nagle holds the body for the client's
+            # delayed ACK (40 ms a scrape on a kept connection)
+            disable_nagle_algorithm = True
 
             def do_GET(self) -> None:
                 reg = fleet._bodies.get(self.path)

@@ -55,6 +55,10 @@ RATE_TOLERANCE = 0.03  # for ratios of two rates over the same samples: their sh
 # (a busy machine) it covers less of the window and reads LOW, never high, as the stamped counters are exact.
 # 6.4 % low was seen once beside the engine tests; a neighbouring engine's rate is 12 % off or more.
 RATE_SHORTFALL = 0.10
+# A scrape that misses Prometheus' 1 s timeout (a stalled machine: a real engine starting on the other worker)
+# reads its target down until the next: a test about something else reads again.
+SCRAPED = "a read after every scrape answered in time"
+SPECIAL = ("flapping", "stalled", "vanishing", "queue", "slowing")
 
 
 def rate_of(want: float):
@@ -108,7 +112,13 @@ async def read(prom_url: str, match: str | None = None, **kw) -> tuple[FleetSour
 
 async def test_every_synthetic_engine_is_found_with_prometheus_figures_matching_its_rates(fleet_prom):
     fleet, prom, _ = fleet_prom
-    source, samples = await read(prom.url)
+
+    async def every_plain_engine_up() -> tuple[FleetSource, dict] | None:
+        source, samples = await read(prom.url)
+        plain = [samples.get(e.instance) for e in fleet.engines if e.kind not in SPECIAL]
+        return (source, samples) if all(s is not None and s.health == "up" for s in plain) else None
+
+    source, samples = await until_async(every_plain_engine_up, SCRAPED, timeout=30, every=1)
     assert source.error is None
     assert len(samples) == N_ENGINES
     ttft50 = expected_quantile(0.5, TTFT_BOUNDS, TTFT_CDF)
@@ -117,9 +127,8 @@ async def test_every_synthetic_engine_is_found_with_prometheus_figures_matching_
     for e in fleet.engines:
         s = samples[e.instance]
         assert (s.job, s.instance, s.host) == (e.job, e.instance, e.instance.split(":")[0])
-        if e.kind in ("flapping", "stalled", "vanishing", "queue", "slowing"):
+        if e.kind in SPECIAL:
             continue
-        assert s.health == "up", (e, s.health_reason)
         assert s.reading.dialect == e.dialect.removesuffix("-old")
         assert s.stats.gen_tps == rate_of(e.gen_rate), e
         assert s.reading.running == e.running and s.reading.waiting == e.waiting
@@ -243,9 +252,14 @@ async def test_a_series_that_disappears_leaves_the_engine_listed_with_that_figur
     gone = next(e for e in fleet.engines if e.kind == "vanishing")
     while time.monotonic() - fleet.started < fleet.vanish_after_s + 6:  # its gauges stop, then go stale
         await asyncio.sleep(1)
-    _, samples = await read(prom.url)
-    s = samples[gone.instance]
-    assert s.health == "up" and s.reading.running is None and s.reading.waiting is None
+
+    async def gone_up():
+        _, samples = await read(prom.url)
+        s = samples[gone.instance]
+        return s if s.health == "up" else None
+
+    s = await until_async(gone_up, SCRAPED, timeout=30, every=1)
+    assert s.reading.running is None and s.reading.waiting is None
     # its counters stay; unstamped (as a real engine's), they carry the time Prometheus asked, so a scrape
     # that waited for the busy fleet process moves the rate either way (63.4 for 74.1 seen under load)
     assert s.stats.gen_tps == pytest.approx(gone.gen_rate, rel=0.3)
@@ -254,7 +268,12 @@ async def test_a_series_that_disappears_leaves_the_engine_listed_with_that_figur
 async def test_remote_gpus_through_prometheus_and_directly_decode_the_same(fleet_prom):
     fleet, prom, _ = fleet_prom
     client = PrometheusClient(prom.url)
-    [via_prom] = await DcgmPrometheusSource(client).read()
+
+    async def every_gpu():
+        [via_prom] = await DcgmPrometheusSource(client).read()
+        return via_prom if len(via_prom.gpus) == N_NODES * GPUS_PER_NODE else None
+
+    via_prom = await until_async(every_gpu, SCRAPED, timeout=30, every=1)
     await client.aclose()
     direct_source = DcgmDirectSource([fleet.dcgm_url(n) for n in range(N_NODES)])
     [direct] = await direct_source.read()

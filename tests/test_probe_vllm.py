@@ -31,7 +31,7 @@ FACTOR = 1.5
 LOAD = """
 import asyncio, sys
 from tui.engines import models
-from tui.probe.client import ProbeClient
+from tui.probe.client import ProbeClient, ProbeLimits
 from tui.probe.workloads import WorkloadParams, request_body
 from tui.sources.engine import EngineTarget
 
@@ -45,7 +45,9 @@ async def stream_forever(client, target, params, i):
 
 async def main(url, streams):
     params = WorkloadParams(max_tokens=1500, model=models.TINY_NAME)
-    async with ProbeClient() as client:
+    # A load on a loaded machine (CI: the other worker busy too) once took over 5 s to connect; the load
+    # must last, not measure connects, so it waits as long as a request may.
+    async with ProbeClient(ProbeLimits(connect_s=60.0)) as client:
         target = EngineTarget(name="load", url=url)
         await asyncio.gather(*(stream_forever(client, target, params, i) for i in range(streams)))
 
