@@ -1,10 +1,12 @@
 """llama-server's slots: parsed from the real shapes (this build's, and an older server's without the prompt
-counts), polled beside /metrics on the real llama-server while it generates, drawn in the engine's column
-with the KV estimate named as one, recorded and replayed like every other sample; --no-slots says so."""
+counts), polled beside /metrics on the real llama-server while it generates and not asked again while it
+stays idle, drawn in the engine's column with the KV estimate named as one, recorded and replayed like every
+other sample; --no-slots says so."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 
 import httpx
@@ -13,6 +15,7 @@ import pytest
 from tests.conftest import start_llama
 from tests.screen import screen_text
 from tests.test_dashboard import make_app, wait_for
+from tests.waiting import until_async
 from tui.base.process import stop_group
 from tui.live.store import Store
 from tui.model.samples import EngineSample
@@ -20,7 +23,9 @@ from tui.model.slots import SlotsReading
 from tui.model.targets import EngineTarget
 from tui.net.keepalive import Transports
 from tui.record.codec import decode, encode
+from tui.sources import engine_source
 from tui.sources.engine import poll_engine
+from tui.sources.engine_source import EngineSource
 from tui.sources.slots import parse_slots
 from widgets.engine_panel import render_engine
 
@@ -90,6 +95,67 @@ async def test_the_real_llama_servers_slots_while_it_generates(llama_server, tmp
             generating.cancel()
     finally:
         await transports.aclose()
+
+
+async def test_an_idle_servers_slots_are_not_asked_again_until_a_request_runs_or_a_while_passes(
+        llama_server, monkeypatch, caplog):
+    """The slots of an idle llama-server cannot change while its /metrics reads the same (no request ran), but
+    for an erased or restored slot cache, which moves no counter: given again, asked at least every few s."""
+    source = EngineSource(EngineTarget("llama", llama_server.url), Transports())
+    asked: list[str] = []
+
+    async def poll() -> tuple[EngineSample, bool]:
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="tui.http"):  # the poller's log of every GET it sends
+            [sample] = await source.read()
+        # "GET http://host:port/path: HTTP 200"
+        asked[:] = [r.getMessage().split()[1].removeprefix(llama_server.url)[:-1] for r in caplog.records]
+        return sample, "/slots" in asked
+
+    try:
+        async def idle() -> tuple[EngineSample, bool] | None:
+            sample, read = await poll()
+            return (sample, read) if not any(s.processing for s in sample.slots.slots) else None
+
+        # the engine is shared: an earlier test's abandoned generation may still be running
+        first, read = await until_async(idle, "the llama-server idle", timeout=60, every=0.2)
+        assert read  # the slots that found it idle were read
+        again, read = await poll()
+        assert not read and again.slots is first.slots and again.reading == first.reading
+        assert asked == ["/metrics"]  # a healthy idle llama-server: one request a poll
+
+        async with httpx.AsyncClient(timeout=120) as client:
+            r = await client.post(llama_server.url + "/v1/chat/completions", json={
+                "messages": [{"role": "user", "content": "Say one word."}], "max_tokens": 3})
+            assert r.status_code == 200
+        after, read = await poll()  # a request ran: the counters moved, the slots are read at once
+        assert read and after.reading != first.reading
+        tasks = lambda sample: {s.task for s in sample.slots.slots}  # noqa: E731
+        assert tasks(after) != tasks(first)  # the slot that served it shows its new task
+
+        async with httpx.AsyncClient(timeout=120) as client:  # a slot processing: read every poll
+            generating = asyncio.ensure_future(client.post(llama_server.url + "/v1/chat/completions", json={
+                "messages": [{"role": "user", "content": "Count to a thousand."}], "max_tokens": 150,
+                "ignore_eos": True}))
+
+            async def processing() -> bool:
+                busy, read = await poll()
+                return read and any(s.processing for s in busy.slots.slots)
+
+            await until_async(processing, "a poll that reads a slot processing")
+            assert await processing()  # and the next poll reads the slots again
+            assert (await generating).status_code == 200
+        done, read = await poll()  # the request ended since: read once more, every slot idle
+        assert read and not any(s.processing for s in done.slots.slots)
+        still, read = await poll()
+        assert not read and still.slots is done.slots  # idle again: given again...
+        monkeypatch.setattr(engine_source, "IDLE_SLOTS_REFRESH_S", 0.3)
+        await asyncio.sleep(0.4)
+        _, read = await poll()
+        assert read  # ...but asked again once the refresh interval has passed
+    finally:
+        await source.aclose()
+        await source.transports.aclose()
 
 
 @pytest.mark.engine

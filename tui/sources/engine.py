@@ -169,7 +169,8 @@ async def _metrics(transport: Transport, target: EngineTarget, headers: dict[str
 async def poll_engine(transport: Transport, target: EngineTarget, *, timeout: float = 2.0,
                       max_body: int = 8 * 2**20, launched_by_us: bool = False,
                       known_model: str | None = None, check_health: bool = True,
-                      router: RouterKind | None = None, only: NameFilter | None = None) -> EngineSample:
+                      router: RouterKind | None = None, only: NameFilter | None = None,
+                      idle_slots: tuple[EngineReading, SlotsReading] | None = None) -> EngineSample:
     """One poll. `launched_by_us`: a refused connection means "still starting" (vLLM binds its port only
     after loading the model), not "down". `known_model`: the model id from a recent poll, so /v1/models
     need not be asked again (a dashboard polling every second asks it only now and then). `check_health`
@@ -177,7 +178,9 @@ async def poll_engine(transport: Transport, target: EngineTarget, *, timeout: fl
     request a poll; a caller asks /health itself every few seconds, since a dead vLLM engine core still
     serves /metrics). `router`: the last poll found a router (llama-server's router mode or llama-swap), so
     its models are read at once (/metrics without a model only answers 400 on llama-server's). `only`: ask
-    /metrics for the series read here alone (NameFilter)."""
+    /metrics for the series read here alone (NameFilter). `idle_slots`: a llama-server's /slots as last read
+    and the /metrics reading taken with them, every slot idle then: while /metrics reads exactly the same, no
+    request has run since, so those slots are given again without asking (the caller bounds how long)."""
     where = _where(target.url)
 
     def sample(health: Health, reason: str | None = None, model: str | None = None,
@@ -225,7 +228,7 @@ async def poll_engine(transport: Transport, target: EngineTarget, *, timeout: fl
     if not check_health and known_model is not None:
         reading, metrics_error = await _metrics(transport, target, headers, timeout, max_body, only)
         if reading is not None:
-            slots = await _slots(transport, target, headers, timeout, reading)
+            slots = await _slots(transport, target, headers, timeout, reading, idle_slots)
             return sample("up", None, known_model, reading, metrics_error, slots)
 
     # /health first: when the engine is down or loading, /models and /metrics would only repeat that.
@@ -271,7 +274,7 @@ async def poll_engine(transport: Transport, target: EngineTarget, *, timeout: fl
         return await routed(health)  # /metrics wants a model: a router, whose models are read one by one
     if reading is None and (states := await _swap_states(transport, target, headers, timeout)) is not None:
         return await swapped(states)  # /running answers: llama-swap, whose /metrics is not an engine's
-    slots = await _slots(transport, target, headers, timeout, reading)
+    slots = await _slots(transport, target, headers, timeout, reading, idle_slots)
     return sample(health, None, model, reading, metrics_error, slots)
 
 
@@ -362,10 +365,13 @@ async def poll_slots(transport: Transport, target: EngineTarget, timeout: float,
 
 
 async def _slots(transport: Transport, target: EngineTarget, headers: dict[str, str], timeout: float,
-                 reading: EngineReading | None) -> SlotsReading | None:
+                 reading: EngineReading | None,
+                 idle: tuple[EngineReading, SlotsReading] | None = None) -> SlotsReading | None:
     """llama-server's slots, beside its /metrics (other engines have none)."""
     if reading is None or reading.dialect != "llamacpp":
         return None
+    if idle is not None and idle[0] == reading:
+        return idle[1]
     try:
         status, body, over = await _fetch(transport, target, SLOTS_PATH, headers, timeout, 1 << 20)
     except _Failed as exc:
