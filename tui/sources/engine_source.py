@@ -13,8 +13,7 @@ from dataclasses import replace
 from urllib.parse import urlsplit
 
 from tui.base.process import pid_alive
-from tui.model.samples import EngineReading, EngineSample
-from tui.model.slots import SlotsReading
+from tui.model.samples import EngineSample
 from tui.model.targets import EngineTarget
 from tui.net.keepalive import Transports, exchange
 from tui.net.policy import is_loopback_host, target_headers
@@ -48,8 +47,7 @@ class EngineSource:
         self._follow: asyncio.Task[None] | None = None  # a router's event stream, while a model loads
         self._progress = LoadProgress()
         self._only: tuple[EngineTarget, NameFilter] | None = None  # once a poll found a vLLM at the target
-        # a llama-server's /slots read with every slot idle: (its target, /metrics then, the slots, when read)
-        self._idle_slots: tuple[EngineTarget, EngineReading, SlotsReading, float] | None = None
+        self._slots_asked: tuple[EngineTarget, float] | None = None  # whose /slots were last asked, and when
 
     async def read(self) -> list[EngineSample]:
         started = time.monotonic()
@@ -75,22 +73,20 @@ class EngineSource:
             if self._only is None or self._only[0] is not target:
                 self._only = (target, NameFilter())
             only = self._only[1]
-        idle = self._idle_slots
-        reuse = None
-        if idle is not None and idle[0] is target and started - idle[3] < IDLE_SLOTS_REFRESH_S:
-            reuse = (idle[1], idle[2])
+        reuse = None  # the last poll's slots, every one idle, with the /metrics reading they go with
+        asked = self._slots_asked
+        recent = asked is not None and asked[0] is target and started - asked[1] < IDLE_SLOTS_REFRESH_S
+        if recent and last is not None and last.reading is not None and last.slots is not None \
+                and last.slots.error is None and not any(s.processing for s in last.slots.slots):
+            reuse = (last.reading, last.slots)
         sample = await poll_engine(self.transports.for_url(target.url), target,
                                    timeout=self.timeout_s, launched_by_us=self.launched_by_us,
                                    known_model=known, check_health=check_health, router=router, only=only,
                                    idle_slots=reuse)
         if target is not self.target:
             return []  # switched meanwhile: the old engine's answer
-        slots, reading = sample.slots, sample.reading
-        if reuse is None or slots is not reuse[1]:  # the slots were read (or there are none)
-            self._idle_slots = None
-            if reading is not None and slots is not None and slots.error is None \
-                    and not any(s.processing for s in slots.slots):
-                self._idle_slots = (target, reading, slots, started)
+        if reuse is None or sample.slots is not reuse[1]:  # asked (or none to ask)
+            self._slots_asked = (target, started)
         sample = self._with_load_progress(sample)
         self._last = sample
         return [sample]
