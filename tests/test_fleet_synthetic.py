@@ -149,11 +149,19 @@ async def test_every_synthetic_engine_is_found_with_prometheus_figures_matching_
 
 async def test_queries_per_refresh_do_not_grow_with_the_fleet(fleet_prom):
     _, prom, _ = fleet_prom
-    whole, all_samples = await read(prom.url)
-    few, few_samples = await read(prom.url, match='{instance=~"synthetic-node-0[12]:.*"}')
-    assert len(all_samples) == N_ENGINES and 0 < len(few_samples) < 40
-    assert whole.queries_per_read == few.queries_per_read
-    assert whole.queries_per_read <= 20
+
+    # A target that goes down between a read's targets query and its `up` query costs that read one targets
+    # query more, for its lastError (the flapping engines do it by design, and a scrape that missed its
+    # timeout on a busy machine too: 21 against 20 seen once): pairs of reads until neither had one.
+    async def same_queries() -> int | None:
+        whole, all_samples = await read(prom.url)
+        few, few_samples = await read(prom.url, match='{instance=~"synthetic-node-0[12]:.*"}')
+        assert len(all_samples) == N_ENGINES and 0 < len(few_samples) < 40
+        return whole.queries_per_read if whole.queries_per_read == few.queries_per_read else None
+
+    queries = await until_async(same_queries, "two reads without a target gone down between", timeout=30,
+                                every=1)
+    assert queries <= 20
 
 
 async def test_a_bad_selector_shows_prometheus_own_error_and_keeps_nothing_fake(fleet_prom):
