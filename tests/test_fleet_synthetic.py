@@ -318,19 +318,28 @@ async def test_in_app_alerts_come_from_the_same_figures(fleet_prom):
     fleet, prom, _ = fleet_prom
     stalled = next(e for e in fleet.engines if e.kind == "stalled")
     full = next(e for e in fleet.engines if e.kind == "kv_full")
-    client = PrometheusClient(prom.url)
-    source = FleetSource(client)
-    source.backfilled = True  # no history asked: the tracker counts from this read, as it did at first
-    samples = {x.name: x for x in await source.read()}
-    await client.aclose()
+    healthy = fleet.engines[20]
+
+    async def every_one_up() -> tuple[FleetSource, dict] | None:
+        client = PrometheusClient(prom.url)
+        source = FleetSource(client)
+        source.backfilled = True  # no history asked: the tracker counts from this read, as it did at first
+        try:
+            samples = {x.name: x for x in await source.read()}
+        finally:
+            await client.aclose()
+        up = all(samples[e.instance].health == "up" for e in (stalled, full, healthy))
+        return (source, samples) if up else None
+
+    source, samples = await until_async(every_one_up, SCRAPED, timeout=30, every=1)
     s, f = samples[stalled.instance], samples[full.instance]
     assert s.reading.running == stalled.running and s.stats.gen_tps == 0  # Prometheus' own figures
     assert s.alerts == () and f.alerts == ()  # not yet: the condition must hold for 60 s / 5 min
     later = time.monotonic() + 301
     assert STALLED in source.alerts.update(s.name, later, "up", s.reading, s.stats, False)
     assert KV_SATURATED in source.alerts.update(f.name, later, "up", f.reading, f.stats, False)
-    healthy = samples[fleet.engines[20].instance]
-    assert source.alerts.update(healthy.name, later, "up", healthy.reading, healthy.stats, True) == ()
+    h = samples[healthy.instance]
+    assert source.alerts.update(h.name, later, "up", h.reading, h.stats, True) == ()
 
 
 def test_snapshot_prints_the_fleet_with_todays_keys_plus_job_instance_host(fleet_prom):
@@ -502,10 +511,19 @@ async def test_an_execution_error_422_is_shown_verbatim_and_keeps_the_last_value
 
 async def test_gpus_are_matched_to_engines_by_kubernetes_pod_where_both_name_one_else_by_host(fleet_prom):
     fleet, prom, _ = fleet_prom
+    pod_a, pod_b = (next(e for e in fleet.engines if e.pod == f"synthetic-vllm-{p}") for p in "ab")
+    plain_engine = next(e for e in fleet.engines if e.node == 7 and not e.pod)
+    node3_engine = next(e for e in fleet.engines if e.node == 3 and e.kind == "")
     client = PrometheusClient(prom.url)
-    try:
+
+    async def every_gpu_and_engine() -> tuple | None:
         [report] = await DcgmPrometheusSource(client).read()
         _, samples = await read(prom.url)
+        up = all(samples[e.instance].health == "up" for e in (pod_a, pod_b, plain_engine, node3_engine))
+        return (report, samples) if up and len(report.gpus) == N_NODES * GPUS_PER_NODE else None
+
+    try:
+        report, samples = await until_async(every_gpu_and_engine, SCRAPED, timeout=30, every=1)
         # the engine view's throttle spans (backfill.throttle_expr) pick the same GPUs: pod a's is throttled
         # (0x8), pod b's is not, node 7 as a whole is
         spans = [await client.query(throttle_expr("synthetic-node-07", pod)) for pod in (
@@ -513,7 +531,6 @@ async def test_gpus_are_matched_to_engines_by_kubernetes_pod_where_both_name_one
     finally:
         await client.aclose()
     assert [[v for _, v in answer] for answer in spans] == [[1.0], [0.0], [1.0]]
-    pod_a, pod_b = (next(e for e in fleet.engines if e.pod == f"synthetic-vllm-{p}") for p in "ab")
     a, b = samples[pod_a.instance], samples[pod_b.instance]
     # the pod's target labels ride through every figure to the sample
     assert dict(a.labels)["pod"] == "synthetic-vllm-a" and dict(a.labels)["namespace"] == "synthetic-llm"
@@ -528,9 +545,9 @@ async def test_gpus_are_matched_to_engines_by_kubernetes_pod_where_both_name_one
     # pod b shares node 7's network: the host would give all four GPUs, the pod gives its own
     assert b.host == "synthetic-node-07" and [g.index for g in gpus_of(b, report.gpus)] == [1]
     # engines without a pod: their node's GPUs, as before
-    plain_engine = samples[next(e for e in fleet.engines if e.node == 7 and not e.pod).instance]
-    assert [g.index for g in gpus_of(plain_engine, report.gpus)] == [0, 1, 2, 3]
-    node3 = samples[next(e for e in fleet.engines if e.node == 3 and e.kind == "").instance]
+    plain = samples[plain_engine.instance]
+    assert [g.index for g in gpus_of(plain, report.gpus)] == [0, 1, 2, 3]
+    node3 = samples[node3_engine.instance]
     assert {(g.host, g.throttled) for g in gpus_of(node3, report.gpus)} == {("synthetic-node-03", True)}
     # the fleet table's GPU columns use the same matching: pod a's row is throttled, pod b's is not
     from tui.live.store import Store
