@@ -146,7 +146,7 @@ ENGINE_FIXTURES = {"llama_server", "vllm_server"}
 # stop small engines were tried on the other worker: no faster (fresh clone, 18 min 35 s against 18 min 14 s;
 # again warm, 47 of them as a second group: 15 min 18 s against 15 min 14 s, and a router probe timed out
 # beside demo_both). Measured per test from /proc/stat, the engine tests alone keep 1.4 of the 2 cores busy
-# (740 s, 1,010 CPU s) and the rest 0.6 (400 s, 230 CPU s): together they fill the machine either way.
+# (740 s, 1,010 CPU s) and the rest 0.5 (400 s, 209 CPU s): together they fill the machine either way.
 # Other tests that share a module-scoped fixture (a Prometheus over the synthetic fleet, a recording) share
 # a worker, so it is built once.
 ENGINE_GROUP = "engines"  # a test that must not run beside an engine may join it (xdist_group)
