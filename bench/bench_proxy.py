@@ -18,10 +18,11 @@ what the proxy adds, with the engine's noise removed. Printed first: what waking
 on this machine (a socketpair round trip after 10 ms of quiet against back to back), since a proxy sleeps
 between the events of each request and the direct path does not wake it.
 
-Floor: direct, a bare byte pipe and a bare aiohttp relay (bench/relay_floor.py) and `enginetop proxy`, each
-its own process on uvloop, --rounds rounds in a shuffled order against the loopback SSE server (no engine
-noise). Printed: each one's added TTFT over direct: what any Python process in the path costs on this
-machine, what aiohttp costs on top, and what is the proxy's own.
+Floor: direct, a bare byte pipe, a bare aiohttp relay and a bare uvicorn relay (bench/relay_floor.py) and
+`enginetop proxy`, each its own process on uvloop, --rounds rounds in a shuffled order against the loopback
+SSE server (no engine noise). Printed: each one's added TTFT over direct: what any Python process in the path
+costs on this machine, what an HTTP library costs on top (aiohttp's server, or uvicorn's), and what is the
+proxy's own.
 
 Load (b): a loopback SSE server streaming as fast as it can (tests/sse_server.py, its own process),
 --streams concurrent streams of --tokens one-token events each, from an asyncio client reading raw sockets,
@@ -276,14 +277,16 @@ def start_floor(kind: str, upstream: str) -> tuple[subprocess.Popen[str], str]:
 
 
 def section_floor(rounds: int) -> None:
-    """Direct, a bare byte pipe, a bare aiohttp relay and `enginetop proxy`, in a shuffled order each round,
-    10 ms of quiet before every request (as between a client's requests), against the loopback SSE server:
-    what any Python process in the path adds on this machine, what the library adds, and what is the proxy's
-    own (its measuring, accounting and header handling)."""
+    """Direct, a bare byte pipe, bare aiohttp and uvicorn relays and `enginetop proxy`, in a shuffled order
+    each round, 10 ms of quiet before every request (as between a client's requests), against the loopback
+    SSE server: what any Python process in the path adds on this machine, what an HTTP library adds, and
+    what is the proxy's own (its measuring, accounting and header handling)."""
     server, upstream = start_server()
-    started = [start_floor("pipe", upstream), start_floor("aiohttp", upstream), start_proxy(upstream)]
+    floors = ("pipe", "aiohttp", "uvicorn")
+    started = [*(start_floor(kind, upstream) for kind in floors), start_proxy(upstream)]
     urls = {"direct": upstream, "byte pipe (asyncio streams)": started[0][1],
-            "bare aiohttp relay": started[1][1], "enginetop proxy": started[2][1]}
+            "bare aiohttp relay": started[1][1], "bare uvicorn relay (httptools)": started[2][1],
+            "enginetop proxy": started[3][1]}
     body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "stream": True}
     ttft: dict[str, list[float]] = {name: [] for name in urls}
     order = random.Random(0)
