@@ -62,11 +62,12 @@ def _config(**kw) -> ABConfig:
 
 def test_noisy_arm_not_reproducible_steady_arm_reproducible() -> None:
     rng = random.Random(42)
-    # Long per-token delays keep a loaded 2-core machine's scheduling noise small next to them.
+    # Long per-token delays and requests keep a loaded 2-core machine's scheduling noise small next to them:
+    # with 16 tokens (0.3 s a request) a stall on the engines' side once moved the steady arm's CV over 5 %
     noisy_delays = [rng.uniform(0.01, 0.06) for _ in range(3)]
     steady = SSEEngine("steady", lambda _i: 0.02)
     noisy = SSEEngine("noisy", lambda i: noisy_delays[i], jitter_s=0.003)
-    result = run_comparison([Arm("steady", steady), Arm("noisy", noisy)], _config())
+    result = run_comparison([Arm("steady", steady), Arm("noisy", noisy)], _config(max_tokens=32))
     arms = result["analysis"]["arms"]
     assert steady.starts == 3 and noisy.starts == 3  # every instance a fresh server
     assert arms["steady"]["verdict"] == "reproducible", arms["steady"]
