@@ -56,11 +56,12 @@ def test_the_found_capacity_sits_just_under_slots_over_service_time(engine, tmp_
     result = orjson.loads(out.read_bytes())
     cap = result["engines"][0]
     levels = cap["levels"]
-    # 30 requests a level, 6 of which may miss: a short stall does not fail a level below capacity, while a
-    # level over it builds a queue that makes most of its requests miss
-    assert 0.8 * KNOWN <= cap["capacity_rps"] <= KNOWN * 1.02, printed
-    # the curve: every level below the known capacity passed, every one well above it failed
-    assert all(x["passed"] for x in levels if x["rate"] <= 0.8 * KNOWN), printed
+    # 30 requests a level, 6 of which may miss: a short stall does not fail a level well below capacity, while
+    # a level over it builds a queue that makes most of its requests miss. At 0.8 of capacity the queue drains
+    # too slowly after a stall of ~0.2 s: 7 of 23 missed once (a fresh-clone run), so the floor is 0.7.
+    assert 0.7 * KNOWN <= cap["capacity_rps"] <= KNOWN * 1.02, printed
+    # the curve: every level well below the known capacity passed, every one well above it failed
+    assert all(x["passed"] for x in levels if x["rate"] <= 0.7 * KNOWN), printed
     assert not any(x["passed"] for x in levels if x["rate"] >= 1.1 * KNOWN), printed
     assert any(x["rate"] >= 1.1 * KNOWN for x in levels), printed
     assert all({"rate", "attainment", "ttft_p90_s", "goodput_rps"} <= set(x) for x in levels)
