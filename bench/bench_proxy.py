@@ -282,11 +282,11 @@ def section_floor(rounds: int) -> None:
     SSE server: what any Python process in the path adds on this machine, what an HTTP library adds, and
     what is the proxy's own (its measuring, accounting and header handling)."""
     server, upstream = start_server()
-    floors = ("pipe", "aiohttp", "uvicorn")
-    started = [*(start_floor(kind, upstream) for kind in floors), start_proxy(upstream)]
-    urls = {"direct": upstream, "byte pipe (asyncio streams)": started[0][1],
-            "bare aiohttp relay": started[1][1], "bare uvicorn relay (httptools)": started[2][1],
-            "enginetop proxy": started[3][1]}
+    floors = {"byte pipe (asyncio streams)": "pipe", "bare aiohttp relay": "aiohttp",
+              "bare uvicorn relay (httptools)": "uvicorn"}
+    started = {name: start_floor(kind, upstream) for name, kind in floors.items()}
+    started["enginetop proxy"] = start_proxy(upstream)
+    urls = {"direct": upstream, **{name: url for name, (_, url) in started.items()}}
     body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "stream": True}
     ttft: dict[str, list[float]] = {name: [] for name in urls}
     order = random.Random(0)
@@ -300,7 +300,7 @@ def section_floor(rounds: int) -> None:
                 if i >= 5:
                     ttft[name].append(first)
     finally:
-        for proc, _ in started:
+        for proc, _ in started.values():
             proc.send_signal(signal.SIGTERM)
             proc.wait(10)
         server.kill()

@@ -40,8 +40,13 @@ async def pipe(upstream: str, port: int) -> None:
     await server.serve_forever()
 
 
+def upstream_session() -> aiohttp.ClientSession:
+    """Both HTTP relays' client: a new upstream connection per request, nothing decoded."""
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True), auto_decompress=False)
+
+
 async def relay(upstream: str, port: int) -> None:
-    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True), auto_decompress=False)
+    session = upstream_session()
 
     async def handle(request: web.Request) -> web.StreamResponse:
         body = await request.read()
@@ -67,7 +72,7 @@ async def relay(upstream: str, port: int) -> None:
 async def asgi_relay(upstream: str, port: int) -> None:
     import uvicorn  # the dev extra's: only this floor uses it
 
-    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True), auto_decompress=False)
+    session = upstream_session()
 
     async def app(scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
