@@ -90,15 +90,21 @@ async def test_sweep_four_streams_beat_one(llama_server) -> None:
     # Levels interleaved (1, 4, 1, 4, 1, 4), each level's best compared: the other worker's tests (a
     # Prometheus over 210 synthetic engines, Chromium) take the CPU in bursts, and a burst during one level
     # cut it to 70 % of the other once when the levels' sums were compared. A burst only slows a level, so
-    # the best of three is the engine's own rate.
+    # the best of three is the engine's own rate. Once, bursts hit all three levels of 4 (46.7 tok/s for
+    # either level): a second sweep is run before failing; an engine that does not batch fails both.
     config = SweepConfig(levels=(1, 4) * 3, requests_per_stream=2, params=WorkloadParams(max_tokens=32))
-    async with ProbeClient() as client:
-        result = await run_sweep(client, EngineTarget(name="llama", url=llama_server.url), config)
-    for lv in result.levels:
-        assert lv.ok == lv.requests == 2 * lv.level, lv.errors
-        assert lv.token_source == "server" and lv.aggregate_tps is not None
-    rate = {n: max(lv.completion_tokens / lv.wall_s for lv in result.levels if lv.level == n) for n in (1, 4)}
-    assert rate[4] > rate[1], rate
+    rates = []
+    for _ in range(2):
+        async with ProbeClient() as client:
+            result = await run_sweep(client, EngineTarget(name="llama", url=llama_server.url), config)
+        for lv in result.levels:
+            assert lv.ok == lv.requests == 2 * lv.level, lv.errors
+            assert lv.token_source == "server" and lv.aggregate_tps is not None
+        rates.append({n: max(lv.completion_tokens / lv.wall_s for lv in result.levels if lv.level == n)
+                      for n in (1, 4)})
+        if rates[-1][4] > rates[-1][1]:
+            break
+    assert rates[-1][4] > rates[-1][1], rates
 
 
 def test_cli_probe_against_llama(llama_server) -> None:
