@@ -337,8 +337,11 @@ async def test_engine_source_asks_models_and_health_only_now_and_then(fake: Fake
             assert sample.health == "up" and sample.model == "Qwen/Qwen3-8B"
     finally:
         await transports.aclose()
-    # 4 polls: /health and /v1/models once (then every 5 s and 30 s), /metrics every time
-    assert len(fake.seen_auth) == 6
+    # 4 polls: /health and /v1/models once (then every 5 s and 30 s), /metrics every time; and the
+    # configuration once (then every minute, or when the engine restarts): cache_config_info asked at
+    # /metrics/ (this server does not filter, so /metrics after it), /v1/models and /version
+    assert len(fake.seen_auth) == 6 + 4
+    assert sample.config is not None and sample.config.engine == "vLLM"
 
 
 async def read_n(source: EngineSource, n: int) -> list:
@@ -353,7 +356,7 @@ async def test_engine_source_asks_a_vllm_for_the_series_it_reads_alone(fake: Fak
     healthy(fake)
     transports = Transports()
     try:
-        samples = await read_n(EngineSource(EngineTarget("e1", fake.url), transports), 3)
+        samples = await read_n(EngineSource(EngineTarget("e1", fake.url), transports, read_config=False), 3)
     finally:
         await transports.aclose()
     # the first poll finds a vLLM on the plain path; the next ones get ~90 lines instead of 3,012
@@ -373,7 +376,7 @@ async def test_engine_source_asks_the_plain_path_when_the_filtered_one_does_not_
     fake.routes[FILTERED] = filtered
     transports = Transports()
     try:
-        samples = await read_n(EngineSource(EngineTarget("e1", fake.url), transports), 4)
+        samples = await read_n(EngineSource(EngineTarget("e1", fake.url), transports, read_config=False), 4)
     finally:
         await transports.aclose()
     # asked once, then never again; the poll that asked it still reads /metrics
@@ -390,7 +393,7 @@ async def test_engine_source_asks_the_filtered_path_again_after_an_answer_any_pa
     fake.routes[FILTERED] = Route(status, b'{"error":{"message":"try again"}}', "application/json")
     transports = Transports()
     try:
-        source = EngineSource(EngineTarget("e1", fake.url), transports)
+        source = EngineSource(EngineTarget("e1", fake.url), transports, read_config=False)
         _, refused = await read_n(source, 2)
         fake.routes[FILTERED] = answer
         [after] = await source.read()
@@ -407,7 +410,7 @@ async def test_engine_source_asks_the_filtered_path_again_after_a_timeout(fake: 
     fake.routes[FILTERED] = Route(200, answer.body, delay=1.0)
     transports = Transports()
     try:
-        source = EngineSource(EngineTarget("e1", fake.url), transports, timeout_s=0.3)
+        source = EngineSource(EngineTarget("e1", fake.url), transports, timeout_s=0.3, read_config=False)
         _, slow = await read_n(source, 2)
         fake.routes[FILTERED] = answer
         _, after = await read_n(source, 2)  # the poll after any trouble asks /health and the plain path
@@ -423,7 +426,7 @@ async def test_engine_source_drops_the_answer_of_an_engine_switched_away_meanwhi
 
     healthy(fake, Route(200, VLLM_BODY, delay=0.5))
     transports = Transports()
-    source = EngineSource(EngineTarget("old", fake.url), transports, interval_s=1.0)
+    source = EngineSource(EngineTarget("old", fake.url), transports, interval_s=1.0, read_config=False)
     try:
         reading = asyncio.create_task(source.read())
         await asyncio.sleep(0.2)

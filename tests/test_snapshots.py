@@ -20,7 +20,10 @@ from test_record_file import engine_sample, gpu_report, host_sample, probe
 
 from tui.compare.ab import ABConfig, Arm
 from tui.compare.abrun import ABRun
+from tui.model.config import EngineConfig
+from tui.model.findings import TrafficFacts
 from tui.model.samples import EngineReading, EngineSample, GpuReport
+from tui.model.traffic import TrafficSample, TrafficStats
 from tui.record.reader import Recording
 from tui.record.schema import SUFFIX
 from tui.record.writer import Recorder
@@ -33,6 +36,28 @@ T0 = 1000.0
 WALL0 = 1.7e9
 
 
+# What the engines were set to, as read from them: llama-server with -np 4 -c 4096 (four slots of 1,024),
+# a vLLM with its prefix cache switched off
+LLAMA_CONFIG = EngineConfig(
+    engine="llama.cpp", read_wall=WALL0, version="b0-unknown", model="gemma-3-270m", context_tokens=1024,
+    kv_pool_tokens=4096, slots=4, kv_unified=False, prefix_caching=True, kv_cache_dtype="f16",
+    spec_type="off", sources=("/props", "/slots", "argv (PID 41)"))
+VLLM_CONFIG = EngineConfig(
+    engine="vLLM", read_wall=WALL0, version="0.32.0", model="gemma", context_tokens=2048,
+    kv_pool_tokens=524288, prefix_caching=False, kv_cache_dtype="auto", block_size=128, spec_type="off",
+    sources=("cache_config_info", "/v1/models", "/version"),
+    lacks=("argv: the engine runs on another machine",))
+
+
+def _traffic(i: int) -> TrafficSample:
+    """The proxy in front of vLLM: agent turns that share their conversation, none of it served from cache."""
+    facts = TrafficFacts(requests=20, shared_known=20, prompt_tokens=11_100, shared_tokens=5_632,
+                         cached_tokens=0, prefill_s=11.8, prefill_source="engine timings",
+                         longest_tokens=1_400)
+    return TrafficSample("vllm", "http://127.0.0.1:8001", T0 + i, WALL0 + i,
+                         TrafficStats(window_s=60.0, requests=20, requests_per_s=0.33, facts=facts))
+
+
 def _llama(i: int) -> EngineSample:
     """llama-server under a steady load: 4 slots, ~60 tok/s, prompt cache hits from the second request on."""
     return EngineSample(
@@ -42,7 +67,7 @@ def _llama(i: int) -> EngineSample:
             prompt_tokens_computed_total=40.0 * i, prompt_tokens_cached_total=160.0 * i,
             prompt_tokens_processed_total=200.0 * i, generation_tokens_total=60.0 * i,
             prefix_cache_queries_total=200.0 * i, prefix_cache_hits_total=160.0 * i,
-            generation_seconds_total=1.0 * i, requests_finished_total=float(i // 2)))
+            generation_seconds_total=1.0 * i, requests_finished_total=float(i // 2)), config=LLAMA_CONFIG)
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +78,8 @@ def engines_recording(tmp_path_factory: pytest.TempPathFactory) -> Path:
                    meta={"host": "snapshot-host"})
     for i in range(300):
         rec(_llama(i))
-        rec(engine_sample(i, T0))
+        rec(dataclasses.replace(engine_sample(i, T0), config=VLLM_CONFIG))
+        rec(_traffic(i))
         rec(gpu_report(i, T0))
         if i % 2:
             rec(host_sample(i, T0))

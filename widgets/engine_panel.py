@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import textwrap
+import time
 from typing import TYPE_CHECKING
 
 from rich.text import Text
 
 from tui.live.store import EngineState
 from tui.model.bench import BenchSample
+from tui.model.config import EngineConfig
+from tui.model.findings import Finding
 from tui.model.samples import RoutedModel
 from tui.model.slots import SlotsReading, SlotState
 from tui.model.traffic import TrafficSample
@@ -41,7 +45,9 @@ class EnginePanel(Panel, can_focus=True):
 
     def show(self, state: EngineState, status: EngineStatus | None = None,
              roof: Roofline | None = None) -> None:
-        self.redraw(render_engine(state, status, roof))
+        # Before its first layout a panel has no width yet: the findings are then wrapped for a usual column
+        width = self.size.width - 4 if self.size.width else 96
+        self.redraw(render_engine(state, status, roof, width=max(40, width)))
 
 
 def _lifecycle_rows(grid: Rows, status: EngineStatus) -> None:
@@ -214,8 +220,66 @@ def _bench_rows(grid: Rows, bench: BenchSample) -> None:
                                               style="bold" if (p.attainment or 0) >= 0.95 else "bold red"))
 
 
+SEVERITY_STYLE = {"error": "bold white on red", "warning": "bold yellow", "info": "bold cyan"}
+LABEL_WIDTH = 16  # the widest label of a column, about
+
+
+def _config_rows(grid: Rows, config: EngineConfig | None, width: int) -> None:
+    """What the engine is really set to, in one line, and what it does not publish."""
+    if config is None:
+        return
+    summary = config.summary()
+    for i, line in enumerate(textwrap.wrap(summary, width - LABEL_WIDTH) or [""]):
+        grid.add_row("config" if i == 0 else "", line)
+    if config.lacks:
+        grid.add_row("", Text(f"not published: {config.lacks[0]}"
+                              + (f" (+{len(config.lacks) - 1} more)" if len(config.lacks) > 1 else ""),
+                              style="dim"))
+
+
+def _finding_rows(grid: Rows, findings: tuple[Finding, ...], width: int) -> None:
+    """Each finding in full (wrapped to the column), since when it holds, and what to try."""
+    for f in findings:
+        since = f" (since {time.strftime('%H:%M:%S', time.localtime(f.since_wall))})" if f.since_wall else ""
+        lines = textwrap.wrap(f.title + since, width - LABEL_WIDTH) or [""]
+        for i, line in enumerate(lines):
+            grid.add_row(f"{f.severity.upper()}" if i == 0 else "",
+                         Text(line, style=SEVERITY_STYLE[f.severity] if i == 0 else ""))
+        for i, line in enumerate(textwrap.wrap(f.suggestion, width - LABEL_WIDTH)):
+            grid.add_row("  try" if i == 0 else "", Text(line, style="dim"))
+
+
+def _spec_rows(grid: Rows, state: EngineState, exposed: bool) -> None:
+    """Speculative decoding: acceptance, mean accepted length, per draft position and drafts/s over the
+    window, or since the engine started when nothing drafted in the window; "off" where the engine says so."""
+    stats = state.stats
+    config = state.sample.config if state.sample else None
+    off = config is not None and config.spec_type == "off"
+    if off and not exposed:
+        grid.add_row("spec", "off")
+        return
+    setting = ""
+    if config is not None and config.spec_type not in (None, "off"):
+        setting = f"  ({config.spec_type}" + (f", n={config.spec_n_max}" if config.spec_n_max else "") + ")"
+    if stats.spec_accept_rate is not None:
+        length = num(stats.spec_accept_length, "{:.2f}")
+        grid.add_row("spec accept", f"{pct(stats.spec_accept_rate)}, length {length}, "
+                     f"{num(stats.spec_drafts_per_s)} drafts/s{setting}")
+        per_pos = stats.spec_accept_per_pos
+        since = ""
+    else:
+        total = stats.spec_accept_rate_total
+        length = num(stats.spec_accept_length_total, "{:.2f}")
+        grid.add_row("spec accept", _shown(exposed, "n/a" if total is None else
+                                           f"{pct(total)}, length {length} since start{setting}"))
+        per_pos = stats.spec_accept_per_pos_total
+        since = " since start"
+    if per_pos:
+        grid.add_row("spec per pos", " ".join(f"{r * 100:.0f}%" for r in per_pos) + since)
+
+
 def render_engine(state: EngineState, status: EngineStatus | None = None,
-                  roof: Roofline | None = None) -> Text:
+                  roof: Roofline | None = None, width: int = 72) -> Text:
     sample, stats = state.sample, state.stats
     reading = sample.reading if sample else None
     grid = Rows()
@@ -240,8 +304,10 @@ def render_engine(state: EngineState, status: EngineStatus | None = None,
     # llama-server names the model by its file path: the file name is what tells models apart
     if sample.models is None:  # a router's or llama-swap's own row below says what it serves
         grid.add_row("model", sample.model.rsplit("/", 1)[-1] if sample.model else NA)
+    _config_rows(grid, sample.config, width)
     if sample.metrics_error:
         grid.add_row("metrics", Text(sample.metrics_error, style="bold red"))
+    _finding_rows(grid, state.findings, width)
     if reading is None:
         if state.traffic is not None:  # the engine's own metrics failing does not stop its traffic
             _traffic_rows(grid, state.traffic)
@@ -270,9 +336,7 @@ def render_engine(state: EngineState, status: EngineStatus | None = None,
         grid.add_row("decode busy", _shown(True, num(stats.decode_tps_busy, "{:.1f} tok/s")))
     cache_exposed = has("prefix_cache_queries_total") or has("cache_hit_rate_gauge")
     grid.add_row("prefix hit", _shown(cache_exposed, pct(stats.prefix_cache_hit_rate)))
-    spec_exposed = has("spec_draft_tokens_total") or has("spec_accept_rate_gauge")
-    grid.add_row("spec accept", _shown(spec_exposed, pct(stats.spec_accept_rate)))
-    grid.add_row("spec len", _shown(spec_exposed, num(stats.spec_accept_length, "{:.2f}")))
+    _spec_rows(grid, state, has("spec_draft_tokens_total") or has("spec_accept_rate_gauge"))
     grid.add_row("KV cache", pct(reading.kv_cache_usage))
     ttft_exposed = has("ttft_buckets")
     itl_exposed = has("itl_buckets")

@@ -26,6 +26,9 @@ def register(sub: Any) -> None:
     snap.add_argument("--interval", type=float, default=1.0, help="seconds between the two readings")
     snap.add_argument("--timeout", type=float, default=2.0, help="per-request timeout, seconds")
     add_output(snap, json="print one JSON object (default: a table)")
+    snap.add_argument("--traffic", action="append", metavar="URL",
+                      help="also read the traffic a separate `enginetop proxy` measures, e.g. "
+                           "http://127.0.0.1:8081 (repeatable): findings then rest on the real requests too")
     add_fleet(snap)
     snap.set_defaults(func=cmd_snapshot)
 
@@ -43,6 +46,12 @@ def table(snapshot: dict[str, Any]) -> str:
                      f"{_na(e.get('waiting'), '.0f'):>7}  {e.get('model') or 'n/a'}")
         if e["health"] != "up" and e.get("health_reason"):
             lines.append(f"{'':<16} {e['health_reason']}")
+        if e.get("config"):
+            lines.append(f"{'':<16} config: {e['config']['summary'] or 'n/a'}")
+            lines += [f"{'':<16} not published: {why}" for why in e["config"]["lacks"]]
+        for f in e.get("findings") or ():
+            lines.append(f"{'':<16} {f['severity'].upper()} {f['id']}: {f['title']}")
+            lines.append(f"{'':<16}   try: {f['suggestion']}")
     for g in snapshot["gpus"]:
         lines.append(f"GPU {g.get('index')}: {g.get('name')} util {_na(g.get('util_pct'), '.0f')} %")
     if snapshot.get("gpu_unavailable"):
@@ -61,7 +70,13 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return EXIT_BAD_INPUT
     targets = build_targets(args.engine, args.api_key_file, args.api_key_env)
-    options = RunOptions(watched=targets, fleet=fleet, poll_timeout_s=args.timeout)
+    for url in args.traffic or ():
+        if not url.startswith(("http://", "https://")):
+            print(f"enginetop snapshot: --traffic: expected the proxy's http(s) URL, got {url!r}",
+                  file=sys.stderr)
+            return EXIT_BAD_INPUT
+    options = RunOptions(watched=targets, fleet=fleet, poll_timeout_s=args.timeout,
+                         traffic=list(args.traffic or ()))
     snapshot = asyncio.run(take_snapshot(options, interval=args.interval))
     print(json.dumps(snapshot, indent=2) if args.json else table(snapshot))
     if snapshot.get("error"):

@@ -33,7 +33,9 @@ from tui.base.process import (
     tail_lines,
 )
 from tui.base.secrets import redact_argv
+from tui.lifecycle.memory import StartWatch
 from tui.lifecycle.profiles import Profile, ResolvedProfile
+from tui.model.findings import StartMemory
 from tui.net.policy import auth_headers, client_kwargs, error_text
 
 LOG_TAIL_LINES = 20
@@ -86,6 +88,8 @@ class EngineInstance:
     pids_seen: dict[int, float] = field(default_factory=dict)  # PID -> create time, every one of its tree
     stopping: bool = False  # set before we signal it, so its exit is not reported as a crash
     adopted: bool = False
+    watch: StartWatch | None = None  # its tree's memory while it starts (a process this one launched)
+    _ended: StartMemory | None = field(default=None, repr=False)  # start_memory() once it has exited
 
     @property
     def profile(self) -> Profile:
@@ -149,6 +153,17 @@ class EngineInstance:
                 pids.add(proc.pid)
         return {pid for pid in pids if pid_alive(pid, self.pids_seen.get(pid))}
 
+    def start_memory(self) -> StartMemory | None:
+        """What its start cost the host, and how it ended if it has (None: not one this process launched)."""
+        if self.watch is None:
+            return None
+        if self.alive():
+            return self.watch.result(ready=True) if self.cold_start_s is not None else None
+        if self._ended is None:  # once: attributing a kill reads the kernel log
+            when = "while starting" if self.cold_start_s is None else "after it was ready"
+            self._ended = self.watch.result(self.exit_code(), self.pid, when=when)
+        return self._ended
+
     def survivors(self) -> list[int]:
         """PIDs seen in its tree that still run (the same processes, not reused PIDs)."""
         return sorted(pid for pid, started in self.pids_seen.items() if pid_alive(pid, started))
@@ -190,7 +205,8 @@ def launch_instance(resolved: ResolvedProfile, log_dir: Path | None = None) -> E
         launched=launched,
         started_mono=launched.started_at,
     )
-    instance.tree_pids()
+    instance.watch = StartWatch()
+    instance.watch.sample(instance.tree_pids())
     return instance
 
 
@@ -290,7 +306,9 @@ def wait_ready(
             last = state.message
             if time.monotonic() >= deadline:
                 raise StepError("ready", timeout_message("ready", timeout, last), timed_out=True)
-            instance.tree_pids()  # children (vLLM's engine core) appear while it loads
+            pids = instance.tree_pids()  # children (vLLM's engine core) appear while it loads
+            if instance.watch is not None:
+                instance.watch.sample(pids)
             time.sleep(interval)
 
 
@@ -299,8 +317,25 @@ def crash_message(instance: EngineInstance, when: str = "") -> str:
     where = f" (log {instance.log_path})" if instance.log_path else ""
     text = f"engine {instance.name} (PID {instance.pid}) exited {when}".rstrip()
     text += f" with {exit_words(instance.exit_code())}{where}"
+    memory = instance.start_memory()
+    if memory is not None:
+        text += f"; {memory_words(memory)}"
     if tail:
         text += "; last log lines:\n" + "\n".join(tail)
+    return text
+
+
+def memory_words(m: StartMemory) -> str:
+    gib = 2**30
+    swap = f" + {m.peak_swap_bytes / gib:.2f} GiB in swap" if m.peak_swap_bytes else ""
+    text = (f"its process tree peaked at RSS {m.peak_rss_bytes / gib:.2f} GiB{swap} ({m.peak_after_s:.1f} s "
+            f"after launch) of the machine's {m.ram_total_bytes / gib:.1f} GiB RAM")
+    if m.ram_used_at_end_bytes is not None:
+        text += f"; host memory when it ended: {m.ram_used_at_end_bytes / gib:.1f} GiB used"
+        if m.swap_used_at_end_bytes:
+            text += f", {m.swap_used_at_end_bytes / gib:.1f} GiB swap"
+    if m.oom_evidence:
+        text += f"; {m.oom_evidence}"
     return text
 
 

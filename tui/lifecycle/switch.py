@@ -323,6 +323,7 @@ class EngineManager:
                                 log_path=new.log_path,
                                 log_tail=tuple(new.log_tail()),
                                 message=crash_message(new, "while starting"),
+                                start_memory=new.start_memory(),
                             )
                 return result
             finally:
@@ -459,6 +460,7 @@ class EngineManager:
                 cold_start_s=inst.cold_start_s,
                 log_path=inst.log_path,
                 message=f"running, PID {inst.pid}",
+                start_memory=inst.start_memory(),
             )
         if inst.stopping:
             return EngineStatus("stopped", profile=inst.name, message="stopped")
@@ -471,6 +473,7 @@ class EngineManager:
             log_path=inst.log_path,
             log_tail=tuple(inst.log_tail()),
             message=crash_message(inst),
+            start_memory=inst.start_memory(),
         )
         with self._lock:
             if self._current is inst:

@@ -16,11 +16,23 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tui.findings.judge import judge
+from tui.findings.tracker import Since
 from tui.model.bench import BenchSample
 from tui.model.events import ProbeEvent
+from tui.model.findings import Evidence, Finding, SpecFacts, StartMemory
 from tui.model.samples import EngineReading, EngineSample, EngineStats, GpuReport, HostSample, PromptProgress
 from tui.model.traffic import TrafficSample
-from tui.sources.rates import derive, gen_tps, present, shape, ttft_p50, went_back, went_back_same_shape
+from tui.sources.rates import (
+    derive,
+    gen_tps,
+    present,
+    shape,
+    spec_totals,
+    ttft_p50,
+    went_back,
+    went_back_same_shape,
+)
 
 # What a source makes (tui.live.feed); a replay adds the probe results it recorded.
 Sample = EngineSample | GpuReport | HostSample | ProbeEvent | TrafficSample | BenchSample
@@ -94,6 +106,14 @@ class EngineState:
     model_status_since: dict[str, tuple[str, float]] = field(default_factory=dict)  # id -> (status, wall)
     model_used: dict[str, float] = field(default_factory=dict)  # id -> wall time it last served a request
     prefill: PromptProgress | None = None  # a probe's long prompt, as the engine streams its progress
+    # Findings (tui.findings): what holds now, since when; and the evidence the store gathers for them over
+    # the engine's current run: the most requests it ran and kept waiting at once, since when it is read
+    findings: tuple[Finding, ...] = ()
+    since: Since = field(default_factory=Since)
+    start: StartMemory | None = None  # what its start cost the host, from the lifecycle (engine_start)
+    busy_max: int | None = None
+    waiting_max: int | None = None
+    watched_t: float | None = None
 
 
 class Store:
@@ -127,7 +147,9 @@ class Store:
             self.add_probe(sample.engine, sample.result, sample.t)
         elif isinstance(sample, TrafficSample):
             self._tell(sample)
-            self.engine(sample.name).traffic = sample
+            state = self.engine(sample.name)
+            state.traffic = sample
+            self._judge(state, sample.t, sample.wall)
         elif isinstance(sample, BenchSample):  # not recorded: the run's own result file keeps it whole
             state = self.engine(sample.name, sample.url)
             state.bench = sample
@@ -206,6 +228,14 @@ class Store:
         readings.append((t, sample.reading))
         while t - readings[0][0] > self.latency_window_s + 1.0:
             readings.popleft()
+        if back or state.watched_t is None:  # a new run of the engine: its evidence starts again
+            state.watched_t, state.busy_max, state.waiting_max = t, None, None
+        busy = max(int(sample.reading.running or 0),
+                   sum(s.processing for s in sample.slots.slots) if sample.slots is not None else 0)
+        state.busy_max = max(state.busy_max or 0, busy) if sample.reading.running is not None or \
+            sample.slots is not None else state.busy_max
+        if sample.reading.waiting is not None:
+            state.waiting_max = max(state.waiting_max or 0, int(sample.reading.waiting))
         if plotted_only:
             for key, value in zip(ENGINE_SERIES, self._plotted(state), strict=True):
                 state.series[key].add(t, value)
@@ -213,7 +243,30 @@ class Store:
         state.stats = self._stats(state, t)
         for key in ENGINE_SERIES:
             state.series[key].add(t, getattr(state.stats, key))
+        self._judge(state, t, sample.wall)
         return state
+
+    def engine_start(self, name: str, start: StartMemory | None, wall: float | None = None) -> None:
+        """What the engine's start cost the host, as its launcher measured it (tui.lifecycle)."""
+        state = self.engine(name)
+        if state.start != start:
+            state.start = start
+            self._judge(state, time.monotonic(), time.time() if wall is None else wall)
+
+    def _judge(self, state: EngineState, t: float, wall: float) -> None:
+        """The findings that hold for the engine now (tui.findings), from what the store has of it."""
+        sample = state.sample
+        reading = sample.reading if sample is not None else None
+        spec = None
+        if reading is not None and reading.spec_drafts_total is not None:
+            spec = SpecFacts(reading.spec_drafts_total, reading.spec_draft_tokens_total or 0.0,
+                             reading.spec_accepted_tokens_total or 0.0, reading.spec_accepted_per_pos or ())
+        traffic = state.traffic.stats.facts if state.traffic is not None and state.traffic.error is None \
+            else None
+        config = sample.config if sample is not None else None
+        evidence = Evidence(state.name, config, traffic, spec, state.start, state.busy_max, state.waiting_max,
+                            t - state.watched_t if state.watched_t is not None else 0.0)
+        state.findings = state.since.update(judge(evidence), wall)
 
     def _routed(self, state: EngineState, sample: EngineSample, t: float) -> None:
         """Each loaded model's generation rate over the rate window (the router's own /metrics has none),
@@ -256,7 +309,11 @@ class Store:
         reset = state.reset_t is not None and t - state.reset_t < self.latency_window_s
         readings = state.readings
         if len(readings) < 2:
-            return EngineStats(counter_reset=reset)
+            if not readings:
+                return EngineStats(counter_reset=reset)
+            rate, length, per_pos = spec_totals(readings[-1][1])
+            return EngineStats(counter_reset=reset, spec_accept_rate_total=rate,
+                               spec_accept_length_total=length, spec_accept_per_pos_total=per_pos)
         cur_t, cur = readings[-1]
         rate_t, rate_prev = _oldest_within(readings, t - self.rate_window_s)
         lat_t, lat_prev = readings[0]
@@ -270,6 +327,11 @@ class Store:
             prefix_cache_hit_rate=lat.prefix_cache_hit_rate,
             spec_accept_rate=lat.spec_accept_rate,
             spec_accept_length=lat.spec_accept_length,
+            spec_accept_per_pos=lat.spec_accept_per_pos,
+            spec_drafts_per_s=rates.spec_drafts_per_s,
+            spec_accept_rate_total=lat.spec_accept_rate_total,
+            spec_accept_length_total=lat.spec_accept_length_total,
+            spec_accept_per_pos_total=lat.spec_accept_per_pos_total,
             ttft_p50_s=lat.ttft_p50_s,
             ttft_p90_s=lat.ttft_p90_s,
             itl_p50_s=lat.itl_p50_s,

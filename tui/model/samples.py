@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from tui.model.config import EngineConfig
 from tui.model.slots import SlotsReading
 
 Health = Literal["up", "loading", "starting", "down"]
@@ -38,6 +39,7 @@ class EngineReading:
     spec_drafts_total: float | None = None
     spec_draft_tokens_total: float | None = None
     spec_accepted_tokens_total: float | None = None
+    spec_accepted_per_pos: tuple[float, ...] | None = None  # accepted tokens per draft position, 0 first
     requests_finished_total: float | None = None
     # gauges that some engines compute themselves (SGLang), used when counters are absent
     cache_hit_rate_gauge: float | None = None
@@ -58,7 +60,13 @@ class EngineStats:
     decode_tps_busy: float | None = None  # llama.cpp: generated tokens per second of decode time
     prefix_cache_hit_rate: float | None = None
     spec_accept_rate: float | None = None
-    spec_accept_length: float | None = None
+    spec_accept_length: float | None = None  # tokens a draft step gives: 1 + accepted / drafts
+    spec_accept_per_pos: tuple[float, ...] | None = None  # drafts whose token at each position was accepted
+    spec_drafts_per_s: float | None = None
+    # The same since the engine started (its counters' totals): figures even when nothing ran in the window
+    spec_accept_rate_total: float | None = None
+    spec_accept_length_total: float | None = None
+    spec_accept_per_pos_total: tuple[float, ...] | None = None
     ttft_p50_s: float | None = None
     ttft_p90_s: float | None = None
     itl_p50_s: float | None = None
@@ -114,6 +122,9 @@ class EngineSample:
     slots: SlotsReading | None = None  # llama-server's /slots, polled beside its /metrics
     models: tuple[RoutedModel, ...] | None = None  # a router's models (None: not one)
     router: RouterKind | None = None  # what serves those models
+    # What the engine is really set to (tui.sources.config), read at its start and now and then since: every
+    # sample of the engine carries the last one read
+    config: EngineConfig | None = None
 
 
 THROTTLE_REASON_WORDS: dict[int, str] = {

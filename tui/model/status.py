@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
+
+from tui.model.findings import StartMemory
 
 StepStatus = Literal["running", "ok", "failed", "skipped", "cancelled"]
 
@@ -44,9 +46,13 @@ class EngineStatus:
     log_path: Path | None = None
     log_tail: tuple[str, ...] = ()
     message: str = ""
+    start_memory: StartMemory | None = None  # what its start cost the host, and how a kill ended it
 
     def event_data(self) -> dict[str, Any]:
         """What an "engine-state" event records of it (the dashboard's and `enginetop record`'s alike)."""
-        return {"state": self.state, "message": self.message, "exit_code": self.exit_code,
-                "log_tail": list(self.log_tail[-20:])}
+        out: dict[str, Any] = {"state": self.state, "message": self.message, "exit_code": self.exit_code,
+                               "log_tail": list(self.log_tail[-20:])}
+        if self.start_memory is not None:
+            out["start_memory"] = asdict(self.start_memory)
+        return out
 

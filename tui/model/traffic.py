@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from tui.model.findings import TrafficFacts
+
 Outcome = Literal["ok", "error", "abandoned"]
 
 
@@ -40,6 +42,8 @@ class RequestRecord:
     engine_decode_ms: float | None = None
     engine_ttft_ms: float | None = None
     session_id: str | None = None
+    refused_for_length: str | None = None  # the engine's own words when it refused the prompt as too long
+    refused_prompt_tokens: int | None = None  # how long that prompt was, as the engine said
 
     @property
     def decode_tps(self) -> float | None:
@@ -77,6 +81,8 @@ class TrafficStats:
     slo_met: float | None = None
     slo_requests: int = 0
     slo_window_s: float | None = None
+    # The evidence of the findings (tui.findings) over the last requests: prompts shared, cached, refused...
+    facts: TrafficFacts | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,14 +8,28 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 
 from tui.base.stats import quantile
+from tui.findings.facts import summarize
+from tui.model.findings import RequestFacts
 from tui.model.slo import RequestFigures, Slo, tpot
 from tui.model.traffic import RequestRecord, TrafficStats
 
 WINDOW_S = 60.0
 RATE_WINDOW_S = 10.0
 SLO_WINDOW_S = 300.0  # "the last minutes" of real traffic an SLO's attainment is taken over
+FACTS_REQUESTS = 20  # the findings' evidence: the last requests, however old (tui.findings)
+
+
+def facts_of(record: RequestRecord) -> RequestFacts:
+    return RequestFacts(
+        ok=record.outcome == "ok", prompt_tokens=record.prompt_tokens,
+        completion_tokens=record.completion_tokens,
+        cached_tokens=record.cached_tokens, ttft_s=record.ttft_s,
+        engine_prompt_s=record.engine_prompt_ms / 1000.0 if record.engine_prompt_ms is not None else (
+            record.engine_ttft_ms / 1000.0 if record.engine_ttft_ms is not None else None),
+        refused_for_length=record.refused_for_length, refused_prompt_tokens=record.refused_prompt_tokens)
 
 
 def figures(record: RequestRecord) -> RequestFigures:
@@ -42,23 +56,39 @@ class TrafficBook:
         self.capacity_rps: float | None = None
         self.slo: Slo | None = None
         self._judged: deque[tuple[float, bool]] = deque(maxlen=max_records)
+        # The last FACTS_REQUESTS requests that ran or were refused for length, by their number: a prompt's
+        # shared prefix is filled in once the proxy has tokenised it (tui.proxy.prompts)
+        self._facts: dict[int, RequestFacts] = {}
+        self.max_in_flight = 0
 
     @contextmanager
     def flight(self) -> Iterator[None]:
         self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
             yield
         finally:
             self.in_flight -= 1
 
-    def add(self, record: RequestRecord, gaps: tuple[float, ...] = (), now: float | None = None) -> None:
+    def add(self, record: RequestRecord, gaps: tuple[float, ...] = (), now: float | None = None) -> int:
+        """Count a request that ended; its number (for `shared`)."""
         now = time.monotonic() if now is None else now
         self.total += 1
+        if record.outcome == "ok" or record.refused_for_length:
+            self._facts[self.total] = facts_of(record)
+            while len(self._facts) > FACTS_REQUESTS:
+                del self._facts[next(iter(self._facts))]
         self.total_errors += record.outcome == "error"
         self.total_abandoned += record.outcome == "abandoned"
         self._ended.append((now, record, gaps))
         if self.slo is not None and record.stream and record.outcome != "abandoned":
             self._judged.append((now, self.slo.met(figures(record))))
+        return self.total
+
+    def shared(self, seq: int, tokens: int | None) -> None:
+        """How many of request `seq`'s prompt tokens an earlier prompt began with (None: not known)."""
+        if (facts := self._facts.get(seq)) is not None:
+            self._facts[seq] = replace(facts, shared_tokens=tokens)
 
     def recent(self) -> list[RequestRecord]:
         """The records of the window, oldest first."""
@@ -107,4 +137,5 @@ class TrafficBook:
             slo_met=sum(met for _, met in judged) / len(judged) if judged else None,
             slo_requests=len(judged),
             slo_window_s=SLO_WINDOW_S if self.slo is not None else None,
+            facts=summarize(self._facts.values(), self.max_in_flight),
         )

@@ -57,13 +57,13 @@ def parse_listens(specs: list[str], names: list[str], allow_remote: bool,
 def build_proxy(options: ProxyOptions, targets: list[EngineTarget]) -> TrafficProxy:
     by_name = {t.name: t for t in targets}
     routes = [Route(name, by_name[name].base, listen) for name, listen in options.listens.items()]
-    proxy = TrafficProxy(routes, max_body_bytes=options.max_body_bytes,
-                         connect_timeout_s=options.connect_timeout_s)
-    proxy.weigh(options.capacity_file)
+    trace = None
     if options.trace is not None:
         if options.block_size < 1:
             raise ValueError(f"--block-size must be at least 1, got {options.block_size}")
-        proxy.trace = TraceWriter(options.trace, load_key(options.key_file), proxy.tokenize,
-                                  {r.engine: r.upstream for r in routes}, options.block_size,
-                                  options.capture_content)
+        trace = TraceWriter(options.trace, load_key(options.key_file), {r.engine: r.upstream for r in routes},
+                            options.block_size, options.capture_content)
+    proxy = TrafficProxy(routes, max_body_bytes=options.max_body_bytes,
+                         connect_timeout_s=options.connect_timeout_s, trace=trace)
+    proxy.weigh(options.capacity_file)
     return proxy

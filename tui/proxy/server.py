@@ -28,12 +28,14 @@ from yarl import URL
 
 from tui.base.stats import quantile
 from tui.engines.tokens import EngineTokens
+from tui.findings.facts import refused_for_length, refused_tokens
 from tui.model.slo import Slo
 from tui.model.traffic import Outcome, RequestRecord, TrafficSample
 from tui.net.listen import Listen, ListenError, bind_message
 from tui.proxy.book import TrafficBook
 from tui.proxy.headroom import load_capacities
 from tui.proxy.metrics import METRICS_PATH, TRAFFIC_PATH, ProxyMetrics
+from tui.proxy.prompts import PromptTokens
 from tui.proxy.stream import StreamReading, StreamRelay
 from tui.proxy.trace import SESSION_HEADERS, TraceItem, TraceWriter
 from tui.proxy.upstream import SpareConnector
@@ -108,7 +110,8 @@ class TrafficProxy:
         self._upstream: SpareConnector | None = None
         self._capacity_file: Path | None = None
         self._capacity_mtime: float | None = None
-        self._tokens_http: httpx.AsyncClient | None = None  # the trace's tokenize calls, off the request path
+        self._tokens_http: httpx.AsyncClient | None = None  # the tokenize calls, off the request path
+        self.prompts: PromptTokens | None = None  # each prompt's tokens: its shared prefix, its trace line
 
     # --- lifecycle --------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -134,8 +137,8 @@ class TrafficProxy:
                 except OSError as exc:
                     flag = f"the proxy for {route.engine}"
                     raise ListenError(bind_message(route.listen, exc, flag)) from None
-            if self.trace is not None:
-                self.trace.start()
+            self.prompts = PromptTokens(self.tokenize, self._shared, self.trace)
+            self.prompts.start()
         except BaseException:
             await self.stop()
             raise
@@ -144,8 +147,9 @@ class TrafficProxy:
         for runner in self._runners:
             await runner.cleanup()
         self._runners.clear()
-        if self.trace is not None:
-            await self.trace.close()
+        if self.prompts is not None:
+            await self.prompts.close()
+            self.prompts = None
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -329,6 +333,7 @@ class TrafficProxy:
             self._counts_itself.add(exchange.route.engine)
         metrics = reading.metrics or {}
         model = exchange.request.get("model") or reading.model
+        refused = refused_for_length(exchange.status, reading.error)
         record = RequestRecord(
             engine=exchange.route.engine, path=exchange.path, stream=exchange.stream,
             started_wall=exchange.started_wall, outcome=exchange.outcome, status=exchange.status,
@@ -338,22 +343,31 @@ class TrafficProxy:
             itl_max_s=ordered[-1] if ordered else None, token_events=len(times),
             prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached,
             engine_prompt_ms=timings.get("prompt_ms"), engine_decode_ms=timings.get("predicted_ms"),
-            engine_ttft_ms=metrics.get("time_to_first_token_ms"))
+            engine_ttft_ms=metrics.get("time_to_first_token_ms"), refused_for_length=refused,
+            refused_prompt_tokens=refused_tokens(reading.error, reading.error_prompt_tokens) if refused
+            else None)
+        session = delay = None
+        reply = "".join(reading.text)
         if self.trace is not None and record.outcome == "ok":
             header = next((request.headers[h] for h in SESSION_HEADERS if h in request.headers), None)
-            reply = "".join(reading.text)
             session, delay = self.trace.session(exchange.request, header, record.started_wall, reply,
                                                 record.started_wall + (record.e2e_s or 0.0))
             record = replace(record, session_id=session)
-            self.trace.submit(TraceItem(record, exchange.route.upstream, exchange.path, exchange.request,
-                                        session, delay, auth=request.headers.get("Authorization"),
-                                        reply=reply if self.trace.capture_content else ""))
-        self.books[record.engine].add(record, gaps, now)
+        seq = self.books[record.engine].add(record, gaps, now)
+        if self.prompts is not None and record.outcome == "ok":
+            keep = reply if self.trace is not None and self.trace.capture_content else ""
+            self.prompts.submit(TraceItem(record, exchange.route.upstream, exchange.path, exchange.request,
+                                          session, delay, auth=request.headers.get("Authorization"),
+                                          reply=keep, seq=seq))
         self.metrics.observe(record, gaps)
         for listener in self.listeners:
             listener(record)
 
-    # --- the engine's tokenizer, for the trace ------------------------------------------------------------
+    def _shared(self, engine: str, seq: int, shared: int | None) -> None:
+        """A prompt's tokens compared with the earlier ones (tui.proxy.prompts): its book learns its share."""
+        self.books[engine].shared(seq, shared)
+
+    # --- the engine's tokenizer, for prefixes and the trace ----------------------------------------------
     async def tokenize(self, item: TraceItem) -> list[int] | None:
         """The prompt's tokens as the engine makes them, chat template applied (tui.engines.tokens), with the
         client's own key. None when the engine does not say."""

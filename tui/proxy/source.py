@@ -8,12 +8,14 @@ import time
 
 import httpx
 
+from tui.model.findings import TrafficFacts
 from tui.model.traffic import TrafficSample, TrafficStats
 from tui.net.policy import error_text
 from tui.proxy.metrics import TRAFFIC_PATH
 from tui.proxy.server import TrafficProxy
 
 _STATS_FIELDS = {f.name for f in dataclasses.fields(TrafficStats)}
+_FACTS_FIELDS = {f.name for f in dataclasses.fields(TrafficFacts)}
 
 
 class ProxyTraffic:
@@ -64,4 +66,7 @@ class RemoteTraffic:
 def _stats(data: dict[str, object]) -> TrafficStats:
     """A later proxy's extra figures are ignored."""
     # JSON's values, typed only at run time: a bad one fails where TrafficStats is used, as a read error
-    return TrafficStats(**{k: v for k, v in data.items() if k in _STATS_FIELDS})  # type: ignore[arg-type]
+    fields = {k: v for k, v in data.items() if k in _STATS_FIELDS}
+    if isinstance(facts := fields.get("facts"), dict):
+        fields["facts"] = TrafficFacts(**{k: v for k, v in facts.items() if k in _FACTS_FIELDS})
+    return TrafficStats(**fields)  # type: ignore[arg-type]

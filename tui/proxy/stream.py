@@ -108,7 +108,8 @@ class StreamReading:
     timings: dict[str, Any] | None = None  # llama.cpp
     metrics: dict[str, Any] | None = None  # vLLM --enable-per-request-metrics
     model: str | None = None
-    error: str | None = None  # an error event inside a 200 stream
+    error: str | None = None  # an error event inside a 200 stream, or an error answer's message
+    error_prompt_tokens: int | None = None  # llama.cpp's n_prompt_tokens beside a refusal for length
 
     def take(self, obj: dict[str, Any], now: float) -> None:
         text = generated_text(obj)
@@ -126,6 +127,9 @@ class StreamReading:
         if "error" in obj and isinstance(obj["error"], dict | str):
             err = obj["error"]
             self.error = str(err.get("message") if isinstance(err, dict) else err)
+            n_prompt = err.get("n_prompt_tokens") if isinstance(err, dict) else None
+            if isinstance(n_prompt, int) and not isinstance(n_prompt, bool):
+                self.error_prompt_tokens = n_prompt
 
     def take_body(self, body: bytes) -> None:
         """A whole non-streamed JSON answer."""

@@ -17,14 +17,12 @@ session header (X-Session-ID, X-Correlation-ID) wins when present.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import math
 import os
 import secrets
 from array import array
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,8 +34,6 @@ from tui.model.traffic import RequestRecord
 BLOCK_SIZE = 512
 SESSION_HEADERS = ("x-session-id", "x-correlation-id")
 KEY_FILE_NAME = "trace-key"
-
-Tokenize = Callable[["TraceItem"], Awaitable[list[int] | None]]
 
 
 def load_key(path: Path) -> bytes:
@@ -146,6 +142,7 @@ class TraceItem:
     delay_ms: float | None
     auth: str | None = None
     reply: str = ""  # kept only with capture_content
+    seq: int = 0  # the request's number in its engine's book (TrafficBook.add), for its shared prefix
 
 
 @dataclass(frozen=True)
@@ -171,13 +168,13 @@ def content_path(trace: Path) -> Path:
 
 
 class TraceWriter:
-    """Writes a line per finished request, in a task of its own (submit never waits)."""
+    """Writes a line per finished request, given its prompt's tokens (tui.proxy.prompts tokenises it, off the
+    request's path)."""
 
-    def __init__(self, path: Path, key: bytes, tokenize: Tokenize, engines: dict[str, str],
-                 block_size: int = BLOCK_SIZE, capture_content: bool = False) -> None:
+    def __init__(self, path: Path, key: bytes, engines: dict[str, str], block_size: int = BLOCK_SIZE,
+                 capture_content: bool = False) -> None:
         self.path = path
         self.key = key
-        self.tokenize = tokenize
         self.engines = engines
         self.block_size = block_size
         self.capture_content = capture_content
@@ -186,14 +183,13 @@ class TraceWriter:
         self.started_wall: float | None = None
         self.written = 0
         self.failures: list[str] = []  # why a request could not be traced, newest last (bounded)
-        self._queue: asyncio.Queue[TraceItem | None] = asyncio.Queue()
-        self._task: asyncio.Task[None] | None = None
+        self._file: Any = None
+        self._content: Any = None
 
     def start(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = self.path.open("ab")
         self._content = content_path(self.path).open("ab") if self.capture_content else None
-        self._task = asyncio.create_task(self._run(), name="trace writer")
 
     def session(self, request: dict[str, Any], header: str | None, started_wall: float, reply: str,
                 ended_wall: float) -> tuple[str | None, float | None]:
@@ -207,37 +203,30 @@ class TraceWriter:
         self.sessions.finished(session, messages, reply, ended_wall)
         return session, delay
 
-    def submit(self, item: TraceItem) -> None:
+    def submitted(self, item: TraceItem) -> None:
+        """A request will be traced: the meta file is written with the first one."""
         if self.started_wall is None:
             self.started_wall = item.record.started_wall
             TraceMeta(self.block_size, self._tokenizer_name(), self.engines, key_id(self.key),
                       self.started_wall).write(meta_path(self.path))
-        self._queue.put_nowait(item)
 
     def _tokenizer_name(self) -> str:
         names = ", ".join(f"{n} ({u})" for n, u in self.engines.items())
         return f"the engine's own: /apply-template + /tokenize (llama.cpp) or /tokenize (vLLM) on {names}"
 
-    async def _run(self) -> None:
-        while (item := await self._queue.get()) is not None:
-            try:
-                await self._write(item)
-            except Exception as exc:  # a line lost is said, never the proxy stopped
-                self._failed(f"{item.record.engine} {item.path}: {type(exc).__name__}: {exc}")
-
-    def _failed(self, why: str) -> None:
+    def failed(self, why: str) -> None:
         self.failures = [*self.failures[-99:], why]
 
-    async def _write(self, item: TraceItem) -> None:
+    def write(self, item: TraceItem, tokens: list[int] | None) -> None:
+        """Its line, from the prompt's tokens as the engine made them (None: the engine did not say)."""
         record = item.record
         if record.prompt_tokens is None or record.completion_tokens is None:
-            self._failed(f"{record.engine} {item.path}: the engine gave no usage, so no lengths to trace")
+            self.failed(f"{record.engine} {item.path}: the engine gave no usage, so no lengths to trace")
             return
-        tokens = await self.tokenize(item)
         if tokens is None:
-            self._failed(f"{record.engine} {item.path}: the engine could not tokenise the prompt")
+            self.failed(f"{record.engine} {item.path}: the engine could not tokenise the prompt")
             tokens = []
-        assert self.started_wall is not None
+        assert self.started_wall is not None and self._file is not None
         line: dict[str, Any] = {
             "timestamp": round((record.started_wall - self.started_wall) * 1000.0),
             "input_length": record.prompt_tokens,
@@ -259,17 +248,9 @@ class TraceWriter:
             self._content.flush()
         self.written += 1
 
-    async def close(self, timeout_s: float = 10.0) -> None:
-        """Write what is queued (each line still needs its tokenize call), then close the files."""
-        if self._task is None:
-            return
-        self._queue.put_nowait(None)
-        try:
-            await asyncio.wait_for(self._task, timeout_s)
-        except TimeoutError:
-            self._task.cancel()
-            self._failed(f"{self._queue.qsize()} requests not traced: the engine did not tokenise in time")
-        self._file.close()
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
         if self._content is not None:
             self._content.close()
-        self._task = None
+        self._file = self._content = None

@@ -16,6 +16,7 @@ from typing import Any
 from tui.fleet.source import FleetSource
 from tui.live.feed import Source
 from tui.live.store import EngineState, Store
+from tui.model.config import EngineConfig
 from tui.model.samples import EngineSample, EngineStats
 from tui.record.codec import encode
 from tui.run.sources import RunOptions, build_sources
@@ -46,9 +47,22 @@ def engine_json(state: EngineState) -> dict[str, Any]:
         # llama-server: its slots; in router mode each model with its status (and a loaded one's figures)
         "slots": encode(sample.slots) if sample.slots is not None else None,
         "models": [encode(m) for m in sample.models] if sample.models is not None else None,
+        # what the engine is really set to, and what that means for its traffic (tui.findings)
+        "config": config_json(sample.config),
+        "findings": [f.json() for f in state.findings],
     }
     out.update(dataclasses.asdict(state.stats))
+    if state.traffic is not None:
+        out["traffic"] = dataclasses.asdict(state.traffic.stats) | {"proxy_url": state.traffic.proxy_url,
+                                                                    "error": state.traffic.error}
     return out
+
+
+def config_json(config: EngineConfig | None) -> dict[str, Any] | None:
+    """The configuration as JSON: every field, and its one-line summary."""
+    if config is None:
+        return None
+    return {**dataclasses.asdict(config), "published": dict(config.published), "summary": config.summary()}
 
 
 def fleet_engine_json(s: EngineSample, source: FleetSource) -> dict[str, Any]:
@@ -89,7 +103,7 @@ async def take_snapshot(options: RunOptions, interval: float = 1.0, *,
         started = asyncio.get_running_loop().time()
         await read(direct)  # the host's first reading primes its CPU meter
         await asyncio.sleep(max(0.0, interval - (asyncio.get_running_loop().time() - started)))
-        await read([*direct, *(run.fleet.all() if run.fleet else [])])
+        await read([*direct, *run.traffic, *(run.fleet.all() if run.fleet else [])])
     finally:
         await run.aclose()
     names = {e.target.name for e in run.engines}

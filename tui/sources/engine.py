@@ -12,17 +12,19 @@ import functools
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
 
+from tui.model.config import EngineConfig
 from tui.model.samples import EngineReading, EngineSample, Health, RoutedModel, RouterKind
 from tui.model.slots import SlotsReading
 from tui.model.targets import EngineTarget
 from tui.net.keepalive import StreamLines, Transport, exchange
 from tui.net.policy import InsecureSecret, error_text, public_url, target_headers
 from tui.sources import swap as swap_source
+from tui.sources.config import read_config
 from tui.sources.metrics import MetricsFormatError, names_query, parse_reading
 from tui.sources.router import NEEDS_MODEL, plural, read_router
 from tui.sources.slots import SLOTS_PATH, parse_slots
@@ -391,3 +393,28 @@ def _scrub(message: str | None, target: EngineTarget) -> str | None:
     for secret in secrets:
         message = message.replace(secret, "***")
     return message
+
+
+async def poll_config(transport: Transport, target: EngineTarget, dialect: str, *,
+                      slots: SlotsReading | None = None, pid: int | None = None, remote: bool = False,
+                      timeout: float = 2.0) -> EngineConfig | None:
+    """The engine's effective configuration (tui.sources.config), read with the poller's own transport and
+    key; every message scrubbed of secrets."""
+    try:
+        headers = target_headers(target)
+    except InsecureSecret:
+        return None
+
+    async def fetch(path: str) -> tuple[int, bytes]:
+        try:
+            status, body, over = await _fetch(transport, target, path, headers, timeout, 8 * 2**20)
+        except _Failed as exc:
+            raise ValueError(_scrub(str(exc), target)) from None
+        if over:
+            raise ValueError("the answer is larger than 8 MiB; not read")
+        return status, body
+
+    config = await read_config(fetch, dialect, slots=slots, pid=pid, remote=remote)
+    if config is None or not config.lacks:
+        return config
+    return replace(config, lacks=tuple(_scrub(x, target) or "" for x in config.lacks))

@@ -13,11 +13,12 @@ from dataclasses import replace
 from urllib.parse import urlsplit
 
 from tui.base.process import pid_alive
-from tui.model.samples import EngineSample
+from tui.model.config import EngineConfig
+from tui.model.samples import EngineReading, EngineSample
 from tui.model.targets import EngineTarget
 from tui.net.keepalive import Transports, exchange
 from tui.net.policy import is_loopback_host, target_headers
-from tui.sources.engine import NameFilter, poll_engine
+from tui.sources.engine import NameFilter, poll_config, poll_engine
 from tui.sources.host import pids_listening
 from tui.sources.router import SSE_PATH, LoadProgress
 
@@ -27,6 +28,9 @@ PID_RESCAN_S = 30.0  # who listens on a watched port: a walk of every socket, an
 # An idle llama-server's /slots is given again while its /metrics does not move (no request ran since), but
 # asked at least this often: erasing or restoring a slot's cache (POST /slots/ID) moves no counter.
 IDLE_SLOTS_REFRESH_S = 5.0
+# The configuration is read again when the engine (re)starts, and this often anyway: a server can be given new
+# settings without its counters going back (a router's model reloaded, a llama-swap restart between polls).
+CONFIG_REFRESH_S = 60.0
 
 
 class EngineSource:
@@ -34,12 +38,14 @@ class EngineSource:
     an answer from the engine it replaced is dropped."""
 
     def __init__(self, target: EngineTarget, transports: Transports, interval_s: float = 1.0,
-                 launched_by_us: bool = False, timeout_s: float | None = None) -> None:
+                 launched_by_us: bool = False, timeout_s: float | None = None,
+                 read_config: bool = True) -> None:
         self.target = target
         self.timeout_s = min(2.0, interval_s * 2) if timeout_s is None else timeout_s
         self.transports = transports
         self.interval_s = interval_s
         self.launched_by_us = launched_by_us  # a refused connection then reads "starting", not "down"
+        self.read_config = read_config  # the engine's configuration too (tui.sources.config)
         self.name = f"engine {target.name}"
         self._last: EngineSample | None = None
         self._model_asked = 0.0
@@ -48,6 +54,7 @@ class EngineSource:
         self._progress = LoadProgress()
         self._only: tuple[EngineTarget, NameFilter] | None = None  # once a poll found a vLLM at the target
         self._slots_asked: tuple[EngineTarget, float] | None = None  # whose /slots were last asked, and when
+        self._config: tuple[EngineTarget, float, EngineConfig | None] | None = None  # whose, when read, what
 
     async def read(self) -> list[EngineSample]:
         started = time.monotonic()
@@ -88,8 +95,37 @@ class EngineSource:
         if reuse is None or sample.slots is not reuse[1]:  # asked (or none to ask)
             self._slots_asked = (target, started)
         sample = self._with_load_progress(sample)
+        sample = await self._with_config(sample, last, started)
+        if target is not self.target:
+            return []
         self._last = sample
         return [sample]
+
+    async def _with_config(self, sample: EngineSample, last: EngineSample | None,
+                           started: float) -> EngineSample:
+        """The sample with the engine's configuration: read again when it (re)started (it was not up, or its
+        counters went back) and every CONFIG_REFRESH_S; a router's models have none of their own here."""
+        target = self.target
+        kept = self._config if self._config is not None and self._config[0] is target else None
+        if not self.read_config:
+            return sample
+        if sample.health != "up" or sample.reading is None or sample.router is not None:
+            return sample if kept is None or kept[2] is None else replace(sample, config=kept[2])
+        restarted = last is None or last.health != "up" or last.reading is None or _went_back(
+            last.reading, sample.reading)
+        if kept is not None and not restarted and started - kept[1] < CONFIG_REFRESH_S:
+            return sample if kept[2] is None else replace(sample, config=kept[2])
+        pid = None
+        remote = not is_local(target.url)
+        if not remote and (port := urlsplit(target.url).port):
+            host = urlsplit(target.url).hostname
+            found = await asyncio.to_thread(pids_listening, [(None if host in (None, "0.0.0.0") else host,
+                                                              port)])
+            pid = next(iter(found.values()), None)
+        config = await poll_config(self.transports.for_url(target.url), target, sample.reading.dialect,
+                                   slots=sample.slots, pid=pid, remote=remote, timeout=self.timeout_s * 2)
+        self._config = (target, started, config)
+        return sample if config is None else replace(sample, config=config)
 
     def _with_load_progress(self, sample: EngineSample) -> EngineSample:
         """A router loading a model: follow its event stream while it does, for the load's progress."""
@@ -130,6 +166,14 @@ class EngineSource:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._follow
             self._follow = None
+
+
+def _went_back(before: EngineReading, now: EngineReading) -> bool:
+    """The engine restarted between two polls: its counters of requests or tokens went back."""
+    return any(b is not None and n is not None and n < b for b, n in (
+        (before.generation_tokens_total, now.generation_tokens_total),
+        (before.prompt_tokens_processed_total, now.prompt_tokens_processed_total),
+        (before.requests_finished_total, now.requests_finished_total)))
 
 
 def is_local(url: str) -> bool:

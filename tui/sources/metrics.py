@@ -33,7 +33,7 @@ class MetricsFormatError(ValueError):
 @dataclass(frozen=True, slots=True)
 class _Source:
     field: str
-    kind: str  # "sum" | "mean" | "hist"
+    kind: str  # "sum" | "mean" | "hist" | "pos" (a count per `position` label, position 0 first)
     families: tuple[str, ...]  # parser family names (counters without `_total`), first present wins
     label: tuple[str, str] | None = None  # only the series with this (label, value)
 
@@ -55,6 +55,7 @@ _DIALECTS: dict[Dialect, tuple[_Source, ...]] = {
         _s("spec_drafts_total", "sum", "llamacpp:spec_decode_num_drafts"),
         _s("spec_draft_tokens_total", "sum", "llamacpp:spec_decode_num_draft_tokens"),
         _s("spec_accepted_tokens_total", "sum", "llamacpp:spec_decode_num_accepted_tokens"),
+        _s("spec_accepted_per_pos", "pos", "llamacpp:spec_decode_num_accepted_tokens_per_pos"),
     ),
     "vllm": (
         _s("running", "sum", "vllm:num_requests_running"),
@@ -73,6 +74,7 @@ _DIALECTS: dict[Dialect, tuple[_Source, ...]] = {
         _s("spec_drafts_total", "sum", "vllm:spec_decode_num_drafts"),
         _s("spec_draft_tokens_total", "sum", "vllm:spec_decode_num_draft_tokens"),
         _s("spec_accepted_tokens_total", "sum", "vllm:spec_decode_num_accepted_tokens"),
+        _s("spec_accepted_per_pos", "pos", "vllm:spec_decode_num_accepted_tokens_per_pos"),
         _s("requests_finished_total", "sum", "vllm:request_success"),
         _s("ttft_buckets", "hist", "vllm:time_to_first_token_seconds"),
         # time_per_output_token_seconds: same quantity and buckets before the 0.11 rename.
@@ -115,6 +117,7 @@ def names_query(dialect: Dialect) -> str:
     histogram (its `_sum`/`_count` are not read)."""
     names = [fam + suffix for src in _DIALECTS.get(dialect, ()) for fam in src.families
              for suffix in (("_bucket",) if src.kind == "hist" else ("", "_total"))]
+
     return urlencode([("name[]", name) for name in names])
 
 
@@ -183,6 +186,26 @@ def _buckets(family: str, samples: Iterable) -> Buckets | None:
     return tuple(sorted(by_bound.items()))
 
 
+def _positions(samples: Iterable, names: tuple[str, str]) -> tuple[float, ...] | None:
+    """A counter per draft position (label `position`, summed over the others), position 0 first; positions
+    never reported read 0 (an engine that drafted to depth 4 reports 0..3)."""
+    by_pos: dict[int, float] = {}
+    for s in samples:
+        if s.name not in names:
+            continue
+        try:
+            pos = int(s.labels.get("position", ""))
+        except ValueError:
+            continue
+        value = float(s.value)
+        if not _finite(value) or pos < 0 or pos > 64:
+            return None
+        by_pos[pos] = by_pos.get(pos, 0.0) + value
+    if not by_pos:
+        return None
+    return tuple(by_pos.get(i, 0.0) for i in range(max(by_pos) + 1))
+
+
 def parse_reading(text: str) -> EngineReading:
     """Parse a /metrics body (classic Prometheus text). Raises MetricsFormatError for malformed input."""
     return _parse_selected(detect_dialect(text), "\n".join(select_lines(text)) + "\n")
@@ -227,6 +250,8 @@ def _parse_selected(dialect: Dialect, selected: str) -> EngineReading:
                 continue
             if src.kind == "hist":
                 values[field] = _buckets(fam_name, samples[fam_name]) if fam_name in histograms else None
+            elif src.kind == "pos":
+                values[field] = _positions(samples[fam_name], (fam_name, fam_name + "_total"))
             else:
                 names = (fam_name, fam_name + "_total")
                 values[field] = _scalar(samples[fam_name], names, src.kind, src.label)

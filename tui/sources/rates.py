@@ -146,6 +146,31 @@ def _deltas(prev: EngineReading, cur: EngineReading) -> _Deltas:
     return d, hist
 
 
+def _per_position(prev: tuple[float, ...] | None, cur: tuple[float, ...] | None,
+                  drafts: float | None) -> tuple[float, ...] | None:
+    """Accepted tokens per draft position over the window, as shares of the window's drafts (a position that
+    appeared meanwhile counts from 0)."""
+    if prev is None or cur is None or not drafts or drafts <= 0:
+        return None
+    before = (*prev, *(0.0,) * (len(cur) - len(prev)))
+    deltas = [c - p for c, p in zip(cur, before, strict=False)]
+    if any(d < 0 for d in deltas):
+        return None
+    return tuple(d / drafts for d in deltas)
+
+
+def spec_totals(cur: EngineReading) -> tuple[float | None, float | None, tuple[float, ...] | None]:
+    """Acceptance rate, mean accepted length and acceptance per position since the engine started: its
+    counters' totals, so there are figures even when no request ran between two readings."""
+    drafts, drafted = cur.spec_drafts_total, cur.spec_draft_tokens_total
+    accepted = cur.spec_accepted_tokens_total
+    rate = _ratio(accepted, drafted)
+    per_draft = _ratio(accepted, drafts)
+    per_pos = tuple(a / drafts for a in cur.spec_accepted_per_pos) \
+        if cur.spec_accepted_per_pos is not None and drafts else None
+    return rate, None if per_draft is None else 1.0 + per_draft, per_pos
+
+
 def went_back(prev: EngineReading, cur: EngineReading) -> bool:
     """The engine restarted between two readings: another dialect, or a counter or bucket went down.
     The test _deltas makes, without building the deltas (the store asks it of every reading)."""
@@ -200,6 +225,7 @@ def derive(prev: EngineReading, prev_t: float, cur: EngineReading, cur_t: float,
         accept_length = None if per_draft is None else 1.0 + per_draft
     else:
         accept_length = gauges["length"]
+    total_rate, total_length, total_pos = spec_totals(cur)
     return EngineStats(
         prompt_processed_tps=rate(d["prompt_tokens_processed_total"]),
         prompt_computed_tps=rate(_computed(d)),
@@ -208,6 +234,12 @@ def derive(prev: EngineReading, prev_t: float, cur: EngineReading, cur_t: float,
         prefix_cache_hit_rate=hit_rate,
         spec_accept_rate=accept_rate,
         spec_accept_length=accept_length,
+        spec_accept_per_pos=_per_position(prev.spec_accepted_per_pos, cur.spec_accepted_per_pos,
+                                          d["spec_drafts_total"]),
+        spec_drafts_per_s=rate(d["spec_drafts_total"]),
+        spec_accept_rate_total=total_rate,
+        spec_accept_length_total=total_length,
+        spec_accept_per_pos_total=total_pos,
         ttft_p50_s=quantile("ttft_buckets", 0.5),
         ttft_p90_s=quantile("ttft_buckets", 0.9),
         itl_p50_s=quantile("itl_buckets", 0.5),

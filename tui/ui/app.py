@@ -563,6 +563,7 @@ class EnginetopApp(App[None]):
                 if slot.failure and status.state == "idle":
                     status = dataclasses.replace(status, state="failed", message=slot.failure)
                 slot.status = status
+                self.store.engine_start(slot.target.name, status.start_memory)
                 if self._states.changed(slot.index, status):  # a crash, a start, a stop: kept
                     self.record_event("engine-state", slot.target.name, status.event_data())
         self._check_recorder()

@@ -1,0 +1,412 @@
+"""Read an engine's effective configuration from the running engine (tui.model.config.EngineConfig).
+
+- llama-server: GET /props (the per-slot n_ctx, total_slots, model, build, modalities), GET /slots (each
+  slot's n_ctx, whether a draft is configured) and, for an engine on this machine, the listening process's
+  argv and its LLAMA_ARG_* environment: the total context, -np, --kv-unified, the KV cache types, flash
+  attention, GPU layers, batch sizes, the speculative type, depth, p-min and draft model. /props gives the
+  context of one slot; whether the slots share one KV pool or split -c between them is only on the command
+  line (or the start-up log): `-np N` without `--kv-unified` splits it, `-np` left at auto (4 slots) shares
+  it.
+- vLLM: the labels of `vllm:cache_config_info` in /metrics (the KV pool in tokens, block size, prefix caching,
+  cache dtype, ...), max_model_len from /v1/models, the version from /version, and the argv when local.
+- SGLang: GET /get_server_info (server args and the scheduler's max_total_num_tokens). It also carries the
+  server's API keys in clear: only the named fields below are read from it, never shown whole.
+
+Every secret on a command line is masked (`--api-key VALUE`, `--hf-token VALUE`; an `--api-key-file` keeps its
+path, its content is never read). What cannot be read is said in `lacks`. Nothing here imports Textual.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+from urllib.parse import urlencode
+
+import psutil
+from prometheus_client.parser import text_string_to_metric_families
+
+from tui.base.secrets import REDACTED, is_key_flag
+from tui.model.config import EngineConfig
+from tui.model.slots import SlotsReading
+
+Fetch = Callable[[str], Awaitable[tuple[int, bytes]]]  # GET path -> (status, body); raises ValueError
+
+CACHE_INFO = "vllm:cache_config_info"
+_SPEC_DRAFTS = "vllm:spec_decode_num_drafts_total"  # registered only when speculative decoding is configured
+_TOKEN_FLAGS = ("--hf-token", "--hf_token", "--admin-api-key", "--admin_api_key")
+# llama-server's environment twins of its flags (LLAMA_ARG_*): read for the process we look at, never a key
+_LLAMA_ENV = {"LLAMA_ARG_CTX_SIZE": "--ctx-size", "LLAMA_ARG_N_PARALLEL": "--parallel",
+              "LLAMA_ARG_KV_UNIFIED": "--kv-unified", "LLAMA_ARG_CACHE_TYPE_K": "--cache-type-k",
+              "LLAMA_ARG_CACHE_TYPE_V": "--cache-type-v", "LLAMA_ARG_FLASH_ATTN": "--flash-attn",
+              "LLAMA_ARG_N_GPU_LAYERS": "--n-gpu-layers", "LLAMA_ARG_BATCH": "--batch-size",
+              "LLAMA_ARG_UBATCH": "--ubatch-size"}
+
+
+def mask_argv(argv: Sequence[str]) -> tuple[str, ...]:
+    """argv with every secret's value replaced by *** (key flags in any spelling an engine takes, tokens)."""
+    out: list[str] = []
+    hide = False
+    for arg in argv:
+        if hide:
+            out.append(REDACTED)
+            hide = False
+            continue
+        name = arg.split("=", 1)[0]
+        if is_key_flag(arg) or name in _TOKEN_FLAGS:
+            if "=" in arg:
+                arg = f"{name}={REDACTED}"
+            else:
+                hide = True
+        out.append(arg)
+    return tuple(out)
+
+
+def _options(argv: Sequence[str]) -> dict[str, str]:
+    """Flag -> its value ('' for a switch), the last one winning as in the engines' own parsers."""
+    out: dict[str, str] = {}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg.startswith("-") and not _number(arg):
+            if "=" in arg and arg.startswith("--"):
+                name, value = arg.split("=", 1)
+                out[name] = value
+            elif i + 1 < len(argv) and not (argv[i + 1].startswith("-") and not _number(argv[i + 1])):
+                out[arg] = argv[i + 1]
+                i += 1
+            else:
+                out[arg] = ""
+        i += 1
+    return out
+
+
+def _number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _pick(opts: dict[str, str], *names: str) -> str | None:
+    for name in names:
+        if name in opts:
+            return opts[name]
+    return None
+
+
+def _int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    try:
+        return int(str(value))
+    except (TypeError, ValueError):
+        return None
+
+
+def _float(value: Any) -> float | None:
+    try:
+        return float(value) if value is not None and not isinstance(value, bool) else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _json(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except ValueError:
+        return None
+
+
+# ---------------------------------------------------------------- the local process
+
+
+def local_command(pid: int) -> tuple[list[str], dict[str, str]] | str:
+    """The process's argv and its LLAMA_ARG_* environment, or why they cannot be read."""
+    try:
+        proc = psutil.Process(pid)
+        argv = proc.cmdline()
+    except psutil.NoSuchProcess:
+        return f"argv: the process listening on its port (PID {pid}) has exited"
+    except psutil.AccessDenied:
+        return f"argv: PID {pid} belongs to another user"
+    try:
+        env = {k: v for k, v in proc.environ().items() if k in _LLAMA_ENV}
+    except psutil.Error:
+        env = {}
+    return argv, env
+
+
+# ---------------------------------------------------------------- llama-server
+
+
+def llama_config(props: dict[str, Any] | None, slots: SlotsReading | None,
+                 command: tuple[list[str], dict[str, str]] | str | None, lacks: list[str],
+                 pid: int | None = None) -> EngineConfig:
+    sources: list[str] = []
+    fields: dict[str, Any] = {}
+    if props is not None:
+        sources.append("/props")
+        settings = props.get("default_generation_settings")
+        n_ctx = _int(settings.get("n_ctx")) if isinstance(settings, dict) else None
+        if n_ctx is None:
+            lacks.append("/props has no default_generation_settings.n_ctx (an older llama-server)")
+        fields["context_tokens"] = n_ctx
+        fields["slots"] = _int(props.get("total_slots"))
+        if fields["slots"] is None:
+            lacks.append("/props has no total_slots (an older llama-server)")
+        fields["model"] = props.get("model_path") or props.get("model_alias")
+        build = props.get("build_info")
+        fields["version"] = build if isinstance(build, str) and build else None
+        modalities = props.get("modalities")
+        if isinstance(modalities, dict):
+            fields["modalities"] = tuple(k for k, v in modalities.items() if v is True)
+    if slots is not None and slots.error is None and slots.slots:
+        sources.append("/slots")
+        if fields.get("context_tokens") is None:
+            fields["context_tokens"] = slots.slots[0].n_ctx
+        if fields.get("slots") is None:
+            fields["slots"] = len(slots.slots)
+        if not any(s.speculative for s in slots.slots):
+            fields["spec_type"] = "off"  # /slots says no slot can draft; the argv below may name the type
+    elif slots is not None and slots.error:
+        lacks.append(f"/slots: {slots.error}")
+    argv: tuple[str, ...] = ()
+    if isinstance(command, str):
+        lacks.append(command)
+    elif command is not None:
+        raw, env = command
+        argv = mask_argv(raw)
+        sources.append(f"argv (PID {pid})" if pid is not None else "argv")
+        _llama_argv(raw, env, fields, slots)
+    return EngineConfig(engine="llama.cpp", read_wall=time.time(), argv=argv, pid=pid, sources=tuple(sources),
+                        lacks=tuple(lacks), **fields)
+
+
+def _llama_argv(raw: list[str], env: dict[str, str], fields: dict[str, Any],
+                slots: SlotsReading | None) -> None:
+    opts = {**{flag: value for key, flag in _LLAMA_ENV.items() if (value := env.get(key)) is not None},
+            **_options(raw)}
+    total = _int(_pick(opts, "-c", "--ctx-size"))
+    parallel = _int(_pick(opts, "-np", "--parallel"))
+    unified: bool | None
+    off = ("0", "false")
+    if any(f in opts for f in ("-kvu", "--kv-unified")) and opts.get("--kv-unified", "") not in off:
+        unified = True
+    elif any(f in opts for f in ("-no-kvu", "--no-kv-unified")) or opts.get("--kv-unified") in off:
+        unified = False
+    else:
+        # llama-server: slots left at auto (-np -1) share one pool; -np N alone splits -c into N parts
+        unified = parallel is None or parallel < 0
+    fields["kv_unified"] = unified
+    if total:
+        fields["kv_pool_tokens"] = total
+    ctk, ctv = _pick(opts, "-ctk", "--cache-type-k"), _pick(opts, "-ctv", "--cache-type-v")
+    if ctk or ctv:
+        k, v = ctk or "f16", ctv or "f16"
+        fields["kv_cache_dtype"] = k if k == v else f"K {k} / V {v}"
+    else:
+        fields["kv_cache_dtype"] = "f16"  # llama-server's default for both
+    # llama-server caches each slot's prompt unless told not to (a request may still opt out: cache_prompt)
+    fields["prefix_caching"] = "--no-cache-prompt" not in opts
+    fields["flash_attn"] = _pick(opts, "-fa", "--flash-attn")
+    fields["gpu_layers"] = _pick(opts, "-ngl", "--gpu-layers", "--n-gpu-layers")
+    fields["batch_size"] = _int(_pick(opts, "-b", "--batch-size"))
+    fields["ubatch_size"] = _int(_pick(opts, "-ub", "--ubatch-size"))
+    draft = _pick(opts, "-md", "--model-draft", "--spec-draft-model")
+    spec = _pick(opts, "--spec-type")
+    speculates = slots is not None and any(s.speculative for s in slots.slots)
+    if spec is None and draft:
+        spec = "draft-simple"
+    if spec is None:
+        spec = "off" if not speculates else None
+    fields["spec_type"] = spec if spec != "none" else "off"
+    if fields["spec_type"] not in (None, "off"):
+        fields["spec_n_max"] = _int(_pick(opts, "--spec-draft-n-max")) or 3  # llama-server's default depth
+        fields["spec_n_min"] = _int(_pick(opts, "--spec-draft-n-min", "--draft-min", "--draft-n-min"))
+        fields["spec_p_min"] = _float(_pick(opts, "--spec-draft-p-min", "--draft-p-min"))
+        fields["spec_draft_model"] = draft.rsplit("/", 1)[-1] if draft else None
+        rates, length = _pick(opts, "--spec-synth-rates"), _pick(opts, "--spec-synth-len")
+        fields["spec_synthetic"] = f"rates {rates}" if rates else f"len {length}" if length else None
+
+
+# ---------------------------------------------------------------- vLLM
+
+
+def cache_config_labels(metrics_text: str) -> dict[str, str] | None:
+    """The labels of vllm:cache_config_info in a /metrics body (None: the engine does not publish it)."""
+    start = metrics_text.find(CACHE_INFO + "{")
+    if start < 0:
+        return None
+    end = metrics_text.find("\n", start)
+    line = metrics_text[start:end if end >= 0 else None]
+    try:
+        for family in text_string_to_metric_families(line + "\n"):
+            for sample in family.samples:
+                return dict(sample.labels)
+    except ValueError:
+        return None
+    return None
+
+
+def _truthy(value: str | None) -> bool | None:
+    if value is None:
+        return None
+    return {"true": True, "false": False}.get(value.strip().lower())
+
+
+def vllm_config(labels: dict[str, str] | None, models: Any, version: str | None,
+                command: tuple[list[str], dict[str, str]] | str | None, lacks: list[str],
+                spec_counters: bool | None = None, pid: int | None = None) -> EngineConfig:
+    sources: list[str] = []
+    fields: dict[str, Any] = {"version": version}
+    if version is not None:
+        sources.append("/version")
+    if labels is not None:
+        sources.append("cache_config_info")
+        fields.update(
+            kv_pool_tokens=_int(labels.get("kv_cache_size_tokens")),
+            block_size=_int(labels.get("block_size")),
+            prefix_caching=_truthy(labels.get("enable_prefix_caching")),
+            kv_cache_dtype=labels.get("cache_dtype"),
+            gpu_memory_utilization=_float(labels.get("gpu_memory_utilization")),
+            kv_max_concurrency=_float(labels.get("kv_cache_max_concurrency")),
+            mamba_cache_mode=labels.get("mamba_cache_mode") if labels.get("mamba_cache_mode") not in (
+                None, "none", "None") else None,
+            published=tuple(sorted(labels.items())))
+        if fields["kv_pool_tokens"] is None:
+            lacks.append("cache_config_info has no kv_cache_size_tokens (a vLLM before it was published)")
+    else:
+        lacks.append("/metrics has no vllm:cache_config_info: KV pool and prefix caching not published")
+    data = models.get("data") if isinstance(models, dict) else None
+    if isinstance(data, list) and data and isinstance(data[0], dict):
+        sources.append("/v1/models")
+        fields["model"] = data[0].get("id")
+        fields["context_tokens"] = _int(data[0].get("max_model_len"))
+        if fields["context_tokens"] is None:
+            lacks.append("/v1/models gives no max_model_len")
+    if spec_counters is not None:
+        fields["spec_type"] = "on" if spec_counters else "off"
+    argv: tuple[str, ...] = ()
+    if isinstance(command, str):
+        lacks.append(command)
+    elif command is not None:
+        raw = command[0]
+        argv = mask_argv(raw)
+        sources.append(f"argv (PID {pid})" if pid is not None else "argv")
+        opts = _options(raw)
+        if (seqs := _int(opts.get("--max-num-seqs"))) is not None:
+            fields["slots"] = seqs
+        spec = _pick(opts, "--speculative-config", "--speculative_config")
+        if spec is not None:
+            parsed = _json(spec.encode())
+            if isinstance(parsed, dict):
+                fields["spec_type"] = str(parsed.get("method") or parsed.get("model") or "on")
+                fields["spec_n_max"] = _int(parsed.get("num_speculative_tokens"))
+                fields["spec_draft_model"] = parsed.get("model")
+    return EngineConfig(engine="vLLM", read_wall=time.time(), argv=argv, pid=pid, sources=tuple(sources),
+                        lacks=tuple(lacks), **fields)
+
+
+# ---------------------------------------------------------------- SGLang
+
+
+def sglang_config(info: Any, command: tuple[list[str], dict[str, str]] | str | None,
+                  lacks: list[str], pid: int | None = None) -> EngineConfig:
+    """Only named fields of /get_server_info: the same answer holds the server's API keys."""
+    sources: list[str] = []
+    fields: dict[str, Any] = {}
+    if isinstance(info, dict):
+        sources.append("/get_server_info")
+        states = info.get("internal_states")
+        state = states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
+
+        def get(key: str) -> Any:
+            return info.get(key, state.get(key))
+
+        radix = get("disable_radix_cache")
+        algorithm = get("speculative_algorithm")
+        fields.update(
+            version=get("version") if isinstance(get("version"), str) else None,
+            model=get("served_model_name") if isinstance(get("served_model_name"), str) else None,
+            context_tokens=_int(get("context_length")), kv_pool_tokens=_int(get("max_total_num_tokens")),
+            slots=_int(get("max_running_requests")),
+            prefix_caching=None if not isinstance(radix, bool) else not radix,
+            kv_cache_dtype=get("kv_cache_dtype") if isinstance(get("kv_cache_dtype"), str) else None,
+            block_size=_int(get("page_size")),
+            gpu_memory_utilization=_float(get("mem_fraction_static")),
+            spec_type=str(algorithm) if algorithm else "off",
+            spec_n_max=_int(get("speculative_num_draft_tokens")) if algorithm else None)
+        if fields["context_tokens"] is None:
+            lacks.append("/get_server_info gives no context_length")
+    argv: tuple[str, ...] = ()
+    if isinstance(command, str):
+        lacks.append(command)
+    elif command is not None:
+        argv = mask_argv(command[0])
+        sources.append(f"argv (PID {pid})" if pid is not None else "argv")
+    return EngineConfig(engine="SGLang", read_wall=time.time(), argv=argv, pid=pid, sources=tuple(sources),
+                        lacks=tuple(lacks), **fields)
+
+
+# ---------------------------------------------------------------- reading it
+
+
+async def read_config(fetch: Fetch, dialect: str, *, slots: SlotsReading | None = None,
+                      metrics_text: str | None = None, pid: int | None = None,
+                      remote: bool = False) -> EngineConfig | None:
+    """The configuration of a running engine of `dialect` (as /metrics named it), asked with `fetch`.
+    `metrics_text`: a /metrics body just read (vLLM's cache_config_info is in it). `pid`: the local process
+    that listens on the engine's port; `remote`: the engine is on another machine (its argv cannot be read).
+    None for an engine of no known dialect."""
+    lacks: list[str] = []
+    command: tuple[list[str], dict[str, str]] | str | None
+    if remote:
+        command = "argv: the engine runs on another machine"
+    elif pid is None:
+        command = "argv: no process of this machine was found listening on its port"
+    else:
+        command = local_command(pid)
+
+    async def get_json(path: str) -> Any:
+        try:
+            status, body = await fetch(path)
+        except ValueError as exc:
+            lacks.append(f"{path}: {exc}")
+            return None
+        if status != 200:
+            lacks.append(f"{path} answered HTTP {status}")
+            return None
+        data = _json(body)
+        if data is None:
+            lacks.append(f"{path} is not JSON")
+        return data
+
+    if dialect == "llamacpp":
+        props = await get_json("/props")
+        return llama_config(props if isinstance(props, dict) else None, slots, command, lacks, pid)
+    if dialect == "vllm":
+        # prometheus_client's own exposition at /metrics/ honours name[]: two lines instead of thousands
+        filtered = "/metrics/?" + urlencode([("name[]", CACHE_INFO), ("name[]", _SPEC_DRAFTS)])
+        for path in (filtered, "/metrics"):
+            if metrics_text is not None and CACHE_INFO in metrics_text:
+                break
+            try:
+                status, body = await fetch(path)
+                metrics_text = body.decode("utf-8", "replace") if status == 200 else metrics_text
+            except ValueError as exc:
+                lacks.append(f"/metrics: {exc}")
+                break
+        labels = cache_config_labels(metrics_text) if metrics_text is not None else None
+        models = await get_json("/v1/models")
+        version = await get_json("/version")
+        spec = None if metrics_text is None else _SPEC_DRAFTS in metrics_text
+        return vllm_config(labels, models, version.get("version") if isinstance(version, dict) else None,
+                           command, lacks, spec, pid)
+    if dialect == "sglang":
+        return sglang_config(await get_json("/get_server_info"), command, lacks, pid)
+    return None
