@@ -41,13 +41,20 @@ class EnginePanel(Panel, can_focus=True):
     def __init__(self, name: str, **kwargs) -> None:
         super().__init__(**kwargs)
         self.engine_name = name
+        self._shown: tuple[EngineState, EngineStatus | None, Roofline | None] | None = None
         self.border_title = name
 
     def show(self, state: EngineState, status: EngineStatus | None = None,
              roof: Roofline | None = None) -> None:
-        # Before its first layout a panel has no width yet: the findings are then wrapped for a usual column
+        self._shown = (state, status, roof)
+        # Before its first layout a panel has no width yet: the findings are then wrapped for a usual column,
+        # and again to its own width once it has one (on_resize)
         width = self.size.width - 4 if self.size.width else 96
         self.redraw(render_engine(state, status, roof, width=max(40, width)))
+
+    def on_resize(self) -> None:
+        if self._shown is not None:
+            self.show(*self._shown)
 
 
 def _lifecycle_rows(grid: Rows, status: EngineStatus) -> None:
@@ -224,29 +231,31 @@ SEVERITY_STYLE = {"error": "bold white on red", "warning": "bold yellow", "info"
 LABEL_WIDTH = 16  # the widest label of a column, about
 
 
+def _wrapped(grid: Rows, label: str, text: str, width: int, style: str = "",
+             first_style: str | None = None) -> None:
+    """A long value over as many rows as the column needs (a finding, the configuration)."""
+    lines = textwrap.wrap(text, max(20, width - LABEL_WIDTH), break_on_hyphens=False) or [""]
+    for i, line in enumerate(lines):
+        shown = first_style if i == 0 and first_style else style
+        grid.add_row(label if i == 0 else "", Text(line, style=shown))
+
+
 def _config_rows(grid: Rows, config: EngineConfig | None, width: int) -> None:
     """What the engine is really set to, in one line, and what it does not publish."""
     if config is None:
         return
-    summary = config.summary()
-    for i, line in enumerate(textwrap.wrap(summary, width - LABEL_WIDTH) or [""]):
-        grid.add_row("config" if i == 0 else "", line)
+    _wrapped(grid, "config", config.summary(), width)
     if config.lacks:
-        grid.add_row("", Text(f"not published: {config.lacks[0]}"
-                              + (f" (+{len(config.lacks) - 1} more)" if len(config.lacks) > 1 else ""),
-                              style="dim"))
+        more = f" (+{len(config.lacks) - 1} more)" if len(config.lacks) > 1 else ""
+        _wrapped(grid, "", f"not published: {config.lacks[0]}{more}", width, style="dim")
 
 
 def _finding_rows(grid: Rows, findings: tuple[Finding, ...], width: int) -> None:
     """Each finding in full (wrapped to the column), since when it holds, and what to try."""
     for f in findings:
         since = f" (since {time.strftime('%H:%M:%S', time.localtime(f.since_wall))})" if f.since_wall else ""
-        lines = textwrap.wrap(f.title + since, width - LABEL_WIDTH) or [""]
-        for i, line in enumerate(lines):
-            grid.add_row(f"{f.severity.upper()}" if i == 0 else "",
-                         Text(line, style=SEVERITY_STYLE[f.severity] if i == 0 else ""))
-        for i, line in enumerate(textwrap.wrap(f.suggestion, width - LABEL_WIDTH)):
-            grid.add_row("  try" if i == 0 else "", Text(line, style="dim"))
+        _wrapped(grid, f.severity.upper(), f.title + since, width, first_style=SEVERITY_STYLE[f.severity])
+        _wrapped(grid, "  try", f.suggestion, width, style="dim")
 
 
 def _spec_rows(grid: Rows, state: EngineState, exposed: bool) -> None:

@@ -21,18 +21,23 @@ from tui.cli.options import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, add_o
 from tui.compare.engines import ProfileEngine, StartError, new_manager
 from tui.lifecycle.profiles import Profile, ProfileError, load_profiles
 from tui.model.bench import RunState
+from tui.model.samples import EngineSample
 from tui.model.slo import Slo, SloError
 from tui.model.targets import EngineTarget
 from tui.net.loop import run_loop
 from tui.probe.client import ProbeLimits
+from tui.probe.results import ProbeResult
 from tui.proxy.headroom import MeasuredCapacity, save_capacities
+from tui.run.snapshot import config_json
 from tui.run.targets import build_targets
+from tui.sources.engine_source import read_once
 from tui.workload.bench import Bench, EngineRun, engine_json, summarize, table
 from tui.workload.capacity import Capacity, CapacityResult, Search, curve_table
+from tui.workload.evidence import run_findings
 from tui.workload.formats import WorkloadError, load_workload
 from tui.workload.live import LiveFile, Shown, progress_of
 from tui.workload.report import BENCH_SCHEMA, CAPACITY_SCHEMA
-from tui.workload.schedule import Mode, ScheduleError, parse_arrival, plan
+from tui.workload.schedule import Mode, Planned, ScheduleError, parse_arrival, plan
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -112,6 +117,18 @@ def _write(args: argparse.Namespace, result: dict[str, Any], text: str) -> None:
         print(text)
 
 
+def _told(engines: list[dict[str, Any]]) -> str:
+    """Each engine's configuration as captured, and what its run revealed, under the figures."""
+    lines = []
+    for e in engines:
+        if e.get("config"):
+            lines.append(f"{e['engine']}: configuration: {e['config']['summary'] or 'n/a'}")
+        for f in e.get("findings") or ():
+            lines.append(f"{e['engine']}: {f['severity'].upper()} {f['id']}: {f['title']}")
+            lines.append(f"{e['engine']}:   try: {f['suggestion']}")
+    return "".join("\n" + line for line in lines)
+
+
 @dataclass
 class Part:
     """One engine's part of a run: an engine given by URL, or a profile started for it through the safe
@@ -122,10 +139,19 @@ class Part:
     profile: Profile | None = None
     steps: list[str] = field(default_factory=list)  # the switch's steps, as they went
     error: str | None = None  # the engine could not be started
+    before: EngineSample | None = None  # the engine read before its part (its configuration) and after it
+    after: EngineSample | None = None
 
-    def json(self) -> dict[str, Any]:
+    def json(self, results: list[tuple[Planned, ProbeResult]], block_size: int | None,
+             concurrency_max: int | None) -> dict[str, Any]:
+        """The part's start, the configuration captured from the running engine, and the findings its requests
+        and the engine's own figures revealed."""
+        findings = run_findings(self.name, results, block_size, self.before, self.after, concurrency_max) \
+            if self.before is not None else []
         return {"profile": self.profile.name if self.profile else None, "switch_steps": self.steps,
-                "start_error": self.error}
+                "start_error": self.error,
+                "config": config_json(self.before.config if self.before else None),
+                "findings": [f.json() for f in findings]}
 
 
 def _parts(args: argparse.Namespace) -> list[Part]:
@@ -148,7 +174,7 @@ async def _on_engine(part: Part, manager: Any, work: Callable[[EngineTarget], Aw
     manager ran before), stopped after."""
     if part.profile is None:
         assert part.target is not None
-        await work(part.target)
+        await _measured(part, part.target, work)
         return
     print(f"enginetop: {part.name}: starting through the safe switch", file=sys.stderr, flush=True)
     engine = ProfileEngine(part.profile, manager)
@@ -162,9 +188,18 @@ async def _on_engine(part: Part, manager: Any, work: Callable[[EngineTarget], Aw
     t = started.target
     part.target = EngineTarget(part.name, t.url, t.api_key, t.basic_auth, model=t.model)
     try:
-        await work(part.target)
+        await _measured(part, part.target, work)
     finally:
         await asyncio.to_thread(engine.stop)
+
+
+async def _measured(part: Part, target: EngineTarget, work: Callable[[EngineTarget], Awaitable[Any]]) -> None:
+    """The engine read (with its configuration) before the part and after it: its findings rest on both."""
+    part.before = await read_once(target)
+    try:
+        await work(target)
+    finally:
+        part.after = await read_once(target)
 
 
 def _run_all(parts: list[Part], work: Callable[[Part, EngineTarget], Awaitable[Any]], parallel: bool,
@@ -243,8 +278,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
               "requests": len(planned), "mode": mode, "speed": args.speed, "rate": args.rate,
               "arrival": args.arrival,
               "concurrency": args.concurrency, "slo": str(slo) if slo else None, "interrupted": interrupted,
-              "wall": time.time(), "engines": [{**engine_json(runs[p.name], slo), **p.json()} for p in parts]}
-    _write(args, result, table(summaries))
+              "wall": time.time(), "engines": [
+                  {**engine_json(runs[p.name], slo),
+                   **p.json(runs[p.name].results, workload.block_size,
+                            benches[p.name].max_in_flight if p.name in benches else None)} for p in parts]}
+    _write(args, result, table(summaries) + _told(result["engines"]))
     if interrupted:
         return EXIT_INTERRUPTED
     return EXIT_FAILED if any(s.error or s.ok == 0 for s in summaries) else 0
@@ -271,6 +309,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
 
     results = {p.name: CapacityResult(p.name, "", str(search.slo), search.attainment, search.arrival)
                for p in parts}
+    searches: dict[str, Capacity] = {}
 
     levels: dict[str, tuple[Bench, float]] = {}  # each engine's current level: its bench and rate
     states: dict[str, RunState] = {p.name: "preparing" for p in parts}
@@ -281,7 +320,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
 
         found = Capacity(target, workload, search, model=args.model, limits=ProbeLimits(read_s=args.timeout),
                          on_level=told, on_bench=level_started)
-        results[part.name], states[part.name] = found.result, "running"
+        results[part.name], searches[part.name], states[part.name] = found.result, found, "running"
         await found.run()
         states[part.name] = "failed" if found.result.error else "done"
 
@@ -303,12 +342,14 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     for part in parts:
         if part.error is not None:
             results[part.name].error = f"not started: {part.error}"
+    engines = [{**results[p.name].json(),
+                **p.json(searches[p.name].sent if p.name in searches else [], workload.block_size,
+                         searches[p.name].max_in_flight if p.name in searches else None)} for p in parts]
     out = {"schema": CAPACITY_SCHEMA, "workload": workload.path, "kind": workload.kind,
            "slo": str(search.slo), "attainment": search.attainment, "arrival": search.arrival,
            "level_s": search.level_s,
-           "interrupted": interrupted, "wall": time.time(),
-           "engines": [{**results[p.name].json(), **p.json()} for p in parts]}
-    _write(args, out, curve_table(list(results.values())))
+           "interrupted": interrupted, "wall": time.time(), "engines": engines}
+    _write(args, out, curve_table(list(results.values())) + _told(engines))
     measured = [MeasuredCapacity(r.url, r.engine, r.capacity_rps, r.slo, r.attainment, r.arrival,
                                  workload.path, time.time())
                 for r in results.values() if r.capacity_rps is not None]

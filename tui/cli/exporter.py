@@ -12,6 +12,7 @@ import contextlib
 import logging
 import signal
 import sys
+from collections.abc import Coroutine
 from typing import Any
 
 from prometheus_client import disable_created_metrics
@@ -20,6 +21,7 @@ from tui.cli.options import EXIT_BAD_INPUT, add_targets
 from tui.exporter.metrics import ProbeMetrics
 from tui.exporter.schedule import ProbeScheduler, Schedule, parse_workloads
 from tui.exporter.serve import serve as serve_metrics
+from tui.exporter.watch import watch_engines
 from tui.model.targets import EngineTarget
 from tui.net.listen import ListenError, bind_message, check_free, parse_listen
 from tui.net.policy import public_url
@@ -119,17 +121,23 @@ class _UpLog:
             log.warning("%s: probes succeed again", result.engine)
 
 
-async def probe_until_stopped(scheduler: ProbeScheduler) -> None:
-    """Probe until SIGTERM, SIGINT or SIGHUP; the HTTP server runs on its own threads meanwhile."""
+async def probe_until_stopped(scheduler: ProbeScheduler,
+                              watch: Coroutine[Any, Any, None] | None = None) -> None:
+    """Probe (and `watch` the engines' own figures) until SIGTERM, SIGINT or SIGHUP; the HTTP server runs on
+    its own threads meanwhile."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.add_signal_handler(sig, stop.set)
-    task = asyncio.create_task(scheduler.run())
+    tasks = [asyncio.create_task(scheduler.run())]
+    if watch is not None:
+        tasks.append(asyncio.create_task(watch))
     await stop.wait()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 def cmd_exporter(args: argparse.Namespace) -> int:
@@ -160,7 +168,8 @@ def cmd_exporter(args: argparse.Namespace) -> int:
     runner = ProbeRunner(ProbeLimits(read_s=args.timeout))
     scheduler = ProbeScheduler(targets, schedule, _UpLog(metrics), runner)
     try:
-        asyncio.run(probe_until_stopped(scheduler))
+        watch = watch_engines(targets, metrics, min(schedule.every_s, 30.0))
+        asyncio.run(probe_until_stopped(scheduler, watch))
     finally:
         server.shutdown()
         server.server_close()

@@ -23,6 +23,8 @@ from collections.abc import Iterable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.process_collector import ProcessCollector
 
+from tui.model.findings import Finding
+from tui.model.samples import EngineStats
 from tui.probe.results import ProbeResult
 
 PREFIX = "enginetop_probe_"
@@ -168,6 +170,18 @@ class ProbeMetrics:
             ProcessCollector(registry=self.shared)
         self.up = Gauge(PREFIX + "up", "1 if the engine's last probe request succeeded, else 0", ("engine",),
                         registry=self.shared)
+        # What each engine's own figures and configuration say (tui.exporter.watch): its findings, 1 while one
+        # holds (gone when it clears), and its speculative decoding since it started
+        self.finding = Gauge("enginetop_finding", "1 while a finding holds for the engine (tui.findings)",
+                             ("engine", "id", "severity"), registry=self.shared)
+        self.spec_rate = Gauge("enginetop_spec_acceptance_rate", "accepted / drafted tokens since the engine "
+                               "started", ("engine",), registry=self.shared)
+        self.spec_length = Gauge("enginetop_spec_mean_accepted_length", "tokens a draft step gives since the "
+                                 "engine started: 1 + accepted / drafts", ("engine",), registry=self.shared)
+        self.spec_position = Gauge("enginetop_spec_acceptance_per_position", "share of drafts whose token at "
+                                   "a position (1 first) was accepted, since the engine started",
+                                   ("engine", "position"), registry=self.shared)
+        self._held: dict[str, set[tuple[str, str]]] = {}
 
     def _pair(self, engine: str, workload: str) -> _Pair:
         pair = self._pairs.get((engine, workload))
@@ -190,6 +204,21 @@ class ProbeMetrics:
         with self._lock:
             pair.families = families
             self._version += 1
+
+    def engine(self, name: str, findings: Iterable[Finding], stats: EngineStats) -> None:
+        """An engine's findings and speculative figures, as its watcher read them last."""
+        held: set[tuple[str, str]] = {(f.id, f.severity) for f in findings}
+        for gone in self._held.get(name, set()) - held:
+            self.finding.remove(name, *gone)
+        for key in held:
+            self.finding.labels(name, *key).set(1)
+        self._held[name] = held
+        for gauge, value in ((self.spec_rate, stats.spec_accept_rate_total),
+                             (self.spec_length, stats.spec_accept_length_total)):
+            if value is not None:
+                gauge.labels(name).set(value)
+        for position, rate in enumerate(stats.spec_accept_per_pos_total or (), start=1):
+            self.spec_position.labels(name, str(position)).set(rate)
 
     def exposition(self) -> bytes:
         """The whole /metrics body (text format 0.0.4): every family once, its samples from every pair."""

@@ -201,3 +201,14 @@ class LocalPids:
                 found = pids_listening(list(self.watched.values()))
                 self._pids = {n: found[a] for n, a in self.watched.items() if a in found}
         return dict(self._pids)
+
+
+async def read_once(target: EngineTarget, timeout_s: float = 5.0) -> EngineSample:
+    """One poll of an engine with its configuration: what a run (bench, capacity, A/B) records of the engine
+    it measured, before and after."""
+    transports = Transports()
+    try:
+        [sample] = await EngineSource(target, transports, timeout_s=timeout_s).read()
+    finally:
+        await transports.aclose()
+    return sample

@@ -166,6 +166,7 @@ class Bench:
         self.prompt_seed = prompt_seed
         self.sent = 0
         self._since: dict[int, float] = {}  # in flight: index -> when it was sent
+        self.max_in_flight = 0
         self._refused = 0  # connections refused in a row
         self._gone = False
         self._sending: asyncio.Future[Any] | None = None
@@ -252,6 +253,7 @@ class Bench:
                 path = COMPLETIONS_PATH if "prompt" in body else CHAT_PATH
                 self.sent += 1
                 self._since[planned.index] = time.monotonic()
+                self.max_in_flight = max(self.max_in_flight, len(self._since))
                 try:
                     result = await self.client.chat(self.target, body, workload="bench", index=planned.index,
                                                     path=path)

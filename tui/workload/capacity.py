@@ -26,6 +26,7 @@ from tui.model.slo import Slo
 from tui.model.targets import EngineTarget
 from tui.model.workload import Workload
 from tui.probe.client import ProbeLimits
+from tui.probe.results import ProbeResult
 from tui.workload.bench import Bench, EngineRun
 from tui.workload.prompts import PromptMaker
 from tui.workload.schedule import Planned, ScheduleError, gaps, parse_arrival
@@ -216,6 +217,8 @@ class Capacity:
         self.result = CapacityResult(target.name, target.url, str(search.slo), search.attainment,
                                      search.arrival)
         self._prompts: PromptMaker | None = None
+        self.sent: list[tuple[Planned, ProbeResult]] = []  # every level's requests, for the findings
+        self.max_in_flight = 0
 
     async def run(self) -> CapacityResult:
         t0 = time.monotonic()
@@ -279,6 +282,8 @@ class Capacity:
             self._keep(level_of(rate, len(planned), bench.run, self.search, stopped))
             raise
         await asyncio.gather(task, return_exceptions=True)
+        self.sent += bench.run.results
+        self.max_in_flight = max(self.max_in_flight, bench.max_in_flight)
         return self._keep(level_of(rate, len(planned), bench.run, self.search, stopped))
 
     def _keep(self, level: Level) -> Level:
