@@ -66,16 +66,19 @@ def render_probes(results: Sequence[ProbeResult],
             head.append(f" (engine {ms(server_ttft)})")
         if any(r.estimated for r in ok):
             head.append("  estimated from chunks", style="yellow")
-    table = Table(box=None, padding=(0, 1), show_edge=False, header_style="dim")
-    for col in ("#", "TTFT", "engine", "decode", "prefill", "tokens/chunks", "cached"):
-        table.add_column(col, no_wrap=True, justify="right" if col != "#" else "left")
     shown = list(results)[-SHOWN:]
+    # Speculative engines: each request's accepted / drafted tokens (llama.cpp's timings)
+    drafting = any(r.server is not None and r.server.draft_n is not None for r in shown)
+    table = Table(box=None, padding=(0, 1), show_edge=False, header_style="dim")
+    for col in ("#", "TTFT", "engine", "decode", "prefill", "tokens/chunks", "cached",
+                *(("accepted/drafted",) if drafting else ())):
+        table.add_column(col, no_wrap=True, justify="right" if col != "#" else "left")
     for r in shown:
         label = f"{r.workload}{'' if r.turn is None else f' t{r.turn}'}"
         if not r.ok:
             # short here (a long reason would squeeze every column); the latest one's reason is below whole
             short = f"failed: HTTP {r.status}" if r.status else f"failed: {r.failure or 'error'}"
-            table.add_row(label, Text(short, style="red"), "", "", "", "", "")
+            table.add_row(label, Text(short, style="red"), "", "", "", "", "", *([""] if drafting else []))
             continue
         prefill = num(r.prefill_tps, "{:.0f}")
         if r.prefill_source == "client-lower-bound":
@@ -88,7 +91,12 @@ def render_probes(results: Sequence[ProbeResult],
         gap = r.ttft_gap(ttft_gap_factor)
         ttft = Text(ms(r.ttft_s), style="yellow" if gap is not None else "")
         cached_cell = Text(cached, style="yellow" if r.cache_served else "")
-        table.add_row(label, ttft, ms(r.server_ttft_s), num(r.decode_tps), prefill, tokens, cached_cell)
+        draft = []
+        if drafting:
+            t = r.server
+            draft = [NA if t is None or t.draft_n is None else f"{t.draft_n_accepted or 0}/{t.draft_n}"]
+        table.add_row(label, ttft, ms(r.server_ttft_s), num(r.decode_tps), prefill, tokens, cached_cell,
+                      *draft)
     return Group(head, table, *_warnings(shown[-1], ttft_gap_factor))
 
 

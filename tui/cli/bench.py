@@ -28,8 +28,8 @@ from tui.net.loop import run_loop
 from tui.probe.client import ProbeLimits
 from tui.probe.results import ProbeResult
 from tui.proxy.headroom import MeasuredCapacity, save_capacities
-from tui.run.snapshot import config_json
 from tui.run.targets import build_targets
+from tui.sources.config import config_json
 from tui.sources.engine_source import read_once
 from tui.workload.bench import Bench, EngineRun, engine_json, summarize, table
 from tui.workload.capacity import Capacity, CapacityResult, Search, curve_table

@@ -130,6 +130,8 @@ def _probe_row(r: ProbeResult, gap_factor: float) -> str:
     if r.prefill_source == "client-lower-bound":
         prefill = "≥" + prefill
     status = "ok" if r.ok else f"FAILED: {r.error}"
+    if r.server is not None and r.server.draft_n is not None:  # speculative: accepted / drafted tokens
+        status += f", drafts {r.server.draft_n_accepted or 0}/{r.server.draft_n} accepted"
     row = (
         f"{r.index:>3} {'' if r.turn is None else r.turn:>4} {_ms(r.ttft_s):>9} {_ms(r.server_ttft_s):>8} "
         f"{_ms(r.connect_s):>7} {_fmt(r.decode_tps):>10} {prefill:>12} {_tokens(r.prompt_tokens, False):>7} "

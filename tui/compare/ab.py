@@ -40,11 +40,18 @@ from tui.compare.stats import (
     summarize,
     verdict,
 )
+from tui.findings.facts import spec_between
+from tui.findings.judge import judge
+from tui.model.findings import Evidence, SpecFacts
+from tui.model.samples import EngineReading
+from tui.model.targets import EngineTarget
 from tui.net.loop import run_loop
 from tui.probe.client import ProbeClient, ProbeLimits
 from tui.probe.results import ProbeResult, token_source_of
 from tui.probe.sweep import SweepConfig, SweepResult, run_sweep
 from tui.probe.workloads import WORKLOADS, WorkloadParams, request_body, run_workload
+from tui.sources.config import config_from_json, config_json
+from tui.sources.engine_source import read_once
 from tui.sources.host import CpuMeter
 
 SCHEMA = "enginetop.compare/1"
@@ -122,6 +129,10 @@ class BlockSource(Protocol):
         ...
 
 
+def _engine_target(target: Target) -> EngineTarget:
+    return EngineTarget(target.name, target.url, target.api_key, target.basic_auth, model=target.model)
+
+
 def _now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
@@ -139,6 +150,7 @@ class _Run:
     errors: list[str] = field(default_factory=list)
     versions: dict[str, str | None] = field(default_factory=dict)
     seq: int = 0
+    _before: dict[tuple[str, int], EngineReading | None] = field(default_factory=dict)
     # Made once per run: whatever per-run values WorkloadParams draws (its nonce) stay the same for every
     # request of this run, and are recorded as what the request bodies used.
     base_params: WorkloadParams = field(init=False)
@@ -181,7 +193,21 @@ class _Run:
             }
         )
         self.instances[-1]["warmup_sent"], self.instances[-1]["warmup_ok"] = self.warmup(started, instance)
+        # What this instance really runs, read from it (never from its profile), and its speculative counters
+        # before its blocks: finish() takes them again after, so warm-ups and other arms never count
+        before = run_loop(read_once(_engine_target(started.target)))
+        self.instances[-1]["config"] = config_json(before.config)
+        self._before[(arm.name, instance)] = before.reading
         return started
+
+    def finish(self, arm: Arm, started: Started, instance: int) -> None:
+        """After an instance's blocks: what speculative decoding did over them, from the engine's counters."""
+        before = self._before.pop((arm.name, instance), None)
+        after = run_loop(read_once(_engine_target(started.target))).reading
+        spec = spec_between(before, after)
+        for record in self.instances:
+            if record["arm"] == arm.name and record["instance"] == instance and record["ok"]:
+                record["spec"] = dataclasses.asdict(spec) if spec is not None else None
 
     def stop(self, arm: Arm) -> None:
         try:
@@ -388,6 +414,7 @@ def _switch(run: _Run) -> None:
             try:
                 for b in range(run.config.blocks):
                     run.block(arm, started, i, b)
+                run.finish(arm, started, i)
                 if i == 0 and run.config.concurrency:
                     run.sweep(arm, started)
             finally:
@@ -409,6 +436,9 @@ def _coresident(run: _Run) -> None:
                 for arm in order:
                     if arm.name in live:
                         run.block(arm, live[arm.name], i, b)
+            for arm in run.arms:
+                if arm.name in live:
+                    run.finish(arm, live[arm.name], i)
             if i == 0 and run.config.concurrency:
                 for arm in run.arms:
                     if arm.name in live:
@@ -485,7 +515,44 @@ def analyze_arm(result: dict[str, Any], arm: dict[str, Any]) -> dict[str, Any]:
         "mem_bw_pct": _mean_of(used, "mem_bw_pct_mean"),
         "temp_c_max": max(temps) if temps else None,
         "host_cpu_pct": _mean_block(used, "host_cpu_pct"),
+        "spec": _spec_of(result, arm["name"], all_blocks),
     }
+
+
+def _spec_of(result: dict[str, Any], arm: str, blocks: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Speculative decoding over the arm's blocks: from the engine's counters taken around each instance's
+    blocks (acceptance per position, drafts), else from each request's own timings (llama.cpp draft_n and
+    draft_n_accepted). None for an arm that did not draft."""
+    spans = [i["spec"] for i in result["instances"] if i["arm"] == arm and i.get("spec")]
+    timed = [r["server_timings"] for b in blocks for r in b["requests"]
+             if (r.get("server_timings") or {}).get("draft_n") is not None]
+    drafted = sum(t["draft_n"] for t in timed)
+    accepted_timed = sum(t.get("draft_n_accepted") or 0 for t in timed)
+    if spans and sum(x["drafts"] for x in spans) > 0:
+        drafts = sum(x["drafts"] for x in spans)
+        tokens = sum(x["draft_tokens"] for x in spans)
+        accepted = sum(x["accepted"] for x in spans)
+        depth = max(len(x["per_position"]) for x in spans)
+        per_pos = [sum(x["per_position"][k] for x in spans if k < len(x["per_position"])) / drafts
+                   for k in range(depth)]
+        return {"source": "engine counters", "drafts": drafts, "draft_tokens": tokens, "accepted": accepted,
+                "acceptance_rate": accepted / tokens if tokens else None,
+                "mean_accepted_length": 1 + accepted / drafts, "per_position": per_pos}
+    if drafted:
+        return {"source": "request timings", "drafts": None, "draft_tokens": drafted,
+                "accepted": accepted_timed, "acceptance_rate": accepted_timed / drafted,
+                "mean_accepted_length": None, "per_position": []}
+    return None
+
+
+def arm_findings(name: str, config: dict[str, Any] | None,
+                 spec: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """What an arm's configuration and its speculative figures (the engine's counters) reveal."""
+    facts = None
+    if spec is not None and spec.get("drafts"):
+        facts = SpecFacts(spec["drafts"], spec["draft_tokens"], spec["accepted"],
+                          tuple(p * spec["drafts"] for p in spec.get("per_position") or ()))
+    return [f.json() for f in judge(Evidence(name, config_from_json(config), spec=facts))]
 
 
 def verdict_words(arm: dict[str, Any]) -> str:

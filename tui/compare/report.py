@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from tui.base.stats import median
-from tui.compare.ab import verdict_words
+from tui.compare.ab import arm_findings, verdict_words
 from tui.compare.roofline import cross_platform, roofline
-from tui.compare.sweep_param import best_value, sweep_table
+from tui.compare.sweep_param import best_value, margins, sweep_table
+from tui.html.config import config_section, findings_section
 from tui.html.page import document, gib, ms, num, section, table
 from tui.html.svg import Bar, Series, bar_chart, line_chart
 
@@ -464,18 +465,29 @@ def _times(v: float | None, k: float) -> float | None:
     return None if v is None else v * k
 
 
+def _spec_cells(spec: dict[str, Any] | None) -> list[str]:
+    if spec is None:
+        return ['<span class="muted">off</span>', "", ""]
+    rate, length = spec.get("acceptance_rate"), spec.get("mean_accepted_length")
+    per_pos = " ".join(f"{p * 100:.0f}%" for p in spec.get("per_position") or ())
+    return [num(rate * 100 if rate is not None else None, 1, "%"), num(length, 2),
+            escape(per_pos) or '<span class="muted">n/a</span>']
+
+
 def _sweep(result: dict[str, Any]) -> str:
     if result["kind"] != "sweep":
         return ""
     rows = sweep_table(result)
     best = best_value(rows)
     option = result.get("sweep", {}).get("option", "value")
+    drafting = any(r.get("spec") is not None for r in rows)
     body_rows = [
         [
             escape(str(r["value"])) + (" <b>(best)</b>" if best is r else ""),
             num(r["decode_tps"]),
             f'{_verdict_html(r["verdict"])} <span class="muted">CV {num(r["instance_cv_pct"], 1, "%")}, '
             f"{r['instances']} inst., {num(r['decode_min'])}–{num(r['decode_max'])}</span>",  # sweeps restart
+            *(_spec_cells(r.get("spec")) if drafting else []),
             ms(r["ttft_s"]),
             num(r["gpu_util_pct"], 0, "%"),
             num(r["power_w"], 0, " W"),
@@ -483,33 +495,55 @@ def _sweep(result: dict[str, Any]) -> str:
         ]
         for r in rows
     ]
+    spec_head = ["acceptance", "mean accepted length", "accepted per draft position"] if drafting else []
     grid = table(
-        [option, "decode tok/s", "Reproduction", "TTFT", "GPU util", "Power", "Mem BW"],
+        [option, "decode tok/s", "Reproduction", *spec_head, "TTFT", "GPU util", "Power", "Mem BW"],
         body_rows,
-        numeric=(1, 3, 4, 5, 6),
+        numeric=(1, *((3, 4) if drafting else ()), *(range(6, 10) if drafting else range(3, 7))),
     )
+    values = ", ".join(str(r["value"]) for r in rows)
     series = [
         Series("median", [(float(i), r["decode_tps"]) for i, r in enumerate(rows)]),
         Series("min", [(float(i), r["decode_min"]) for i, r in enumerate(rows)], color="#9ca3af"),
         Series("max", [(float(i), r["decode_max"]) for i, r in enumerate(rows)], color="#9ca3af"),
     ]
-    chart = line_chart(
-        series,
-        title=f"Decode tok/s by {option}",
-        x_label=f"{option} (in the order given: " + ", ".join(str(r["value"]) for r in rows) + ")",
-        y_label="tok/s",
-    )
-    advice = (
-        (
-            '<p class="note">Best reproducible value: <b>' + escape(str(best["value"])) + f"</b> at "
-            f"{best['decode_tps']:.1f} tok/s.</p>"
-        )
-        if best
-        else '<p class="note">No value was reproducible: do not pick one from these numbers.</p>'
-    )
+    chart = line_chart(series, title=f"Decode tok/s by {option}",
+                       x_label=f"{option} (in the order given: {values})", y_label="tok/s")
+    if drafting:
+        rates = [(float(i), (r["spec"] or {}).get("acceptance_rate")) for i, r in enumerate(rows)]
+        chart += line_chart(
+            [Series("acceptance rate", [(x, v * 100 if v is not None else None) for x, v in rates])],
+            title=f"Speculative acceptance by {option}", x_label=f"{option} (in the order given: {values})",
+            y_label="% of drafted tokens accepted")
+    if best:
+        m = margins(rows, best)
+        ahead = []
+        if m["over_next"] is not None:
+            ahead.append(f"{m['over_next']:.2f}× the next ({escape(str(m['next']))})")
+        if m["over_off"] is not None:
+            ahead.append(f"{m['over_off']:.2f}× speculation off ({escape(str(m['off']))})")
+        advice = (f'<p class="note">Best reproducible value: <b>{escape(str(best["value"]))}</b> at '
+                  f"{best['decode_tps']:.1f} tok/s" + (": " + ", ".join(ahead) if ahead else "") + ".</p>")
+    else:
+        advice = '<p class="note">No value was reproducible: do not pick one from these numbers.</p>'
     return section(
         "Parameter sweep", "Defaults can be the worst setting: measure each value", grid + advice + chart
     )
+
+
+def _configuration(result: dict[str, Any]) -> str:
+    """What each arm's instances really ran, as read from them, and what the arms' own figures revealed."""
+    instances = [i for i in result["instances"] if "config" in i]
+    if not instances:
+        return ""
+    columns = [(f"{i['arm']} · {_unit(result, i['arm'])} {i['instance'] + 1}", i.get("config"))
+               for i in instances]
+    findings = []
+    for arm in result["arms"]:
+        spec = (result.get("analysis", {}).get("arms", {}).get(arm["name"]) or {}).get("spec")
+        config = next((i["config"] for i in instances if i["arm"] == arm["name"] and i.get("config")), None)
+        findings += arm_findings(arm["name"], config, spec)
+    return config_section(columns) + findings_section(findings)
 
 
 def _concurrency(result: dict[str, Any]) -> str:
@@ -816,6 +850,7 @@ def render_html(result: dict[str, Any]) -> str:
             _header(result),
             _platform(result),
             _method(result),
+            _configuration(result),
             _single_stream(result),
             _sweep(result),
             _concurrency(result),

@@ -1,9 +1,10 @@
 """Parameter sweep over one profile: the same argv with one option set to each value, compared like A/B.
 
-`--param spec-draft-n-max=1,2,3` sets `--spec-draft-n-max` to 1, 2, 3 (replacing the value already in
-the argv, or appending the option when it is absent). The value `off` removes the option and its value,
-for a "feature off" baseline. Each value becomes an arm named `<option>=<value>`; the seeds found the
-model card's default (n=6) to be the worst setting, which is why this exists.
+`--param spec-draft-n-max=1,2,3` sets `--spec-draft-n-max` to 1, 2, 3 (replacing the value already in the
+argv, or appending the option when it is absent). The value `off` removes the option and its value, for a
+"feature off" baseline; for a speculative option (`--spec-*`, `-md`) it removes every speculative option, so
+the baseline is the engine with speculation off. Each value becomes an arm named `<option>=<value>`; the seeds
+found the model card's default (n=6) to be the worst setting, which is why this exists.
 """
 
 from __future__ import annotations
@@ -66,6 +67,33 @@ def set_option(argv: tuple[str, ...] | list[str], option: str, value: str) -> li
     return out
 
 
+# llama-server's speculative options: "off" for any of them turns speculation off, so the sweep's baseline is
+# the engine without a draft at all (removing only --spec-draft-n-max would leave its default depth of 3)
+SPEC_PREFIXES = ("--spec-", "--draft")
+SPEC_FLAGS = ("-md", "--model-draft", "-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", "-devd",
+              "--device-draft")
+
+
+def is_spec_option(option: str) -> bool:
+    return option.startswith(SPEC_PREFIXES) or option in SPEC_FLAGS
+
+
+def without_spec(argv: tuple[str, ...] | list[str]) -> list[str]:
+    """argv with every speculative option (and its value) removed: speculation off."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        name = arg.split("=", 1)[0]
+        if is_spec_option(name):
+            takes = "=" not in arg and i + 1 < len(argv) and not argv[i + 1].startswith("-")
+            i += 2 if takes else 1
+            continue
+        out.append(arg)
+        i += 1
+    return out
+
+
 def sweep_profiles(profile: Profile, spec: ParamSpec) -> list[tuple[str, Profile]]:
     """One derived profile per value, named `<profile>:<option>=<value>`."""
     if profile.argv is None:
@@ -73,9 +101,11 @@ def sweep_profiles(profile: Profile, spec: ParamSpec) -> list[tuple[str, Profile
     out = []
     for value in spec.values:
         arm = f"{spec.name}={value}"
-        derived = dataclasses.replace(
-            profile, name=f"{profile.name}:{arm}", argv=tuple(set_option(profile.argv, spec.option, value))
-        )
+        if value == OFF and is_spec_option(spec.option):
+            argv = without_spec(profile.argv)
+        else:
+            argv = set_option(profile.argv, spec.option, value)
+        derived = dataclasses.replace(profile, name=f"{profile.name}:{arm}", argv=tuple(argv))
         out.append((arm, derived))
     return out
 
@@ -101,6 +131,7 @@ def sweep_table(result: dict[str, Any]) -> list[dict[str, Any]]:
                 "gpu_util_pct": a["gpu_util_pct"],
                 "power_w": a["power_w"],
                 "mem_bw_pct": a["mem_bw_pct"],
+                "spec": a.get("spec"),  # acceptance, mean length, per position (None: it did not draft)
             }
         )
     return rows
@@ -110,3 +141,16 @@ def best_value(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     """Fastest reproducible value; None when no value was reproducible (then nothing should be chosen)."""
     good = [r for r in rows if r["verdict"] == "reproducible" and r["decode_tps"] is not None]
     return max(good, key=lambda r: r["decode_tps"]) if good else None
+
+
+def margins(rows: list[dict[str, Any]], best: dict[str, Any]) -> dict[str, Any]:
+    """How far the best value is ahead: of the next fastest value, and of speculation off (the arm that did
+    not draft, where the others did), as ratios of decode tok/s."""
+    others = [r for r in rows if r is not best and r["decode_tps"] is not None]
+    runner_up = max(others, key=lambda r: r["decode_tps"]) if others else None
+    off = next((r for r in others if r.get("spec") is None), None) if best.get("spec") is not None else None
+    return {"next": runner_up["value"] if runner_up else None,
+            "over_next": best["decode_tps"] / runner_up["decode_tps"] if runner_up and runner_up["decode_tps"]
+            else None,
+            "off": off["value"] if off else None,
+            "over_off": best["decode_tps"] / off["decode_tps"] if off and off["decode_tps"] else None}

@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from tui.model.findings import RequestFacts, TrafficFacts
+from tui.model.findings import RequestFacts, SpecFacts, TrafficFacts
+from tui.model.samples import EngineReading
 
 # What the engines answer to a prompt longer than a request may hold (HTTP 400): llama.cpp's
 # exceed_context_size_error,
@@ -68,3 +69,20 @@ def summarize(facts: Iterable[RequestFacts], max_in_flight: int | None = None) -
         ttft_p50_s=_median([f.ttft_s for f in timed if f.ttft_s is not None]),
         engine_prompt_p50_s=_median([f.engine_prompt_s for f in timed if f.engine_prompt_s is not None]),
         timed_requests=len(timed), max_in_flight=max_in_flight)
+
+
+def spec_between(before: EngineReading | None, after: EngineReading | None) -> SpecFacts | None:
+    """Speculative decoding between two readings of one engine: drafts, drafted and accepted tokens, accepted
+    tokens per draft position. None where the engine does not draft (or does not say)."""
+    if before is None or after is None or after.spec_drafts_total is None:
+        return None
+
+    def delta(a: float | None, b: float | None) -> float:
+        return max(0.0, (b or 0.0) - (a or 0.0))
+
+    was = before.spec_accepted_per_pos or ()
+    return SpecFacts(delta(before.spec_drafts_total, after.spec_drafts_total),
+                     delta(before.spec_draft_tokens_total, after.spec_draft_tokens_total),
+                     delta(before.spec_accepted_tokens_total, after.spec_accepted_tokens_total),
+                     tuple(delta(was[k] if k < len(was) else 0.0, p)
+                           for k, p in enumerate(after.spec_accepted_per_pos or ())))

@@ -36,6 +36,9 @@ pre{background:#0f172a;color:#e2e8f0;padding:12px 14px;border-radius:8px;overflo
 .chart{background:#fff;border:1px solid #e5e7eb;border-radius:10px;padding:8px;margin:10px 0;
  box-sizing:border-box}
 details{margin:10px 0}summary{cursor:pointer;color:#1d4ed8}
+tr.diff td{background:#fef3c7}
+.finding{border-left:4px solid #f59e0b;background:#fff;padding:8px 12px;margin:10px 0}
+.finding.error{border-color:#b91c1c}.finding.info{border-color:#0ea5e9}
 """
 
 

@@ -16,10 +16,10 @@ from typing import Any
 from tui.fleet.source import FleetSource
 from tui.live.feed import Source
 from tui.live.store import EngineState, Store
-from tui.model.config import EngineConfig
 from tui.model.samples import EngineSample, EngineStats
 from tui.record.codec import encode
 from tui.run.sources import RunOptions, build_sources
+from tui.sources.config import config_json
 from tui.sources.gpu import GpuSampler
 from tui.sources.host import HostSampler
 
@@ -56,13 +56,6 @@ def engine_json(state: EngineState) -> dict[str, Any]:
         out["traffic"] = dataclasses.asdict(state.traffic.stats) | {"proxy_url": state.traffic.proxy_url,
                                                                     "error": state.traffic.error}
     return out
-
-
-def config_json(config: EngineConfig | None) -> dict[str, Any] | None:
-    """The configuration as JSON: every field, and its one-line summary."""
-    if config is None:
-        return None
-    return {**dataclasses.asdict(config), "published": dict(config.published), "summary": config.summary()}
 
 
 def fleet_engine_json(s: EngineSample, source: FleetSource) -> dict[str, Any]:

@@ -18,6 +18,7 @@ path, its content is never read). What cannot be read is said in `lacks`. Nothin
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -351,6 +352,33 @@ def sglang_config(info: Any, command: tuple[list[str], dict[str, str]] | str | N
         sources.append(f"argv (PID {pid})" if pid is not None else "argv")
     return EngineConfig(engine="SGLang", read_wall=time.time(), argv=argv, pid=pid, sources=tuple(sources),
                         lacks=tuple(lacks), **fields)
+
+
+def config_json(config: EngineConfig | None) -> dict[str, Any] | None:
+    """The configuration as a result keeps it: every field, and its one-line summary."""
+    if config is None:
+        return None
+    return {**dataclasses.asdict(config), "published": dict(config.published), "summary": config.summary()}
+
+
+def config_from_json(data: dict[str, Any] | None) -> EngineConfig | None:
+    """A configuration a result kept (config_json), back as the value (fields of a later version ignored)."""
+    if not data:
+        return None
+    known = {f.name: f for f in dataclasses.fields(EngineConfig)}
+    values: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in known:
+            continue
+        if key == "published" and isinstance(value, dict):
+            value = tuple(sorted(value.items()))
+        elif isinstance(value, list):
+            value = tuple(value)
+        values[key] = value
+    try:
+        return EngineConfig(**values)
+    except TypeError:
+        return None
 
 
 # ---------------------------------------------------------------- reading it

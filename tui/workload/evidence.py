@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tui.findings.facts import refused_for_length, refused_tokens, summarize
+from tui.findings.facts import refused_for_length, refused_tokens, spec_between, summarize
 from tui.findings.judge import judge
 from tui.findings.prefix import shared_by_ids
-from tui.model.findings import Evidence, Finding, RequestFacts, SpecFacts
-from tui.model.samples import EngineReading, EngineSample
+from tui.model.findings import Evidence, Finding, RequestFacts
+from tui.model.samples import EngineSample
 from tui.probe.results import ProbeResult
 from tui.workload.schedule import Planned
 
@@ -40,26 +40,11 @@ def request_facts(results: Sequence[tuple[Planned, ProbeResult]],
     return out
 
 
-def _spec(before: EngineReading | None, after: EngineReading | None) -> SpecFacts | None:
-    """Speculative decoding over the run: the engine's counters after it, less before it."""
-    if before is None or after is None or after.spec_drafts_total is None:
-        return None
-    def delta(a: float | None, b: float | None) -> float:
-        return max(0.0, (b or 0.0) - (a or 0.0))
-
-    was = before.spec_accepted_per_pos or ()
-    now = after.spec_accepted_per_pos or ()
-    per_pos = tuple(delta(was[i] if i < len(was) else 0.0, p) for i, p in enumerate(now))
-    return SpecFacts(delta(before.spec_drafts_total, after.spec_drafts_total),
-                     delta(before.spec_draft_tokens_total, after.spec_draft_tokens_total),
-                     delta(before.spec_accepted_tokens_total, after.spec_accepted_tokens_total), per_pos)
-
-
 def run_findings(name: str, results: Sequence[tuple[Planned, ProbeResult]], block_size: int | None,
                  before: EngineSample | None, after: EngineSample | None,
                  concurrency_max: int | None = None) -> list[Finding]:
     """The findings the run supports; the configuration is the one read before it started."""
     config = before.config if before is not None else None
     facts = summarize(request_facts(results, block_size), concurrency_max)
-    spec = _spec(before.reading if before else None, after.reading if after else None)
+    spec = spec_between(before.reading if before else None, after.reading if after else None)
     return judge(Evidence(name, config, facts, spec, concurrency_max=concurrency_max))

@@ -8,6 +8,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from tui.html.config import config_section, findings_section
 from tui.html.page import document, ms, num, section, table
 from tui.html.svg import Series, cdf_chart, line_chart
 
@@ -175,8 +176,19 @@ def capacity_body(result: dict[str, Any]) -> str:
     )
 
 
+def engines_told(result: dict[str, Any]) -> str:
+    """What ran and what the run revealed: the configuration captured from each engine, and the findings
+    (results written before they were kept have neither)."""
+    engines = result["engines"]
+    if not any("config" in e for e in engines):
+        return ""
+    return config_section([(e["engine"], e.get("config")) for e in engines]) + findings_section(
+        [f for e in engines for f in e.get("findings") or ()])
+
+
 def write_workload_report(result: dict[str, Any], out: Path, source: str) -> Path:
     body = bench_body(result) if result["schema"] == BENCH_SCHEMA else capacity_body(result)
+    body += engines_told(result)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(
         document(f"enginetop {result['schema'].split('.')[1].split('/')[0]}", body, source), encoding="utf-8"
