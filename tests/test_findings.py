@@ -328,6 +328,10 @@ def test_context_below_the_pool_and_below_the_traffic() -> None:
         and "40,000 tokens" in found["context-below-traffic"].title
     )
     assert refused_for_length(400, "invalid temperature") is None and refused_for_length(200, words) is None
+    # vLLM 0.32's own words (tests/test_config_vllm.py asks it): it stops counting at the limit, a lower bound
+    vllm = ("This model's maximum context length is 2048 tokens. However, your prompt contains at least 2049 "
+            "input tokens, which exceeds this limit even without any output tokens.")
+    assert refused_for_length(400, vllm) is not None and refused_tokens(vllm) == 2049
 
 
 def test_queueing_needs_waiting_requests_and_enough_of_them() -> None:

@@ -17,13 +17,13 @@ from typing import Any
 from tui.base.paths import runs_dir
 from tui.base.process import free_ports
 from tui.cli.options import add_output
-from tui.compare.ab import ABConfig, Arm, Mode, run_comparison, verdict_words
+from tui.compare.ab import ABConfig, Arm, Mode, arm_findings, run_comparison, verdict_words
 from tui.compare.engines import AttachedEngine, ProfileEngine, new_manager, uses_port_variable, with_port
 from tui.compare.report import write_report
 from tui.compare.result_files import load_result, write_result
 from tui.compare.roofline import model_weight_bytes, parse_bandwidth, parse_bytes
 from tui.compare.stats import DEFAULT_CV_THRESHOLD_PCT
-from tui.compare.sweep_param import parse_param_spec, sweep_profiles
+from tui.compare.sweep_param import best_value, margins, parse_param_spec, sweep_profiles, sweep_table
 from tui.lifecycle.profiles import Profile, ProfileError, load_profiles
 from tui.probe.client import ProbeLimits
 from tui.probe.sweep import parse_levels
@@ -321,21 +321,47 @@ def _print_summary(result: dict[str, Any]) -> None:
     def f(v: float | None, d: int = 1) -> str:
         return "n/a" if v is None else f"{v:.{d}f}"
 
-    print(f"{'arm':<36} {'decode tok/s':>12} {'CV':>9} {'min-max':>15} {'TTFT ms':>8}  verdict")
-    for name, a in result["analysis"]["arms"].items():
+    arms = result["analysis"]["arms"]
+    drafting = any(a.get("spec") for a in arms.values())
+    spec_head = f" {'accept':>7} {'mean len':>8}  per position" if drafting else ""
+    print(f"{'arm':<36} {'decode tok/s':>12} {'CV':>9} {'min-max':>15} {'TTFT ms':>8}  "
+          f"{'verdict':<18}{spec_head}")
+    for name, a in arms.items():
         d = a["decode_tps"]
         ttft = a["ttft_s"]["median"]
-        print(
-            f"{name:<36} {f(d['median']):>12} {f(a['instance_cv_pct']) + '%':>9} "
-            f"{f(d['min']) + '-' + f(d['max']):>15} {f(ttft * 1000 if ttft else None, 0):>8}  "
-            f"{verdict_words(a)}"
-        )
+        line = (f"{name:<36} {f(d['median']):>12} {f(a['instance_cv_pct']) + '%':>9} "
+                f"{f(d['min']) + '-' + f(d['max']):>15} {f(ttft * 1000 if ttft else None, 0):>8}  "
+                f"{verdict_words(a):<18}")
+        if drafting:
+            spec = a.get("spec") or {}
+            rate = spec.get("acceptance_rate")
+            per_pos = " ".join(f"{p * 100:.0f}%" for p in spec.get("per_position") or ())
+            line += (f" {f(rate * 100 if rate is not None else None) + '%':>7} "
+                     f"{f(spec.get('mean_accepted_length'), 2):>8}  {per_pos or ('off' if not spec else '')}")
+        print(line.rstrip())
     for cmp in result["analysis"]["comparisons"]:
         d = cmp["decode_tps"]
         print(
             f"{cmp['other']} / {cmp['base']}: decode ratio {f(d['ratio'], 3)} "
             f"[95% {f(d['ci_low'], 3)}, {f(d['ci_high'], 3)}]: {cmp['verdict']}"
         )
+    if result["kind"] == "sweep":
+        rows = sweep_table(result)
+        best = best_value(rows)
+        if best is None:
+            print("no value was reproducible: do not pick one from these numbers")
+        else:
+            m = margins(rows, best)
+            ahead = [f"{m['over_next']:.2f}x the next ({m['next']})"] if m["over_next"] else []
+            ahead += [f"{m['over_off']:.2f}x speculation off ({m['off']})"] if m["over_off"] else []
+            said = ": " + ", ".join(ahead) if ahead else ""
+            print(f"best: {best['value']} at {best['decode_tps']:.1f} tok/s{said}")
+    for arm in result["arms"]:
+        config = next((i["config"] for i in result["instances"]
+                       if i["arm"] == arm["name"] and i.get("config")), None)
+        spec = (arms.get(arm["name"]) or {}).get("spec")
+        for finding in arm_findings(arm["name"], config, spec):
+            print(f"{arm['name']}: {finding['severity'].upper()} {finding['id']}: {finding['title']}")
 
 
 # ---- commands ------------------------------------------------------------------------------------

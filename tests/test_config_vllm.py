@@ -1,0 +1,132 @@
+"""The configuration and findings on the real vLLM (CPU build): its KV pool as vLLM publishes it and logs it,
+a workload whose ids share prefixes replayed with prefix caching on (no finding) and off (the finding, its
+shared tokens following the ids), and its n-gram speculative decoding read per draft position."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+
+from tests.conftest import RunningEngine, wait_openai_ready
+from tests.test_config_llama import read_store
+from tui.base.paths import runs_dir
+from tui.base.process import free_port, launch, stop_group
+from tui.cli.main import main
+from tui.findings.facts import refused_for_length, refused_tokens
+from tui.lifecycle.profiles import load_profiles, repo_profiles_dir, resolve
+
+pytestmark = pytest.mark.engine
+
+BLOCK = 128  # vLLM's KV block on this CPU build
+# One agent session whose turns extend the last by whole blocks, and a stranger: 1,792 of 3,060 prompt tokens
+# shared with an earlier request, by the ids
+LINES = [{"timestamp": 0, "input_length": 128 * (n + 2), "output_length": 8, "hash_ids": list(range(n + 2)),
+          "session_id": "s", **({"delay": 20} if n else {})} for n in range(5)]
+LINES.append({"timestamp": 40, "input_length": 300, "output_length": 8, "hash_ids": [90, 91, 92]})
+SHARED = 256 + 384 + 512 + 640
+
+
+def workload(tmp_path: Path) -> Path:
+    trace = tmp_path / "agent.jsonl"
+    trace.write_bytes(b"".join(orjson.dumps(line) + b"\n" for line in LINES))
+    (tmp_path / "agent.jsonl.meta.json").write_bytes(orjson.dumps({"block_size": BLOCK, "tokenizer": "x"}))
+    return trace
+
+
+def bench(url: str, tmp_path: Path) -> dict:
+    out = tmp_path / "bench.json"
+    code = main(["bench", str(workload(tmp_path)), "--engine", f"vllm={url}", "--speed", "20", "-o",
+                 str(out)])
+    assert code == 0
+    [engine] = orjson.loads(out.read_bytes())["engines"]
+    assert engine["ok"] == len(LINES), engine["first_errors"]
+    return engine
+
+
+def test_the_kv_pool_as_vllm_publishes_it_and_logs_it_and_a_cache_that_serves(vllm_server, tmp_path) -> None:
+    """The session's vLLM (prefix caching on): the KV pool enginetop shows is cache_config_info's
+    kv_cache_size_tokens and the number vLLM logged at start; the shared prefixes are served from its cache,
+    so no prefix finding; its refusal of a prompt too long is recognised in its own words."""
+    config = read_store(vllm_server.url, polls=1).engines["llama"].sample.config
+    assert config is not None and config.engine == "vLLM"
+    labels = dict(config.published)
+    logged = re.search(r"KV cache size: ([\d,]+) tokens", "\n".join(vllm_server.launched.log_tail(2000)))
+    assert logged is not None
+    pool = int(logged.group(1).replace(",", ""))
+    assert config.kv_pool_tokens == int(labels["kv_cache_size_tokens"]) == pool
+    models = httpx.get(f"{vllm_server.url}/v1/models", timeout=5).json()
+    assert config.context_tokens == models["data"][0]["max_model_len"] == 2048
+    assert config.prefix_caching is True and config.block_size == BLOCK and config.spec_type == "off"
+    assert config.version == httpx.get(f"{vllm_server.url}/version", timeout=5).json()["version"]
+    assert config.argv and "--max-model-len" in config.argv  # a local engine: its command line, read
+    engine = bench(vllm_server.url, tmp_path)
+    ids = {f["id"]: f for f in engine["findings"]}
+    assert not [i for i in ids if i.startswith("prefix")], ids
+    assert ids["context-below-pool"]["severity"] == "info"
+    assert engine["config"]["kv_pool_tokens"] == config.kv_pool_tokens
+    reply = httpx.post(f"{vllm_server.url}/v1/completions", timeout=30, json={
+        "model": models["data"][0]["id"], "prompt": "hello " * 3000, "max_tokens": 4})
+    words = reply.json()["error"]["message"]
+    assert reply.status_code == 400 and refused_for_length(400, words) is not None, words
+    assert refused_tokens(words) is not None and refused_tokens(words) > 2048, words
+
+
+@pytest.fixture(scope="module")
+def gemma_off() -> Iterator[RunningEngine]:
+    """vLLM on the demo Gemma with its prefix cache switched off and n-gram speculative decoding on."""
+    port = free_port()
+    profile = dataclasses.replace(load_profiles([repo_profiles_dir()]).get("demo-vllm-gemma"), port=port)
+    resolved = resolve(profile)
+    assert resolved.argv is not None
+    spec = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}'
+    argv = [*resolved.argv, "--no-enable-prefix-caching", "--speculative-config", spec]
+    launched = launch(argv, runs_dir() / f"test-vllm-gemma-{port}.log", env=resolved.env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_openai_ready("vLLM (Gemma, prefix cache off)", url, launched, timeout=240)
+        yield RunningEngine("vllm-off", url, port, launched)
+    finally:
+        stop_group(launched)
+
+
+def test_prefix_caching_off_fires_with_the_shared_tokens_the_ids_say(gemma_off: RunningEngine,
+                                                                     tmp_path: Path) -> None:
+    engine = bench(gemma_off.url, tmp_path)
+    assert engine["config"]["prefix_caching"] is False
+    [finding] = [f for f in engine["findings"] if f["id"].startswith("prefix")]
+    assert finding["id"] == "prefix-cache-off" and finding["severity"] == "warning"
+    figures = finding["figures"]
+    assert figures["shared_tokens"] == SHARED  # from the ids, in the order sent
+    assert figures["prompt_tokens"] == sum(line["input_length"] for line in LINES)
+    assert figures["cached_tokens"] == 0 and figures["prefill_s_lost"] > 0
+    assert f"shared {SHARED:,} of" in finding["title"] and "--enable-prefix-caching" in finding["suggestion"]
+
+
+def test_vllm_ngram_speculation_read_per_draft_position(gemma_off: RunningEngine) -> None:
+    prompt = "1, 2, 3, 4, " * 12
+    for _ in range(2):
+        reply = httpx.post(f"{gemma_off.url}/v1/completions", timeout=120, json={
+            "model": "gemma-3-270m", "prompt": prompt, "max_tokens": 48, "temperature": 0})
+        assert reply.status_code == 200, reply.text
+    counters = {}
+    for line in httpx.get(f"{gemma_off.url}/metrics", timeout=5).text.splitlines():
+        if line.startswith("vllm:spec_decode_num_") and "_created" not in line:
+            name, value = line.rsplit(" ", 1)
+            position = re.search(r'position="(\d+)"', name)
+            key = f"pos{position.group(1)}" if position else name.split("{")[0]
+            counters[key] = float(value)
+    drafts = counters["vllm:spec_decode_num_drafts_total"]
+    assert drafts > 0
+    state = read_store(gemma_off.url).engines["llama"]
+    assert state.stats.spec_accept_per_pos_total == tuple(counters[f"pos{k}"] / drafts for k in range(3))
+    accepted = counters["vllm:spec_decode_num_accepted_tokens_total"]
+    assert state.stats.spec_accept_rate_total == pytest.approx(
+        accepted / counters["vllm:spec_decode_num_draft_tokens_total"])
+    config = state.sample.config
+    assert (config.spec_type, config.spec_n_max, config.prefix_caching) == ("ngram", 3, False)
