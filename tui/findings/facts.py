@@ -14,8 +14,8 @@ from tui.model.samples import EngineReading
 _LENGTH_WORDS = re.compile(r"exceeds? the available context size|exceed_context_size|maximum context length|"
                            r"longer than the (?:maximum model length|model's context length)|"
                            r"context length is \d+|max_model_len", re.IGNORECASE)
-# llama.cpp: "request (1524 tokens) exceeds"; vLLM: "your prompt contains at least 2049 input tokens" (it stops
-# counting there: a lower bound), older vLLM "you requested 40000 tokens"
+# llama.cpp: "request (1524 tokens) exceeds"; vLLM: "your prompt contains at least 2049 input tokens" (it
+# stops counting there: a lower bound), older vLLM "you requested 40000 tokens"
 _PROMPT_TOKENS = re.compile(r"request \((\d+) tokens\)|(\d+) tokens in the (?:messages|prompt|input)|"
                             r"you requested (\d+) tokens|input \((\d+) tokens\)|contains (?:at least )?(\d+) "
                             r"input tokens", re.IGNORECASE)
