@@ -116,7 +116,8 @@ class SSEServer:
 
     def __init__(self, scenarios: dict[str, Scenario] | None = None, *, default: Scenario | None = None,
                  host: str = "127.0.0.1", port: int = 0, record: int = 1000,
-                 accept_after_s: float = 0.0, tls: ssl.SSLContext | None = None) -> None:
+                 accept_after_s: float = 0.0, tls: ssl.SSLContext | None = None,
+                 tokenize: bool = True) -> None:
         self.scenarios: dict[str, Scenario] = {
             "ok": Scenario(),
             "multi": Scenario(tokens_per_chunk=3),
@@ -139,6 +140,7 @@ class SSEServer:
         self.port = port
         self.accept_after_s = accept_after_s
         self.tls = tls  # a server context: https:// on the same port
+        self.tokenize = tokenize  # False: no /tokenize at all (a gateway, a hosted API)
         self._opener: asyncio.Task[None] | None = None
         self.requests: deque[RecordedRequest] = deque(maxlen=record)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -254,7 +256,7 @@ class SSEServer:
                 error = {"message": f"Invalid API key: {sent_auth}", "type": "authentication_error"}
                 await self._plain(writer, 401, {"error": error})
                 return
-            if method == "POST" and path.endswith("/tokenize"):
+            if method == "POST" and path.endswith("/tokenize") and self.tokenize:
                 await self._plain(writer, 200, _tokenize(body))
                 return
             if method != "POST" or not path.endswith(("/v1/chat/completions", "/v1/completions")):

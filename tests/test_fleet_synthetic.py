@@ -383,7 +383,8 @@ async def test_the_table_filters_sorts_opens_an_engine_back_filled_and_returns(f
         assert view.table.row_count == N_ENGINES
         rates = [r.values[5] for r in view.table.rows if r.values[5] is not None]
         assert rates == sorted(rates, reverse=True)  # busiest first by default
-        await pilot.press(*"node-03 vllm")
+        assert app.focused is view.table  # keys are commands until `/` opens the filter, as in htop
+        await pilot.press("slash", *"node-03 vllm")
         expect = [e for e in fleet.engines if e.node == 3 and e.job == "vllm"]
         await wait_until(pilot, lambda: view.table.row_count == len(expect), 5, "the filter applied")
         assert view.table.row_count == len(expect) > 0
@@ -772,11 +773,10 @@ async def test_an_engine_opens_in_the_dashboards_own_layout_and_f_probes_it(flee
     async with app.run_test(size=(200, 60)) as pilot:
         view = app.screen.query_one(FleetView)
         await wait_until(pilot, lambda: view.table.row_count == N_ENGINES, 20, "every engine in the table")
-        await pilot.press("f")  # in the table a letter filters: no probe of anything
+        await pilot.press("f")  # in the table (no engine opened) there is nothing to probe
         await pilot.pause(0.2)
-        assert view.query_one(Input).value == "f" and not any(s.probes for s in app.store.engines.values())
-        view.query_one(Input).value = ""
-        await pilot.press(*picked.instance)
+        assert view.query_one(Input).value == "" and not any(s.probes for s in app.store.engines.values())
+        await pilot.press("slash", *picked.instance)
         await wait_until(pilot, lambda: view.table.selected == picked.instance, 5, "the engine at the cursor")
         await pilot.press("enter")
         screen = app.screen
@@ -852,12 +852,13 @@ async def test_a_recorded_fleet_replays_as_the_fleet_table_with_the_same_figures
         assert f"replay of {out.name}, recorded from Prometheus {prom.url}" in text
         assert f"{N_ENGINES} engines" in text
         paused = app.replay.paused
-        await pilot.press(*"node-03 vllm")  # typed keys go to the filter, a space included
+        await pilot.press("slash", *"node-03 vllm")  # `/`, then typed keys go to the filter, a space included
         await pilot.pause(0.3)
         assert view.query_one(Input).value == "node-03 vllm" and app.replay.paused == paused
         assert {r.name for r in table.rows} == {n for n, s in last.items() if s.host == "synthetic-node-03"
                                                 and s.job == "vllm"}
-        await pilot.press("escape", "tab", "space")  # in the table (not the filter) space plays / pauses
+        # escape leaves the filter, escape again (in the table) clears it; there space plays / pauses
+        await pilot.press("escape", "escape", "space")
         await pilot.pause(0.2)
         assert app.focused is table and app.replay.paused != paused and table.row_count == N_ENGINES
 

@@ -114,7 +114,8 @@ def test_a_live_engine_tree_is_stopped_whole(tmp_path: Path) -> None:
         "while True: time.sleep(1)\n"
     )
     instance = launch_instance(resolve(profile(tmp_path, (sys.executable, "-c", script))), log_dir=tmp_path)
-    wait_for(lambda: len(instance.tree_pids()) == 3)
+    # a child started with start_new_session leaves the group when it runs setsid, a moment after its fork
+    wait_for(lambda: len(found := instance.tree_pids()) == 3 and len({os.getpgid(p) for p in found}) == 2)
     pids = instance.tree_pids()
     assert len({os.getpgid(pid) for pid in pids}) == 2  # one child left the group
     message = stop_instance(instance, timeout=5)

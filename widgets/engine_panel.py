@@ -219,6 +219,8 @@ def _bench_rows(grid: Rows, bench: BenchSample) -> None:
     grid.add_row(p.command, head)
     if p.error:
         grid.add_row("", Text(p.error, style="bold red"))
+    if p.note:
+        grid.add_row("", Text(p.note, style="yellow"))
     grid.add_row(f"{p.command} TTFT", f"{ms(p.ttft_p50_s, IDLE)} / {ms(p.ttft_p90_s, IDLE)}  p50/p90 "
                  f"(last {p.window_s:.0f} s)")
     grid.add_row(f"{p.command} ITL", f"{ms(p.itl_p50_s, IDLE)} / {ms(p.itl_p90_s, IDLE)}  p50/p90")

@@ -38,6 +38,7 @@ from tui.workload.formats import WorkloadError, load_workload
 from tui.workload.live import LiveFile, Shown, progress_of
 from tui.workload.report import BENCH_SCHEMA, CAPACITY_SCHEMA
 from tui.workload.schedule import Mode, Planned, ScheduleError, parse_arrival, plan
+from tui.workload.tokenizer import load_tokenizer
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -50,6 +51,11 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="run every engine at once (only for engines on different machines)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random arrivals")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds of silence before a request fails")
+    p.add_argument("--tokenizer", metavar="NAME_OR_PATH",
+                   help="make prompts from hash ids in this Hugging Face tokenizer's tokens (a "
+                        "tokenizer.json, its folder, or a model already in the local HF cache; never "
+                        "downloaded) instead of the engine's own /tokenize: for an engine that cannot "
+                        "tokenise (a gateway, a hosted API)")
     add_output(p, output="write the results as JSON to FILE (`enginetop report` draws them)",
                json="print the results as JSON")
 
@@ -243,6 +249,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         mode: Mode = "rate" if args.rate is not None else "concurrency" if args.concurrency else "trace"
         planned = plan(workload, mode, speed=args.speed, turns=args.schedule, rate=args.rate,
                        arrival=args.arrival, seed=args.seed, limit=args.limit)
+        tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
     except (WorkloadError, ScheduleError, SloError, ProfileError, ValueError) as exc:
         return _bad("bench", exc)
     print(f"enginetop bench: {len(planned)} requests of {workload.path} ({workload.kind}, "
@@ -255,7 +262,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     async def work(part: Part, target: EngineTarget) -> None:
         bench = Bench(target, planned, concurrency=args.concurrency, model=args.model,
                       block_size=workload.block_size, limits=ProbeLimits(read_s=args.timeout),
-                      prompt_seed=workload.prompt_seed)
+                      prompt_seed=workload.prompt_seed, tokenizer=tokenizer)
         runs[part.name], benches[part.name], states[part.name] = bench.run, bench, "running"
         try:
             await bench.go()
@@ -295,6 +302,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
                         start_rate=args.start_rate, level_s=args.level_s, min_requests=args.min_requests,
                         precision=args.precision, max_levels=args.max_levels, seed=args.seed)
         workload = load_workload(args.workload)
+        tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
     except (WorkloadError, ScheduleError, SloError, ProfileError, ValueError) as exc:
         return _bad("capacity", exc)
     print(f"enginetop capacity: {len(workload.requests)} requests of {workload.path} ({workload.kind}) on "
@@ -319,7 +327,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
             levels[part.name] = (bench, rate)
 
         found = Capacity(target, workload, search, model=args.model, limits=ProbeLimits(read_s=args.timeout),
-                         on_level=told, on_bench=level_started)
+                         tokenizer=tokenizer, on_level=told, on_bench=level_started)
         results[part.name], searches[part.name], states[part.name] = found.result, found, "running"
         await found.run()
         states[part.name] = "failed" if found.result.error else "done"

@@ -32,6 +32,7 @@ from tui.run.targets import EngineSpec, TargetError, parse_engine_spec
 from tui.workload.blocks import WorkloadBlocks
 from tui.workload.formats import WorkloadError, load_workload
 from tui.workload.report import is_workload_result, write_workload_report
+from tui.workload.tokenizer import load_tokenizer
 
 
 class UsageError(ValueError):
@@ -60,6 +61,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-tokens", type=int, default=None, help="tokens per request (default: the workload's)"
     )
+    p.add_argument("--tokenizer", metavar="NAME_OR_PATH",
+                   help="with --workload FILE: make prompts from hash ids in this Hugging Face tokenizer's "
+                        "tokens (a tokenizer.json or its folder, never downloaded) instead of each engine's "
+                        "/tokenize")
     p.add_argument("--warmup", type=int, default=1,
                    help="unrecorded requests after each start or round (default 1)")
     p.add_argument(
@@ -206,10 +211,14 @@ def _arms_from_profiles(
 def _block_source(args: argparse.Namespace, config: ABConfig) -> WorkloadBlocks | None:
     """The user's workload for the blocks, when --workload names a file."""
     if config.workload_file is None:
+        if args.tokenizer:
+            raise UsageError("--tokenizer is for --workload FILE (prompts made from its hash ids)")
         return None
     try:
         workload = load_workload(config.workload_file)
-        return WorkloadBlocks(workload, config.blocks, limits=ProbeLimits(read_s=config.request_timeout_s))
+        tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
+        return WorkloadBlocks(workload, config.blocks, limits=ProbeLimits(read_s=config.request_timeout_s),
+                              tokenizer=tokenizer)
     except (WorkloadError, ValueError) as exc:
         raise UsageError(f"--workload: {exc}") from exc
 

@@ -33,6 +33,7 @@ class BenchProgress:
     level_rate: float | None = None  # capacity: the current level's arrival rate
     capacity_rps: float | None = None  # capacity: the highest rate that passed so far
     error: str | None = None
+    note: str | None = None  # e.g. prompts made without the engine's tokens: lengths approximate
 
 
 @dataclass(frozen=True, slots=True)

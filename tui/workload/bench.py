@@ -28,7 +28,7 @@ from tui.model.workload import WorkloadRequest
 from tui.probe.client import CHAT_PATH, COMPLETIONS_PATH, ProbeClient, ProbeLimits
 from tui.probe.results import ProbeResult
 from tui.probe.sweep import ClientLoad, SelfMonitor
-from tui.workload.prompts import PromptMaker
+from tui.workload.prompts import PromptMaker, Tokens
 from tui.workload.schedule import Planned
 from tui.workload.slo import met, tpot_s
 
@@ -45,6 +45,7 @@ class EngineRun:
     duration_s: float = 0.0
     error: str | None = None  # why this engine's part ended early
     client: ClientLoad | None = None  # the sending process's own CPU and event-loop lag meanwhile
+    prompt_note: str | None = None  # prompts made without the engine's tokens: why, and what is approximate
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,7 @@ class EngineSummary:
     error: str | None = None
     first_errors: tuple[str, ...] = ()
     client_notes: tuple[str, ...] = ()  # when the client may have been the bottleneck, why
+    prompt_note: str | None = None  # lengths and block sharing approximate on this engine, and why
 
 
 def summarize(run: EngineRun, slo: Slo | None = None) -> EngineSummary:
@@ -111,6 +113,7 @@ def summarize(run: EngineRun, slo: Slo | None = None) -> EngineSummary:
         error=run.error,
         first_errors=tuple(dict.fromkeys(r.error or "" for r in results if not r.ok))[:3],
         client_notes=run.client.notes if run.client is not None else (),
+        prompt_note=run.prompt_note,
     )
 
 
@@ -149,7 +152,7 @@ class Bench:
     def __init__(self, target: EngineTarget, planned: list[Planned], *, concurrency: int | None = None,
                  model: str | None = None, block_size: int | None = None,
                  limits: ProbeLimits | None = None, prompts: PromptMaker | None = None, fresh_from: int = 0,
-                 prompt_seed: str = "enginetop",
+                 prompt_seed: str = "enginetop", tokenizer: Tokens | None = None,
                  on_result: Callable[[str, Planned, ProbeResult], None] | None = None) -> None:
         self.target = target
         self.planned = planned
@@ -164,6 +167,7 @@ class Bench:
         self.prompts = prompts  # made once per engine; a capacity search passes it from level to level
         self.fresh_from = fresh_from
         self.prompt_seed = prompt_seed
+        self.tokenizer = tokenizer  # whose tokens prompts are made in, when not the engine's (--tokenizer)
         self.sent = 0
         self._since: dict[int, float] = {}  # in flight: index -> when it was sent
         self.max_in_flight = 0
@@ -173,11 +177,14 @@ class Bench:
 
     async def _prepare_prompts(self, http: httpx.AsyncClient) -> None:
         if self.prompts is None and any(_synthetic(p.request) for p in self.planned):
-            maker = PromptMaker(EngineTokens(http, self.target.url, self.model), self.block_size or 512,
-                                seed=self.prompt_seed, fresh_from=self.fresh_from)
+            tokens = self.tokenizer or EngineTokens(http, self.target.url, self.model)
+            maker = PromptMaker(tokens, self.block_size or 512, seed=self.prompt_seed,
+                                fresh_from=self.fresh_from, fallback=self.tokenizer is None)
             await maker.prepare()
             maker.follow_sessions([p.request for p in self.planned])
             self.prompts = maker
+        if self.prompts is not None:
+            self.run.prompt_note = self.prompts.approximate
 
     def _messages(self, request: WorkloadRequest) -> list[dict[str, Any]]:
         turn = list(request.messages) if request.messages is not None else [
@@ -336,4 +343,6 @@ def table(summaries: list[EngineSummary]) -> str:
             lines.append(f"{s.engine}: error: {e}")
         for note in s.client_notes:
             lines.append(f"{s.engine}: {note}")
+        if s.prompt_note:
+            lines.append(f"{s.engine}: {s.prompt_note}")
     return "\n".join(lines)

@@ -18,6 +18,7 @@ from tui.model.workload import Workload
 from tui.probe.client import ProbeLimits, ProbeTarget
 from tui.probe.results import ProbeResult
 from tui.workload.bench import DEFAULT_OUTPUT, Bench
+from tui.workload.prompts import Tokens
 from tui.workload.schedule import plan
 
 FRESH_PER_BLOCK = 1_000_000  # fresh-text numbers each block may use before the next block's begin
@@ -25,13 +26,15 @@ FRESH_PER_BLOCK = 1_000_000  # fresh-text numbers each block may use before the 
 
 class WorkloadBlocks:
     def __init__(self, workload: Workload, blocks_per_instance: int, *, model: str | None = None,
-                 limits: ProbeLimits | None = None) -> None:
+                 limits: ProbeLimits | None = None, tokenizer: Tokens | None = None) -> None:
         if not workload.requests:
             raise ValueError(f"{workload.path} has no requests")
         self.workload = workload
         self.blocks_per_instance = blocks_per_instance
         self.model = model
         self.limits = limits
+        self.tokenizer = tokenizer
+        self.prompt_notes: dict[str, str] = {}  # engine URL -> why its prompts are approximate
 
     def chosen(self, position: int, n: int) -> Workload:
         reqs = self.workload.requests
@@ -47,8 +50,11 @@ class WorkloadBlocks:
                               model=target.model)
         bench = Bench(engine, plan(self.chosen(position, n), "concurrency"), concurrency=1, model=self.model,
                       block_size=self.workload.block_size, limits=self.limits,
-                      fresh_from=position * FRESH_PER_BLOCK, prompt_seed=self.workload.prompt_seed)
+                      fresh_from=position * FRESH_PER_BLOCK, prompt_seed=self.workload.prompt_seed,
+                      tokenizer=self.tokenizer)
         run = await bench.go()
+        if run.prompt_note:
+            self.prompt_notes[target.url] = run.prompt_note
         return [r for _, r in sorted(run.results, key=lambda x: x[0].index)]
 
     def facts(self) -> dict[str, Any]:
@@ -63,4 +69,6 @@ class WorkloadBlocks:
             "max_tokens": first.output_length or DEFAULT_OUTPUT,
             "ignore_eos": True,
             "first_prompt_start": (text or f"{first.input_length} tokens made from hash ids")[:60],
+            "tokenizer": str(self.tokenizer.url) if self.tokenizer is not None else "each engine's own",
+            "prompt_notes": dict(self.prompt_notes),
         }

@@ -28,7 +28,7 @@ from tui.model.workload import Workload
 from tui.probe.client import ProbeLimits
 from tui.probe.results import ProbeResult
 from tui.workload.bench import Bench, EngineRun
-from tui.workload.prompts import PromptMaker
+from tui.workload.prompts import PromptMaker, Tokens
 from tui.workload.schedule import Planned, ScheduleError, gaps, parse_arrival
 from tui.workload.slo import met
 
@@ -204,7 +204,7 @@ class Capacity:
     """One engine's search."""
 
     def __init__(self, target: EngineTarget, workload: Workload, search: Search, *, model: str | None = None,
-                 limits: ProbeLimits | None = None,
+                 limits: ProbeLimits | None = None, tokenizer: Tokens | None = None,
                  on_level: Callable[[str, Level], None] | None = None,
                  on_bench: Callable[[Bench, float], None] | None = None) -> None:
         self.target = target
@@ -212,6 +212,7 @@ class Capacity:
         self.search = search
         self.model = model
         self.limits = limits
+        self.tokenizer = tokenizer
         self.on_level = on_level
         self.on_bench = on_bench  # told of each level's bench as it starts (the live view follows it)
         self.result = CapacityResult(target.name, target.url, str(search.slo), search.attainment,
@@ -260,7 +261,8 @@ class Capacity:
     async def level(self, rate: float) -> Level:
         planned = level_plan(self.workload, rate, self.search, len(self.result.levels))
         bench = Bench(self.target, planned, model=self.model, block_size=self.workload.block_size,
-                      limits=self.limits, prompts=self._prompts, prompt_seed=self.workload.prompt_seed)
+                      limits=self.limits, prompts=self._prompts, prompt_seed=self.workload.prompt_seed,
+                      tokenizer=self.tokenizer)
         await bench.ready()
         self._prompts = bench.prompts
         watch = Watch(bench, self.search, len(planned), rate)

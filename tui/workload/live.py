@@ -59,7 +59,7 @@ def progress_of(bench: Bench | None, command: str, workload: str, slo: Slo | Non
         itl_p50_s=quantile(gaps, 0.5), itl_p90_s=quantile(gaps, 0.9),
         slo=str(slo) if slo is not None else None, slo_ttft_s=limit / 1000.0 if limit else None,
         attainment=sum(met(slo, r) for r in results) / len(results) if slo is not None and results else None,
-        **extra)
+        note=bench.run.prompt_note if bench is not None else None, **extra)
 
 
 class LiveFile:

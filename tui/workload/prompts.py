@@ -12,9 +12,10 @@ request draws: fresh text that no cache can serve. `check` asks the engine to co
 from __future__ import annotations
 
 import random
+from typing import Protocol
 
-from tui.engines.tokens import EngineTokens
 from tui.model.workload import WorkloadRequest
+from tui.workload.tokenizer import WordTokens
 
 # Everyday English words: most are one token in any large vocabulary (the engine decides which).
 _WORD_TEXT = """
@@ -39,10 +40,25 @@ bottle candle carpet ladder needle pillow rocket saddle
 WORDS = _WORD_TEXT.split()
 
 
+class Tokens(Protocol):
+    """Whose tokens the prompts are made in: the engine's (tui.engines.tokens), a local tokenizer's, or plain
+    words (tui.workload.tokenizer)."""
+
+    url: str
+
+    async def tokenize(self, text: str, special: bool = False) -> list[int]: ...
+
+    async def one_token_words(self, words: list[str]) -> list[str]: ...
+
+
 class PromptMaker:
-    def __init__(self, tokens: EngineTokens, block_size: int, seed: str = "enginetop",
-                 fresh_from: int = 0) -> None:
+    def __init__(self, tokens: Tokens, block_size: int, seed: str = "enginetop",
+                 fresh_from: int = 0, fallback: bool = True) -> None:
         self.tokens = tokens
+        # An engine that gives no token pieces (a gateway, a build without /tokenize): prompts from plain
+        # words, said in `approximate`, rather than no replay at all. Off when the user named a tokenizer.
+        self.fallback = fallback
+        self.approximate: str | None = None
         self.block_size = block_size
         self.seed = seed
         self.pool: list[str] = []
@@ -52,10 +68,20 @@ class PromptMaker:
         self.special = 0  # tokens the engine adds to a raw prompt (prepare() asks it)
 
     async def prepare(self, min_words: int = 16) -> None:
-        words = sorted(set(await self.tokens.one_token_words(WORDS)))
+        url = self.tokens.url
+        whose = f"the engine at {url}" if url.startswith(("http://", "https://")) else url
+        try:
+            words = sorted(set(await self.tokens.one_token_words(WORDS)))
+            why = f"{whose} makes one token of only {len(words)} of {len(WORDS)} common words"
+        except ValueError as exc:  # no /tokenize (or no pieces from it)
+            words, why = [], str(exc)
         if len(words) < min_words:
-            raise ValueError(f"the engine at {self.tokens.url} makes one token of only {len(words)} of "
-                             f"{len(WORDS)} common words: too few to build prompts from")
+            if not self.fallback:
+                raise ValueError(f"{why}: too few to build prompts from")
+            self.approximate = (f"prompt lengths and block sharing are approximate ({why}): prompts are made "
+                                "of words; --tokenizer PATH makes them exact")
+            self.tokens = WordTokens(self.tokens.url)
+            words = sorted(set(await self.tokens.one_token_words(WORDS)))
         self.pool = words
         # the engine puts its own tokens (a BOS) before a raw prompt, and the trace's lengths count them
         self.special = max(0, len(await self.tokens.tokenize(" probe", special=True))

@@ -94,7 +94,8 @@ def bench_body(result: dict[str, Any]) -> str:
         f'<p class="note">{escape(e["engine"])}: stopped early: {escape(e["error"])}</p>'
         for e in engines
         if e.get("error")
-    )
+    ) + "".join(f'<p class="note">{escape(e["engine"])}: {escape(e["prompt_note"])}</p>'
+                for e in engines if e.get("prompt_note"))
     ttft = [
         Series(e["engine"], cdf([r["ttft_ms"] for r in e["per_request"] if r["ttft_ms"] is not None]))
         for e in engines

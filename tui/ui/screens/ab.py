@@ -16,7 +16,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Static
+from textual.widgets import Footer, Static
 
 from tui.base.paths import runs_dir
 from tui.compare.ab import ABConfig, Arm, verdict_words
@@ -115,6 +115,7 @@ class ABScreen(ModalScreen[None]):
                 yield Static(id="ab-progress")
             yield Static(Text("escape: close (the run goes on in the background, still saves, and the "
                               "dashboard says when it is done; a: show it again)", style="dim"))
+        yield Footer()
 
     def on_mount(self) -> None:
         self.refresh_view()

@@ -1,10 +1,11 @@
 """The fleet screens: the table of every engine a Prometheus knows (FleetView, the main screen in fleet
 mode) and one engine opened from it (EngineScreen: the column-and-plots view, `escape` back).
 
-Typing filters (every word must match engine, job, model, host, status or alert text); up/down/page keys
-move in the table (or a click), enter opens the engine under the cursor; a click on a column's header sorts
-by it (again: the other way round), as ctrl+s (the next column) and ctrl+r (reverse) do; escape clears the
-filter.
+As in htop and nvitop, `/` starts filtering (every word must match engine, job, model, host, status or alert
+text) and `q` quits unless the focus is in the filter; `escape` leaves the filter (keeping it), and in the
+table clears it. up/down/page keys move in the table (or a click), enter opens the engine under the cursor;
+a click on a column's header sorts by it (again: the other way round), as ctrl+s (the next column) and
+ctrl+r (reverse) do.
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ class FleetView(Vertical):
         Binding("pageup", "cursor(-20)", "page up", show=False),
         Binding("ctrl+s", "sort(1)", "Sort by next column"),
         Binding("ctrl+r", "reverse", "Reverse order"),
-        Binding("escape", "clear_filter", "Clear filter"),
+        Binding("slash", "focus_filter", "Filter", key_display="/"),
+        Binding("escape", "escape", "Leave / clear filter"),
         Binding("ctrl+g", "app.fleet_gpus", "All GPUs"),
         Binding("enter", "open", "Open", show=False),  # with the table focused (a click, tab)
     ]
@@ -68,13 +70,13 @@ class FleetView(Vertical):
     def compose(self) -> ComposeResult:
         yield Static(id="fleet-status")
         # no blinking cursor: a blink is a repaint twice a second, for ever, with nothing new to show
-        typed = Input(placeholder="type to filter: engine, job, model, host, status", id="fleet-filter")
+        typed = Input(placeholder="/ to filter: engine, job, model, host, status", id="fleet-filter")
         typed.cursor_blink = False
         yield typed
         yield FleetTable(id="fleet-table")
 
     def on_mount(self) -> None:
-        self.query_one(Input).focus()
+        self.table.focus()  # keys are commands (q quits) until `/` opens the filter
 
     @property
     def table(self) -> FleetTable:
@@ -147,14 +149,22 @@ class FleetView(Vertical):
         self.table.sort_reverse = not self.table.sort_reverse
         self.refresh_order()
 
-    def action_clear_filter(self) -> None:
-        self.query_one(Input).value = ""
+    def action_focus_filter(self) -> None:
+        self.query_one(Input).focus()
+
+    def action_escape(self) -> None:
+        """In the filter: leave it (the filter stays); in the table: clear the filter."""
+        typed = self.query_one(Input)
+        if typed.has_focus:
+            self.table.focus()
+        else:
+            typed.value = ""
 
 
 class GpusScreen(Screen[None]):
     """Every remote GPU (dcgm-exporter, through Prometheus or --dcgm), node by node; `escape` back."""
 
-    BINDINGS = [Binding("escape", "app.pop_screen", "Back to the fleet")]
+    BINDINGS = [Binding("escape", "app.pop_screen", "Back to the fleet"), Binding("q", "app.quit", "Quit")]
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -172,7 +182,7 @@ class EngineScreen(Screen[None]):
     column and probes, its plots (back-filled from Prometheus, or the replayed history) with probe markers
     and its node's throttle spans, its node's remote GPUs below. `f` probes it; `escape` back."""
 
-    BINDINGS = [Binding("escape", "app.pop_screen", "Back to the fleet")]
+    BINDINGS = [Binding("escape", "app.pop_screen", "Back to the fleet"), Binding("q", "app.quit", "Quit")]
 
     def __init__(self, name: str, horizon_s: float) -> None:
         super().__init__()

@@ -6,7 +6,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Input, Static
+from textual.widgets import Footer, Input, Static
 
 
 class GotoScreen(ModalScreen[str | None]):
@@ -22,6 +22,7 @@ class GotoScreen(ModalScreen[str | None]):
         with Vertical():
             yield Static("go to: HH:MM:SS (time of day) or -5m / -90s / -1h (before the end)")
             yield Input(placeholder="-5m", id="goto")
+        yield Footer()
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         self.dismiss(event.value)

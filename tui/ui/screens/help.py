@@ -7,7 +7,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Static
+from textual.widgets import Footer, Static
 
 from tui.sources.rates import MIN_BUSY_TOKENS
 
@@ -20,7 +20,10 @@ ABOUT = (
     "once it is the rate of one stream, not of the engine (gen tok/s is the engine's). "
     "Latency quantiles come from histogram bucket deltas (vLLM, SGLang). "
     "'n/a' = the engine does not expose it; '–' = exposed but idle in the window, or too little in it "
-    "for a figure that can be trusted."
+    "for a figure that can be trusted. config = what the engine is really set to, read from it (/props, "
+    "/slots, its command line; vLLM's cache_config_info); ERROR / WARNING / INFO rows are findings: a trap "
+    "its figures or its traffic show, the numbers it rests on, and what to try. spec per pos = the share of "
+    "drafts whose token at each position was accepted."
 )
 
 
@@ -47,3 +50,4 @@ class HelpScreen(ModalScreen[None]):
             yield Static(table)
             yield Static(ABOUT, classes="about")
             yield Static("[dim]escape / q / ? closes this screen[/dim]")
+        yield Footer()

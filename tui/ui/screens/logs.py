@@ -9,7 +9,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Static
+from textual.widgets import Footer, Static
 
 from tui.base.process import tail_lines
 
@@ -32,6 +32,7 @@ class LogScreen(ModalScreen[None]):
         with VerticalScroll() as scroll:
             scroll.border_title = self.title_text
             yield Static(id="log")
+        yield Footer()
 
     def on_mount(self) -> None:
         self.refresh_tail()

@@ -15,7 +15,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Static
+from textual.widgets import Footer, Static
 from textual_plotext import PlotextPlot
 
 from tui.model.targets import EngineTarget
@@ -68,6 +68,7 @@ class SweepScreen(ModalScreen[None]):
                     yield Static(id=f"sweep-{i}")
             yield PlotextPlot(id="sweep-plot")
             yield Static(Text("escape: stop and close", style="dim"))
+        yield Footer()
 
     def on_mount(self) -> None:
         self._draw()

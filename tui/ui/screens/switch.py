@@ -10,7 +10,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Button, Static
+from textual.widgets import Button, Footer, Static
 
 from tui.lifecycle.engine import EngineInstance
 from tui.lifecycle.profiles import Profile
@@ -43,7 +43,7 @@ def switch_question(current: EngineInstance | None, to: Profile) -> str:
 
 
 class ConfirmSwitch(ModalScreen[bool]):
-    BINDINGS = [Binding("escape,n", "answer(False)", "No"), Binding("enter,y", "answer(True)", "Yes")]
+    BINDINGS = [Binding("escape,n,q", "answer(False)", "No"), Binding("enter,y", "answer(True)", "Yes")]
     DEFAULT_CSS = """
     ConfirmSwitch { align: center middle; }
     ConfirmSwitch > Vertical {
@@ -62,6 +62,7 @@ class ConfirmSwitch(ModalScreen[bool]):
             with Horizontal():
                 yield Button("Switch (y)", variant="warning", id="yes")
                 yield Button("Cancel (n)", id="no")
+        yield Footer()
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         self.dismiss(event.button.id == "yes")
@@ -73,7 +74,7 @@ class ConfirmSwitch(ModalScreen[bool]):
 class SwitchProgress(ModalScreen[None]):
     """Fed StepEvents by the app's switch worker; escape cancels a running switch, or closes a done one."""
 
-    BINDINGS = [Binding("escape", "cancel_or_close", "Cancel / close")]
+    BINDINGS = [Binding("escape,q", "cancel_or_close", "Cancel / close")]
     DEFAULT_CSS = """
     SwitchProgress { align: center middle; }
     SwitchProgress > Vertical {
@@ -93,6 +94,7 @@ class SwitchProgress(ModalScreen[None]):
             yield Static(Text(self.title_text, style="bold"))
             yield Static(id="steps")
             yield Static(Text("escape: cancel the switch", style="dim"), id="hint")
+        yield Footer()
 
     def on_mount(self) -> None:
         self._draw()
