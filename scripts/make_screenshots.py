@@ -1,6 +1,7 @@
 """Refresh screenshots/ from real engines (run after `make engine vllm chromium`). Tests never write here.
 
-    .venv/bin/python scripts/make_screenshots.py [--only llama|both|report|recording|fleet|traffic|router]
+    .venv/bin/python scripts/make_screenshots.py [--only NAME]    (llama, both, report, recording, fleet,
+                                                                  traffic, router, findings)
 
 - dashboard-llama.svg: the dashboard watching a real llama-server (Gemma 3 270M) under load, probes on.
 - demo-llama-vllm.svg: the README demo, llama.cpp and vLLM on the same Gemma 3 270M side by side.
@@ -19,6 +20,10 @@
   (key 2) with its timed steps.
 - traffic-llama.svg: the dashboard running the traffic proxy (--proxy-listen) in front of the real
   llama-server, with an agent-like load sent through the proxy: the column's "traffic" rows.
+- findings-llama.svg: two real llama-servers and what enginetop reads of their configuration: one started
+  with -c 4096 --parallel 4 behind the proxy, sent a prompt longer than one slot (refused: the slots-split
+  finding); one drafting at depth 4 with a synthetic acceptance of 0.9, 0.6, 0.3, 0.1 (the spec-depth
+  finding, acceptance per draft position).
 The GPU panel shows what this machine has (no NVIDIA driver here: one line saying so).
 """
 
@@ -137,6 +142,53 @@ async def shoot_traffic() -> None:
                 await pilot.pause(2)
                 app.save_screenshot(filename="traffic-llama.svg", path=str(OUT))
                 print(f"wrote {OUT / 'traffic-llama.svg'}")
+        finally:
+            app.stop_managed()
+
+
+FINDINGS_PROFILES = {
+    "split-slots": ["--parallel", "4"],
+    "spec-depth-4": ["--model-draft", "${ENGINETOP_DEMO_MODEL}", "--spec-type", "draft-simple",
+                     "--spec-draft-n-max", "4", "--spec-draft-p-min", "0",
+                     "--spec-synth-rates", "0.9,0.6,0.3,0.1"],
+}
+
+
+async def shoot_findings() -> None:
+    from tui.net.listen import Listen
+    from tui.proxy.options import ProxyOptions
+
+    base = (repo_profiles_dir() / "demo-cpu-threads2.toml").read_text()
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, extra in FINDINGS_PROFILES.items():
+            text = re.sub(r'(?m)^name = .*$', f'name = "{name}"', base)
+            text = re.sub(r"(?m)^port = \d+", f"port = {free_port()}", text)
+            added = ", ".join(f'"{a}"' for a in extra)
+            text = text.replace('"--threads", "2",', f'"--threads", "2", {added},')
+            (Path(tmp) / f"{name}.toml").write_text(text)
+        profiles = [load_profiles([Path(tmp)]).get(n) for n in FINDINGS_PROFILES]
+        proxy = ProxyOptions({"split-slots": Listen("127.0.0.1", free_port())}, key_file=Path(tmp) / "key")
+        app = EnginetopApp(AppConfig(profiles=profiles, switchable=profiles, probe_every_managed_s=15.0,
+                                     probe_max_tokens=32, horizon_s=120.0, screenshot_dir=OUT, proxy=proxy))
+        try:
+            async with app.run_test(size=(200, 62)) as pilot:
+                await wait(pilot, lambda: all(s.status and s.status.state == "ready" for s in app.slots), 300)
+                via = f"http://{proxy.listens['split-slots'].display}"
+                spec = app.slots[1].target.url
+                async with httpx.AsyncClient(timeout=120) as client:
+                    long = " ".join(["apple banana cherry"] * 500)
+                    for _ in range(2):  # longer than one slot's 1,024 tokens: refused
+                        await client.post(f"{via}/v1/chat/completions", json={
+                            "messages": [{"role": "user", "content": long}], "max_tokens": 8})
+                    await asyncio.gather(agent_load(via, 30, agents=1), *(client.post(
+                        f"{spec}/v1/chat/completions", json={
+                            "messages": [{"role": "user", "content": f"Tell me story {i}."}],
+                            "max_tokens": 96, "ignore_eos": True}) for i in range(3)))
+                engines = app.store.engines
+                await wait(pilot, lambda: all(engines[s.target.name].findings for s in app.slots), 60)
+                await pilot.pause(3)
+                app.save_screenshot(filename="findings-llama.svg", path=str(OUT))
+                print(f"wrote {OUT / 'findings-llama.svg'}")
         finally:
             app.stop_managed()
 
@@ -289,7 +341,7 @@ async def shoot_router() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", choices=["llama", "both", "report", "recording", "fleet", "traffic",
-                                           "router"])
+                                           "router", "findings"])
     args = parser.parse_args()
     if args.only in (None, "llama"):
         asyncio.run(shoot(("demo-cpu-threads2",), "dashboard-llama", None))
@@ -305,6 +357,8 @@ def main() -> None:
         asyncio.run(shoot_traffic())
     if args.only in (None, "router"):
         asyncio.run(shoot_router())
+    if args.only in (None, "findings"):
+        asyncio.run(shoot_findings())
 
 
 if __name__ == "__main__":

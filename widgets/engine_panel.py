@@ -276,8 +276,9 @@ def _spec_rows(grid: Rows, state: EngineState, exposed: bool) -> None:
         length = num(stats.spec_accept_length, "{:.2f}")
         grid.add_row("spec accept", f"{pct(stats.spec_accept_rate)}, length {length}, "
                      f"{num(stats.spec_drafts_per_s)} drafts/s{setting}")
-        per_pos = stats.spec_accept_per_pos
-        since = ""
+        per_pos, since = stats.spec_accept_per_pos, ""
+        if per_pos is None:  # counters the engine made only within the window: the totals say it
+            per_pos, since = stats.spec_accept_per_pos_total, " since start"
     else:
         total = stats.spec_accept_rate_total
         length = num(stats.spec_accept_length_total, "{:.2f}")
