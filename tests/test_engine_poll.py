@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -446,3 +447,26 @@ def test_local_pids_finds_who_listens_on_a_loopback_engine_and_skips_remote_ones
     pids = LocalPids([EngineTarget("here", fake.url), EngineTarget("far", "http://10.9.9.9:8000")])
     assert list(pids.watched) == ["here"]
     assert pids() == {"here": os.getpid()}  # the fake server runs in this process
+
+
+async def test_the_configuration_is_read_again_when_the_engine_restarts(fake: Fake) -> None:
+    """Read at the first poll, not again while the engine runs on, and again once its counters went back (a
+    restart: what it is set to may have changed with it)."""
+    healthy(fake)
+    fake.routes["/version"] = Route(200, b'{"version": "0.33.0"}', "application/json")
+    transports = Transports()
+    source = EngineSource(EngineTarget("e1", fake.url), transports, interval_s=1.0)
+    try:
+        [first] = await source.read()
+        [second] = await source.read()
+        assert fake.seen_paths.count("/version") == 1
+        assert first.config is not None and second.config is first.config and first.config.version == "0.33.0"
+        restarted = re.sub(rb"(?m)^(vllm:generation_tokens_total\{[^}]*\}) [0-9.e+]+$", rb"\1 1.0", VLLM_BODY)
+        assert restarted != VLLM_BODY
+        fake.routes["/metrics"] = Route(200, restarted)
+        fake.routes[FILTERED] = Route(200, restricted(restarted.decode(), FILTERED.partition("?")[2]))
+        fake.routes["/version"] = Route(200, b'{"version": "0.33.1"}', "application/json")
+        [third] = await source.read()
+    finally:
+        await transports.aclose()
+    assert fake.seen_paths.count("/version") == 2 and third.config.version == "0.33.1"

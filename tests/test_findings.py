@@ -110,7 +110,7 @@ def test_llama_speculative_settings_from_the_argv() -> None:
         "draft.gguf",
     )
     assert c.spec_synthetic == "rates 0.9,0.6,0.3,0.1" and c.kv_cache_dtype == "K q8_0 / V q4_0"
-    assert "spec draft-simple n=4 (synthetic rates 0.9,0.6,0.3,0.1)" in c.summary()
+    assert "spec draft-simple n=4 p-min 0 (synthetic rates 0.9,0.6,0.3,0.1)" in c.summary()
     # a draft model without --spec-type drafts with draft-simple at the default depth
     c = llama_config(PROPS_4x1024, slots(4, 1024, speculative=True), ([LLAMA, "-md", "d.gguf"], {}), [])
     assert (c.spec_type, c.spec_n_max) == ("draft-simple", 3)
@@ -496,3 +496,21 @@ def test_an_ab_report_lists_the_configuration_and_each_arms_findings() -> None:
     html = render_html(result)
     assert "Configuration captured from the running engines" in html and "argv (PID 9)" in html
     assert "spec-depth" in html and "past depth 3" in html
+
+
+def test_a_recording_keeps_the_configuration_and_the_traffics_evidence(tmp_path: Path) -> None:
+    from tui.model.findings import TrafficFacts
+    from tui.model.samples import EngineReading, EngineSample
+    from tui.model.traffic import TrafficSample, TrafficStats
+    from tui.record.codec import decode, encode
+
+    config = EngineConfig("vLLM", 1.7e9, context_tokens=2048, kv_pool_tokens=524288, prefix_caching=False,
+                          argv=("vllm", "--api-key", "***"), published=(("block_size", "128"),),
+                          lacks=("argv: remote",))
+    sample = EngineSample("vllm", "http://x", 1.0, 1.7e9, "up", config=config, reading=EngineReading(
+        "vllm", spec_drafts_total=10.0, spec_accepted_per_pos=(9.0, 6.0, 3.0)))
+    assert decode(EngineSample, json.loads(json.dumps(encode(sample)))) == sample
+    facts = TrafficFacts(requests=20, shared_known=20, prompt_tokens=11100, shared_tokens=5632,
+                         cached_tokens=0)
+    traffic = TrafficSample("vllm", "http://p", 1.0, 1.7e9, TrafficStats(window_s=60.0, facts=facts))
+    assert decode(TrafficSample, json.loads(json.dumps(encode(traffic)))) == traffic

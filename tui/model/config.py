@@ -71,6 +71,8 @@ class EngineConfig:
             spec = "spec off" if self.spec_type == "off" else f"spec {self.spec_type}"
             if self.spec_type != "off" and self.spec_n_max is not None:
                 spec += f" n={self.spec_n_max}"
+            if self.spec_type != "off" and self.spec_p_min is not None:
+                spec += f" p-min {self.spec_p_min:g}"
             if self.spec_synthetic:
                 spec += f" (synthetic {self.spec_synthetic})"
             parts.append(spec)
