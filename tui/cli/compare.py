@@ -345,8 +345,9 @@ def _print_summary(result: dict[str, Any]) -> None:
             spec = a.get("spec") or {}
             rate = spec.get("acceptance_rate")
             per_pos = " ".join(f"{p * 100:.0f}%" for p in spec.get("per_position") or ())
-            line += (f" {f(rate * 100 if rate is not None else None) + '%':>7} "
-                     f"{f(spec.get('mean_accepted_length'), 2):>8}  {per_pos or ('off' if not spec else '')}")
+            accept = "off" if not spec else "n/a" if rate is None else f"{rate * 100:.1f}%"
+            length = "" if not spec else f(spec.get("mean_accepted_length"), 2)
+            line += f" {accept:>7} {length:>8}  {per_pos}"
         print(line.rstrip())
     for cmp in result["analysis"]["comparisons"]:
         d = cmp["decode_tps"]
