@@ -195,7 +195,7 @@ def test_a_depth_sweep_with_a_synthetic_mean_length_shows_acceptance_falling_as_
     out = tmp_path / "synth.json"
     report = tmp_path / "synth.html"
     run = subprocess.run([*ENGINETOP, "sweep-param", "demo-spec-synth", "--param", "spec-draft-n-max=1,2,4",
-                          "--instances", "1", "--blocks", "1", "--requests", "3", "--max-tokens", "64",
+                          "--instances", "1", "--blocks", "1", "--requests", "2", "--max-tokens", "64",
                           "--warmup", "0", "-o", str(out), "--report", str(report)],
                          capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stderr[-3000:]

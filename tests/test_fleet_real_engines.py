@@ -200,7 +200,7 @@ def start_keyed_llama(key_file: Path) -> tuple[str, Launched]:
 async def open_from_table(pilot, app: EnginetopApp, instance: str) -> EngineScreen:
     view = app.screen.query_one(FleetView)
     view.query_one(Input).value = ""
-    await pilot.press(*instance)
+    await pilot.press("slash", *instance)  # `/` opens the filter, as in htop
     await until(pilot, lambda: view.table.selected == instance, 10, f"{instance} selected in the table")
     await pilot.press("enter")
     screen = app.screen
