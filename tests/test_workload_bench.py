@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 
 import orjson
+import psutil
 import pytest
 
 from tests.sse_server import Scenario, SSEServer
@@ -155,7 +156,8 @@ def test_ab_with_a_workload_gives_the_block_at_one_place_the_same_requests_on_ev
     assert "--workload" in capsys.readouterr().err
 
 
-def test_an_engine_that_dies_mid_run_ends_its_part_and_the_other_goes_on(tmp_path, capsys):
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_an_engine_that_dies_mid_run_ends_its_part_and_the_other_goes_on(tmp_path, capsys, workers):
     workload = tmp_path / "w.jsonl"
     workload.write_text("".join(orjson.dumps({"prompt": f"q {i}", "output_tokens": 8}).decode() + "\n"
                                 for i in range(40)))
@@ -164,7 +166,7 @@ def test_an_engine_that_dies_mid_run_ends_its_part_and_the_other_goes_on(tmp_pat
     try:
         code = main(["bench", f"vllm-custom:{workload}", "--engine", f"dies={dying.url}", "--engine",
                      f"lives={living.url}", "--rate", "10", "--arrival", "constant", "--parallel-engines",
-                     "--json"])
+                     "--workers", workers, "--json"])
     finally:
         living.stop()
     dies, lives = orjson.loads(capsys.readouterr().out)["engines"]
@@ -172,20 +174,26 @@ def test_an_engine_that_dies_mid_run_ends_its_part_and_the_other_goes_on(tmp_pat
     assert "the engine stopped answering (3 requests in a row: cannot connect" in dies["error"]
     assert 5 <= dies["ok"] < 15 and dies["errors"] >= 3 and dies["requests"] < 30  # the rest never sent
     assert lives["ok"] == 40 and lives["error"] is None
+    assert len(lives.get("workers") or [None]) == int(workers)
 
 
-def test_ctrl_c_keeps_what_was_measured_and_writes_it(tmp_path):
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_ctrl_c_keeps_what_was_measured_and_writes_it(tmp_path, workers):
     workload = tmp_path / "w.jsonl"
     workload.write_text("".join(orjson.dumps({"prompt": f"q {i}", "output_tokens": 8}).decode() + "\n"
                                 for i in range(100)))
     out = tmp_path / "r.json"
     with SSEServer() as engine:
         run = subprocess.Popen([sys.executable, "-m", "tui", "bench", f"vllm-custom:{workload}", "--engine",
-                                f"e={engine.url}", "--rate", "10", "-o", str(out)], cwd=REPO,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                f"e={engine.url}", "--rate", "10", "--workers", workers, "-o", str(out)],
+                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         until(lambda: sum(1 for r in engine.requests if r.body) >= 10, "ten requests sent", timeout=30)
+        children = psutil.Process(run.pid).children(recursive=True)  # the workers, if any
+        assert len(children) >= int(workers) - 1
         run.send_signal(signal.SIGINT)
         printed, _ = run.communicate(timeout=30)
+        until(lambda: not any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children),
+              "every worker gone", timeout=10)
     assert run.returncode == 130
     result = orjson.loads(out.read_bytes())
     assert result["interrupted"] is True

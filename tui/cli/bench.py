@@ -39,6 +39,7 @@ from tui.workload.live import LiveFile, Shown, progress_of
 from tui.workload.report import BENCH_SCHEMA, CAPACITY_SCHEMA
 from tui.workload.schedule import Mode, Planned, ScheduleError, parse_arrival, plan
 from tui.workload.tokenizer import load_tokenizer
+from tui.workload.workers import WorkerBench, WorkerPool, make_bench, parse_workers
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -51,6 +52,9 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="run every engine at once (only for engines on different machines)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random arrivals")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds of silence before a request fails")
+    p.add_argument("--workers", default="1", metavar="N|auto",
+                   help="send each engine's plan from N worker processes (auto: one per core this process "
+                        "may use); each request by exactly one of them, at its planned moment (default 1)")
     p.add_argument("--tokenizer", metavar="NAME_OR_PATH",
                    help="make prompts from hash ids in this Hugging Face tokenizer's tokens (a "
                         "tokenizer.json, its folder, or a model already in the local HF cache; never "
@@ -249,25 +253,31 @@ def cmd_bench(args: argparse.Namespace) -> int:
         mode: Mode = "rate" if args.rate is not None else "concurrency" if args.concurrency else "trace"
         planned = plan(workload, mode, speed=args.speed, turns=args.schedule, rate=args.rate,
                        arrival=args.arrival, seed=args.seed, limit=args.limit)
-        tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
+        workers = parse_workers(args.workers)
+        if args.tokenizer:
+            load_tokenizer(args.tokenizer)  # one that cannot be read is refused before anything is sent
     except (WorkloadError, ScheduleError, SloError, ProfileError, ValueError) as exc:
         return _bad("bench", exc)
     print(f"enginetop bench: {len(planned)} requests of {workload.path} ({workload.kind}, "
           f"{workload.sessions} sessions) on {', '.join(p.name for p in parts)}", file=sys.stderr,
           flush=True)
     runs = {p.name: EngineRun(p.name, "") for p in parts}
-    benches: dict[str, Bench] = {}
+    benches: dict[str, Bench | WorkerBench] = {}
     states: dict[str, RunState] = {p.name: "preparing" for p in parts}
 
     async def work(part: Part, target: EngineTarget) -> None:
-        bench = Bench(target, planned, concurrency=args.concurrency, model=args.model,
-                      block_size=workload.block_size, limits=ProbeLimits(read_s=args.timeout),
-                      prompt_seed=workload.prompt_seed, tokenizer=tokenizer)
+        pool = WorkerPool(workers) if workers > 1 else None
+        bench = make_bench(target, planned, pool, concurrency=args.concurrency, model=args.model,
+                           block_size=workload.block_size, limits=ProbeLimits(read_s=args.timeout),
+                           prompt_seed=workload.prompt_seed, tokenizer=args.tokenizer)
         runs[part.name], benches[part.name], states[part.name] = bench.run, bench, "running"
         try:
             await bench.go()
         except Exception as exc:  # this engine's part ends with what it measured; the others go on
             bench.run.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            if pool is not None:
+                await asyncio.to_thread(pool.close)
         states[part.name] = "failed" if bench.run.error else "done"
 
     def snapshot() -> dict[str, Shown]:
@@ -302,7 +312,9 @@ def cmd_capacity(args: argparse.Namespace) -> int:
                         start_rate=args.start_rate, level_s=args.level_s, min_requests=args.min_requests,
                         precision=args.precision, max_levels=args.max_levels, seed=args.seed)
         workload = load_workload(args.workload)
-        tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
+        workers = parse_workers(args.workers)
+        if args.tokenizer:
+            load_tokenizer(args.tokenizer)  # one that cannot be read is refused before anything is sent
     except (WorkloadError, ScheduleError, SloError, ProfileError, ValueError) as exc:
         return _bad("capacity", exc)
     print(f"enginetop capacity: {len(workload.requests)} requests of {workload.path} ({workload.kind}) on "
@@ -319,15 +331,15 @@ def cmd_capacity(args: argparse.Namespace) -> int:
                for p in parts}
     searches: dict[str, Capacity] = {}
 
-    levels: dict[str, tuple[Bench, float]] = {}  # each engine's current level: its bench and rate
+    levels: dict[str, tuple[Bench | WorkerBench, float]] = {}  # each engine's current level: bench, rate
     states: dict[str, RunState] = {p.name: "preparing" for p in parts}
 
     async def work(part: Part, target: EngineTarget) -> None:
-        def level_started(bench: Bench, rate: float) -> None:
+        def level_started(bench: Bench | WorkerBench, rate: float) -> None:
             levels[part.name] = (bench, rate)
 
         found = Capacity(target, workload, search, model=args.model, limits=ProbeLimits(read_s=args.timeout),
-                         tokenizer=tokenizer, on_level=told, on_bench=level_started)
+                         tokenizer=args.tokenizer, workers=workers, on_level=told, on_bench=level_started)
         results[part.name], searches[part.name], states[part.name] = found.result, found, "running"
         await found.run()
         states[part.name] = "failed" if found.result.error else "done"

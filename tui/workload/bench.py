@@ -46,6 +46,8 @@ class EngineRun:
     error: str | None = None  # why this engine's part ended early
     client: ClientLoad | None = None  # the sending process's own CPU and event-loop lag meanwhile
     prompt_note: str | None = None  # prompts made without the engine's tokens: why, and what is approximate
+    workers: list[dict[str, Any]] = field(default_factory=list)  # --workers: each one's share, its figures
+    worker_notes: tuple[str, ...] = ()  # the workers that could not keep up, named
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,7 @@ class EngineSummary:
     first_errors: tuple[str, ...] = ()
     client_notes: tuple[str, ...] = ()  # when the client may have been the bottleneck, why
     prompt_note: str | None = None  # lengths and block sharing approximate on this engine, and why
+    workers: tuple[dict[str, Any], ...] = ()  # --workers: each worker's share (sent, lateness, CPU, lag)
 
 
 def summarize(run: EngineRun, slo: Slo | None = None) -> EngineSummary:
@@ -112,8 +115,8 @@ def summarize(run: EngineRun, slo: Slo | None = None) -> EngineSummary:
         goodput_rps=good / span if slo is not None and span else None,
         error=run.error,
         first_errors=tuple(dict.fromkeys(r.error or "" for r in results if not r.ok))[:3],
-        client_notes=run.client.notes if run.client is not None else (),
-        prompt_note=run.prompt_note,
+        client_notes=(*(run.client.notes if run.client is not None else ()), *run.worker_notes),
+        prompt_note=run.prompt_note, workers=tuple(run.workers),
     )
 
 
@@ -220,13 +223,16 @@ class Bench:
         """How long the oldest request in flight has been out (None: none is)."""
         return now - min(self._since.values()) if self._since else None
 
-    async def go(self) -> EngineRun:
-        """Prepare, then run the plan from now: its clock starts when everything is ready, so no request
+    async def go(self, start_at: float | None = None) -> EngineRun:
+        """Prepare, then run the plan from now (or from `start_at`, a moment of time.monotonic(): the one
+        clock of every worker process of a run): its clock starts when everything is ready, so no request
         starts out late."""
         await self.ready()
         self._ended = {p.index: asyncio.Event() for p in self.planned}
         gate = asyncio.Semaphore(self.concurrency) if self.concurrency else None
-        started = t0 = time.monotonic()
+        if start_at is not None:
+            await until(start_at)
+        started = t0 = time.monotonic() if start_at is None else start_at
         monitor = SelfMonitor()
         try:
             async with monitor:

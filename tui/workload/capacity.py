@@ -28,9 +28,10 @@ from tui.model.workload import Workload
 from tui.probe.client import ProbeLimits
 from tui.probe.results import ProbeResult
 from tui.workload.bench import Bench, EngineRun
-from tui.workload.prompts import PromptMaker, Tokens
+from tui.workload.prompts import PromptMaker
 from tui.workload.schedule import Planned, ScheduleError, gaps, parse_arrival
 from tui.workload.slo import met
+from tui.workload.workers import WorkerBench, WorkerPool, make_bench
 
 Stop = Literal["cannot pass", "over-saturated", "interrupted"]
 WINDOW_ARRIVALS = 8  # an over-saturation window holds at least this many arrivals at the level's rate
@@ -137,7 +138,7 @@ class Watch:
     TTFT by half. Random arrivals make either one rise now and then; both, three windows running, is a queue
     that only grows."""
 
-    def __init__(self, bench: Bench, search: Search, planned: int, rate: float) -> None:
+    def __init__(self, bench: Bench | WorkerBench, search: Search, planned: int, rate: float) -> None:
         self.bench = bench
         self.search = search
         self.planned = planned
@@ -204,15 +205,17 @@ class Capacity:
     """One engine's search."""
 
     def __init__(self, target: EngineTarget, workload: Workload, search: Search, *, model: str | None = None,
-                 limits: ProbeLimits | None = None, tokenizer: Tokens | None = None,
+                 limits: ProbeLimits | None = None, tokenizer: str | None = None,
                  on_level: Callable[[str, Level], None] | None = None,
-                 on_bench: Callable[[Bench, float], None] | None = None) -> None:
+                 on_bench: Callable[[Bench | WorkerBench, float], None] | None = None,
+                 workers: int = 1) -> None:
         self.target = target
         self.workload = workload
         self.search = search
         self.model = model
         self.limits = limits
-        self.tokenizer = tokenizer
+        self.tokenizer = tokenizer  # --tokenizer: read by each level's bench (each worker's own)
+        self.pool = WorkerPool(workers) if workers > 1 else None  # --workers: one pool for every level
         self.on_level = on_level
         self.on_bench = on_bench  # told of each level's bench as it starts (the live view follows it)
         self.result = CapacityResult(target.name, target.url, str(search.slo), search.attainment,
@@ -228,6 +231,8 @@ class Capacity:
         except Exception as exc:  # this engine's search ends with the levels it has; others go on
             self.result.error = f"{type(exc).__name__}: {exc}"
         finally:
+            if self.pool is not None:
+                await asyncio.to_thread(self.pool.close)
             self.result.duration_s = time.monotonic() - t0
             passed = [x.rate for x in self.result.levels if x.passed]
             self.result.capacity_rps = max(passed) if passed else None
@@ -260,9 +265,9 @@ class Capacity:
 
     async def level(self, rate: float) -> Level:
         planned = level_plan(self.workload, rate, self.search, len(self.result.levels))
-        bench = Bench(self.target, planned, model=self.model, block_size=self.workload.block_size,
-                      limits=self.limits, prompts=self._prompts, prompt_seed=self.workload.prompt_seed,
-                      tokenizer=self.tokenizer)
+        bench = make_bench(self.target, planned, self.pool, model=self.model,
+                           block_size=self.workload.block_size, limits=self.limits, prompts=self._prompts,
+                           prompt_seed=self.workload.prompt_seed, tokenizer=self.tokenizer)
         await bench.ready()
         self._prompts = bench.prompts
         watch = Watch(bench, self.search, len(planned), rate)

@@ -28,6 +28,7 @@ from tui.model.slo import Slo
 from tui.model.targets import EngineTarget
 from tui.workload.bench import Bench
 from tui.workload.slo import met
+from tui.workload.workers import WorkerBench
 
 WINDOW_S = 30.0  # the live figures: requests that ended in the last half minute
 WRITE_S = 0.5
@@ -43,8 +44,8 @@ class Shown:
     progress: BenchProgress
 
 
-def progress_of(bench: Bench | None, command: str, workload: str, slo: Slo | None, state: RunState,
-                planned: int, now: float, **extra: Any) -> BenchProgress:
+def progress_of(bench: Bench | WorkerBench | None, command: str, workload: str, slo: Slo | None,
+                state: RunState, planned: int, now: float, **extra: Any) -> BenchProgress:
     """The figures of a part: all its requests so far, the live ones of the last WINDOW_S."""
     results = [r for _, r in bench.run.results] if bench is not None else []
     recent = [r for r in results if r.ok and r.ended_at is not None and r.ended_at >= now - WINDOW_S]

@@ -1,5 +1,5 @@
-"""`--workers N`: one engine's part of a bench or capacity run sent by N worker processes, as AIPerf spreads its
-load, so that a deployment faster than one Python process can feed is measured, not the client.
+"""`--workers N`: one engine's part of a bench or capacity run sent by N worker processes, as AIPerf spreads
+its load, so that a deployment faster than one Python process can feed is measured, not the client.
 
 The plan is made once, in the parent, and split so that each request is sent by exactly one worker: a
 session's turns (linked by `after`) go to one worker, in order; the other requests are dealt in turn. Every
@@ -48,10 +48,22 @@ STOP_WAIT_S = 15.0  # a stopped worker's last results, then it is terminated
 READY_WAIT_S = 120.0
 
 
+def make_bench(target: EngineTarget, planned: list[Planned], pool: WorkerPool | None, *,
+               tokenizer: str | None = None, prompts: PromptMaker | None = None,
+               **kwargs: Any) -> Bench | WorkerBench:
+    """One process's Bench, or the pool's WorkerBench when there is a pool (--workers N, N > 1)."""
+    if pool is None:
+        # the tokenizer only makes prompts: a capacity level that is handed the last level's needs none
+        return Bench(target, planned, prompts=prompts,
+                     tokenizer=load_tokenizer(tokenizer) if tokenizer and prompts is None else None, **kwargs)
+    return WorkerBench(target, planned, pool, tokenizer=tokenizer, **kwargs)
+
+
 def parse_workers(text: str) -> int:
     """`--workers N` or `auto` (one per core this process may run on)."""
     if text == "auto":
-        return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        return max(1, cores)
     try:
         n = int(text)
     except ValueError:
@@ -103,9 +115,10 @@ class WorkerStats:
 
     def json(self) -> dict[str, Any]:
         late = sorted(self.lateness_s)
+        p50, p99 = median(late), quantile(late, 0.99)
         return {"worker": self.worker, "planned": self.planned, "sent": self.sent,
-                "lateness_p50_ms": None if not late else median(late) * 1000,
-                "lateness_p99_ms": None if not late else (quantile(late, 0.99) or 0.0) * 1000,
+                "lateness_p50_ms": None if p50 is None else p50 * 1000,
+                "lateness_p99_ms": None if p99 is None else p99 * 1000,
                 "client": self.client.to_json() if self.client is not None else None, "error": self.error}
 
 
@@ -134,7 +147,8 @@ async def _serve(worker: int, commands: Any, replies: Any) -> None:
             tokenizer = load_tokenizer(options.tokenizer)
         bench = Bench(options.target, planned, concurrency=options.concurrency, model=options.model,
                       block_size=options.block_size, limits=options.limits, prompts=prompts,
-                      fresh_from=worker * FRESH_PER_WORKER, prompt_seed=options.prompt_seed, tokenizer=tokenizer,
+                      fresh_from=worker * FRESH_PER_WORKER, prompt_seed=options.prompt_seed,
+                      tokenizer=tokenizer,
                       on_result=lambda _name, p, r: replies.put(("result", worker, p.index, r)))
         try:
             await bench.ready()
@@ -145,7 +159,7 @@ async def _serve(worker: int, commands: Any, replies: Any) -> None:
         replies.put(("ready", worker, None, bench.run.prompt_note))
         go = await loop.run_in_executor(None, commands.get)
         if go[0] != "go":
-            replies.put(("done", worker, bench.run.lateness_s, 0.0, None, "not started", 0))
+            replies.put(("done", worker, bench.run.lateness_s, 0.0, None, "not started", 0, 0))
             continue
         task = asyncio.ensure_future(bench.go(start_at=go[1]))
         status = asyncio.ensure_future(_status(worker, bench, replies))
@@ -156,7 +170,8 @@ async def _serve(worker: int, commands: Any, replies: Any) -> None:
         await asyncio.gather(task, return_exceptions=True)
         status.cancel()
         run = bench.run
-        replies.put(("done", worker, run.lateness_s, run.duration_s, run.client, run.error, bench.max_in_flight))
+        replies.put(("done", worker, run.lateness_s, run.duration_s, run.client, run.error,
+                     bench.max_in_flight, bench.sent))
         if not stop.done():
             with contextlib.suppress(Exception):
                 await stop  # the parent sends "stop" to every worker once all are done
@@ -216,7 +231,8 @@ class WorkerBench:
 
     def __init__(self, target: EngineTarget, planned: list[Planned], pool: WorkerPool, *,
                  concurrency: int | None = None, model: str | None = None, block_size: int | None = None,
-                 limits: ProbeLimits | None = None, prompt_seed: str = "enginetop", tokenizer: str | None = None,
+                 limits: ProbeLimits | None = None, prompt_seed: str = "enginetop",
+                 tokenizer: str | None = None,
                  on_result: Callable[[str, Planned, ProbeResult], None] | None = None) -> None:
         self.target = target
         self.planned = planned
@@ -294,7 +310,8 @@ class WorkerBench:
             try:
                 item = await asyncio.wait_for(self._next(), max(0.1, deadline - time.monotonic()))
             except TimeoutError:
-                raise RuntimeError(f"workers {sorted(waiting)} did not get ready in {READY_WAIT_S:g} s") from None
+                raise RuntimeError(f"workers {sorted(waiting)} were not ready after {READY_WAIT_S:g} s") \
+                    from None
             if item[0] != "ready":
                 continue
             _, k, problem, note = item
@@ -376,10 +393,9 @@ class WorkerBench:
             self.on_result(self.target.name, planned, result)
 
     def _done(self, k: int, item: tuple[Any, ...]) -> None:
-        _, _, lateness, duration, client, error, most = item
+        _, _, lateness, duration, client, error, most, sent = item
         stats = self.workers[k]
-        stats.lateness_s, stats.client, stats.error = list(lateness), client, error
-        stats.sent = self._status.get(k, (0, 0, None))[0]
+        stats.lateness_s, stats.client, stats.error, stats.sent = list(lateness), client, error, sent
         self.run.lateness_s.extend(lateness)
         self.run.duration_s = max(self.run.duration_s, duration)
         self.max_in_flight = max(self.max_in_flight, most)
@@ -399,6 +415,7 @@ class WorkerBench:
                                 default=None),
             host_cpu_percent=max((x for x in (load.host_cpu_percent for load in loads) if x is not None),
                                  default=None))
-        self.run.worker_notes = tuple(f"worker {s.worker + 1} of {self.pool.n}: {note}" for s in self.workers
-                                      if s.client is not None and s.client.bottleneck for note in s.client.notes)
+        self.run.worker_notes = tuple(
+            f"worker {s.worker + 1} of {self.pool.n}: {note}" for s in self.workers
+            if s.client is not None and s.client.bottleneck for note in s.client.notes)
         self.run.workers = [s.json() for s in self.workers]
