@@ -56,8 +56,8 @@ class Target:
     api_key: str | None = None
 
 
-def start_server() -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen([sys.executable, "-m", "tests.sse_server", "--port", "0"], cwd=ROOT,
+def start_server(*extra: str) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen([sys.executable, "-m", "tests.sse_server", "--port", "0", *extra], cwd=ROOT,
                             stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     line = proc.stdout.readline().strip()

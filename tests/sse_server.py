@@ -554,6 +554,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--jitter", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tokens-per-chunk", type=int, default=1)
+    parser.add_argument("--uvloop", action="store_true", help="serve on uvloop (cheaper, for load benches)")
     args = parser.parse_args(argv)
     default = Scenario(per_token_delay_s=args.per_token_delay, jitter_s=args.jitter, seed=args.seed,
                        tokens_per_chunk=args.tokens_per_chunk)
@@ -566,7 +567,12 @@ def main(argv: list[str] | None = None) -> None:
         print(f"listening {server.url}", flush=True)
         await task
 
-    asyncio.run(go())
+    if args.uvloop:
+        import uvloop
+
+        uvloop.run(go())
+    else:
+        asyncio.run(go())
 
 
 if __name__ == "__main__":

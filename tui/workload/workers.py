@@ -43,7 +43,7 @@ from tui.workload.tokenizer import load_tokenizer
 
 FRESH_PER_WORKER = 10_000_000  # fresh-text numbers each worker may draw before the next worker's begin
 STATUS_S = 0.25  # how often a worker says how many requests it has out
-START_MARGIN_S = 0.05  # between the go and the shared start: every worker has the moment before it comes
+START_MARGIN_S = 0.2  # between the go and the shared start: every worker has the moment before it comes
 STOP_WAIT_S = 15.0  # a stopped worker's last results, then it is terminated
 READY_WAIT_S = 120.0
 
