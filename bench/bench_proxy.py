@@ -24,6 +24,11 @@ SSE server (no engine noise). Printed: each one's added TTFT over direct: what a
 costs on this machine, what an HTTP library costs on top (aiohttp's server, or uvicorn's), and what is the
 proxy's own.
 
+Peers (with floor and load): LiteLLM's proxy (PyPI `litellm[proxy]`, installed into its own venv on first
+use), configured to pass every request through to the same loopback engine, measured beside the floors and
+`enginetop proxy`: its added TTFT, its CPU per relayed event, and each relay's whole process tree's CPU and
+peak RSS.
+
 Load (b): a loopback SSE server streaming as fast as it can (tests/sse_server.py, its own process),
 --streams concurrent streams of --tokens one-token events each, from an asyncio client reading raw sockets,
 direct, then through `enginetop proxy`. Printed: events/s each way and their ratio, and the proxy process's
@@ -34,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -43,6 +49,8 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -53,6 +61,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.bench_probe import start_llama, start_server  # noqa: E402
+from tui.base.paths import cache_dir  # noqa: E402
 from tui.base.process import free_port, stop_group  # noqa: E402
 from tui.base.stats import quantile  # noqa: E402
 
@@ -76,11 +85,18 @@ def start_proxy(upstream: str) -> tuple[subprocess.Popen[str], str]:
     return proc, f"http://127.0.0.1:{port}"
 
 
+# What a peer proxy wants beside the request: LiteLLM its master key (the engines and enginetop's proxy
+# ignore it). Every body names the model LiteLLM routes ("gemma"), which the others ignore too.
+AUTH: dict[str, str] = {}
+
+
 def request_bytes(url: str, body: dict, close: bool = True) -> bytes:
     parts = urlsplit(url)
-    payload = json.dumps(body).encode()
+    payload = json.dumps({"model": "gemma", **body}).encode()
+    auth = AUTH.get(parts.netloc)
     return (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {parts.netloc}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
+            + (f"Authorization: Bearer {auth}\r\n" if auth else "")
             + ("Connection: close\r\n" if close else "") + "\r\n").encode() + payload
 
 
@@ -242,27 +258,136 @@ async def load(url: str, streams: int, tokens: int) -> tuple[int, float]:
     return sum(counts), time.perf_counter() - started
 
 
-def section_load(streams: int, tokens: int) -> None:
+def section_load(streams: int, tokens: int, peers: bool, work: Path) -> None:
     server, upstream = start_server()
-    proxy, via = start_proxy(upstream)
-    me = psutil.Process(proxy.pid)
+    relays = {"enginetop proxy": start_proxy(upstream)}
+    if peers:
+        relays["LiteLLM proxy"] = start_litellm(upstream, work)
+    measured: dict[str, tuple[int, float, float, int]] = {}
     try:
         asyncio.run(load(upstream, 4, 20))
-        asyncio.run(load(via, 4, 20))
+        for _, via in relays.values():
+            asyncio.run(load(via, 4, 20))
         d_events, d_s = asyncio.run(load(upstream, streams, tokens))
-        cpu0 = me.cpu_times()
-        p_events, p_s = asyncio.run(load(via, streams, tokens))
-        cpu1 = me.cpu_times()
+        for name, (proc, via) in relays.items():
+            with TreeMeter(proc.pid) as meter:
+                events, seconds = asyncio.run(load(via, streams, tokens))
+            measured[name] = (events, seconds, meter.cpu_s, meter.peak)
     finally:
-        proxy.send_signal(signal.SIGTERM)
-        proxy.wait(10)
+        for proc, _ in relays.values():
+            stop_proc(proc)
         server.kill()
-    cpu = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
     print(f"{streams} concurrent streams x {tokens} events, loopback SSE server at full speed:")
     print(f"  direct   {d_events} events in {d_s:.2f} s = {d_events / d_s:9.0f} events/s")
-    print(f"  proxied  {p_events} events in {p_s:.2f} s = {p_events / p_s:9.0f} events/s"
-          f"   ratio to direct {p_events / p_s / (d_events / d_s):.2f}")
-    print(f"  proxy CPU {cpu:.2f} s = {cpu / max(1, p_events) * 1e6:.1f} us per relayed event   (goal <= 25)")
+    for name, (events, seconds, cpu, peak) in measured.items():
+        print(f"  {name:16s} {events} events in {seconds:.2f} s = {events / seconds:9.0f} events/s, ratio to "
+              f"direct {events / seconds / (d_events / d_s):.2f}; its CPU {cpu:.2f} s = "
+              f"{cpu / max(1, events) * 1e6:.1f} us per relayed event, peak RSS {peak / 2**20:.0f} MiB"
+              + ("   (goal <= 25 us)" if name == "enginetop proxy" else ""))
+
+
+LITELLM_VERSION = "1.*"
+LITELLM_KEY = "sk-enginetop-bench"  # LiteLLM's proxy refuses to start without a master key
+
+
+def ensure_litellm() -> Path:
+    """LiteLLM's proxy, installed on first use into its own venv (cache_dir()/litellm-venv), never into
+    enginetop's."""
+    venv = cache_dir() / "litellm-venv"
+    exe = venv / "bin" / "litellm"
+    if not exe.exists():
+        if not (venv / "bin" / "python").exists():
+            print(f"creating {venv} ...", flush=True)
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        print(f"installing litellm[proxy]=={LITELLM_VERSION} into {venv} (minutes, ~760 MB) ...", flush=True)
+        subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q",
+                        f"litellm[proxy]=={LITELLM_VERSION}"], check=True)
+    return exe
+
+
+def start_litellm(upstream: str, work: Path) -> tuple[subprocess.Popen[str], str]:
+    """LiteLLM's proxy passing every request through to `upstream` as an OpenAI-compatible model, offline
+    (its model cost map from the package, no telemetry), one worker process."""
+    exe = ensure_litellm()
+    port = free_port()
+    config = work / "litellm.yaml"
+    config.write_text(f"model_list:\n  - model_name: gemma\n    litellm_params:\n      model: openai/gemma\n"
+                      f"      api_base: {upstream}/v1\n      api_key: none\nlitellm_settings:\n"
+                      "  telemetry: false\n")
+    env = {**os.environ, "LITELLM_MASTER_KEY": LITELLM_KEY, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    proc = subprocess.Popen([str(exe), "--config", str(config), "--port", str(port), "--num_workers", "1"],
+                            stdout=(work / "litellm.log").open("w"), stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+        except OSError:
+            if proc.poll() is not None:
+                raise SystemExit(f"LiteLLM exited: see {work / 'litellm.log'}") from None
+            time.sleep(0.5)
+    AUTH[f"127.0.0.1:{port}"] = LITELLM_KEY
+    return proc, url
+
+
+class TreeMeter:
+    """A process tree's CPU seconds and peak RSS while it relays (sampled every 50 ms in a thread)."""
+
+    def __init__(self, pid: int) -> None:
+        self.root = psutil.Process(pid)
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _procs(self) -> list[psutil.Process]:
+        try:
+            return [self.root, *self.root.children(recursive=True)]
+        except psutil.Error:
+            return []
+
+    def cpu(self) -> float:
+        total = 0.0
+        for proc in self._procs():
+            try:
+                t = proc.cpu_times()
+            except psutil.Error:
+                continue
+            total += t.user + t.system
+        return total
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.05):
+            rss = 0
+            for proc in self._procs():
+                with contextlib.suppress(psutil.Error):
+                    rss += proc.memory_info().rss
+            self.peak = max(self.peak, rss)
+
+    def __enter__(self) -> TreeMeter:
+        self.cpu0 = self.cpu()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.cpu_s = self.cpu() - self.cpu0
+
+
+def stop_proc(proc: subprocess.Popen[str]) -> None:
+    """SIGTERM to a relay (to its whole session when it leads one: LiteLLM's uvicorn workers)."""
+    with contextlib.suppress(ProcessLookupError):
+        if os.getpgid(proc.pid) == proc.pid:
+            os.killpg(proc.pid, signal.SIGTERM)
+        else:
+            proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
 
 
 def start_floor(kind: str, upstream: str) -> tuple[subprocess.Popen[str], str]:
@@ -276,7 +401,7 @@ def start_floor(kind: str, upstream: str) -> tuple[subprocess.Popen[str], str]:
     return proc, f"http://127.0.0.1:{port}"
 
 
-def section_floor(rounds: int) -> None:
+def section_floor(rounds: int, peers: bool, work: Path) -> None:
     """Direct, a bare byte pipe, bare aiohttp and uvicorn relays and `enginetop proxy`, in a shuffled order
     each round, 10 ms of quiet before every request (as between a client's requests), against the loopback
     SSE server: what any Python process in the path adds on this machine, what an HTTP library adds, and
@@ -286,6 +411,9 @@ def section_floor(rounds: int) -> None:
               "bare uvicorn relay (httptools)": "uvicorn"}
     started = {name: start_floor(kind, upstream) for name, kind in floors.items()}
     started["enginetop proxy"] = start_proxy(upstream)
+    if peers:
+        started["LiteLLM proxy"] = start_litellm(upstream, work)
+    meters = {name: TreeMeter(proc.pid).__enter__() for name, (proc, _) in started.items()}
     urls = {"direct": upstream, **{name: url for name, (_, url) in started.items()}}
     body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "stream": True}
     ttft: dict[str, list[float]] = {name: [] for name in urls}
@@ -300,25 +428,30 @@ def section_floor(rounds: int) -> None:
                 if i >= 5:
                     ttft[name].append(first)
     finally:
+        for meter in meters.values():
+            meter.__exit__()
         for proc, _ in started.values():
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(10)
+            stop_proc(proc)
         server.kill()
     ms = 1000.0
-    print(f"The floor: TTFT from the loopback SSE server, {rounds} rounds, added over direct per round (ms):")
+    print(f"The floor: TTFT from the loopback SSE server, {rounds} rounds, added over direct per round (ms); "
+          "each relay's whole process tree: CPU over the section, peak RSS:")
     for name, times in ttft.items():
         if name == "direct":
             d = sorted(times)
             print(f"  {name:30s} p50 {quantile(d, 0.5) * ms:6.2f}  p99 {quantile(d, 0.99) * ms:6.2f}")
             continue
         added = sorted(t - d for t, d in zip(times, ttft["direct"], strict=True))
+        meter = meters[name]
         print(f"  {name:30s} added p50 {quantile(added, 0.5) * ms:6.2f}  "
-              f"p99 {quantile(added, 0.99) * ms:6.2f}")
+              f"p99 {quantile(added, 0.99) * ms:6.2f}   CPU {meter.cpu_s:5.2f} s, peak RSS "
+              f"{meter.peak / 2**20:5.0f} MiB")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sections", default="ttft,floor,load")
+    parser.add_argument("--sections", default="ttft,floor,load,peers",
+                        help="ttft, floor, load; peers: LiteLLM's proxy beside enginetop's in floor and load")
     parser.add_argument("--rounds", type=int, default=200, help="rounds of the floor section")
     parser.add_argument("--pairs", type=int, default=40)
     parser.add_argument("--streams", type=int, default=64)
@@ -329,10 +462,11 @@ def main() -> None:
         section_wake()
         for label, engine_args in ENGINES.items():
             section_ttft(args.pairs, label, engine_args)
-    if "floor" in sections:
-        section_floor(args.rounds)
-    if "load" in sections:
-        section_load(args.streams, args.tokens)
+    with tempfile.TemporaryDirectory() as work:
+        if "floor" in sections:
+            section_floor(args.rounds, "peers" in sections, Path(work))
+        if "load" in sections:
+            section_load(args.streams, args.tokens, "peers" in sections, Path(work))
 
 
 if __name__ == "__main__":
