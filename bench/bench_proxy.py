@@ -50,17 +50,15 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
-
-import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.bench_probe import start_llama, start_server  # noqa: E402
+from bench.meter import TreeMeter  # noqa: E402
 from tui.base.paths import cache_dir  # noqa: E402
 from tui.base.process import free_port, stop_group  # noqa: E402
 from tui.base.stats import quantile  # noqa: E402
@@ -330,50 +328,6 @@ def start_litellm(upstream: str, work: Path) -> tuple[subprocess.Popen[str], str
             time.sleep(0.5)
     AUTH[f"127.0.0.1:{port}"] = LITELLM_KEY
     return proc, url
-
-
-class TreeMeter:
-    """A process tree's CPU seconds and peak RSS while it relays (sampled every 50 ms in a thread)."""
-
-    def __init__(self, pid: int) -> None:
-        self.root = psutil.Process(pid)
-        self.peak = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-
-    def _procs(self) -> list[psutil.Process]:
-        try:
-            return [self.root, *self.root.children(recursive=True)]
-        except psutil.Error:
-            return []
-
-    def cpu(self) -> float:
-        total = 0.0
-        for proc in self._procs():
-            try:
-                t = proc.cpu_times()
-            except psutil.Error:
-                continue
-            total += t.user + t.system
-        return total
-
-    def _sample(self) -> None:
-        while not self._stop.wait(0.05):
-            rss = 0
-            for proc in self._procs():
-                with contextlib.suppress(psutil.Error):
-                    rss += proc.memory_info().rss
-            self.peak = max(self.peak, rss)
-
-    def __enter__(self) -> TreeMeter:
-        self.cpu0 = self.cpu()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.cpu_s = self.cpu() - self.cpu0
 
 
 def stop_proc(proc: subprocess.Popen[str]) -> None:

@@ -32,9 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import re
-import resource
 import shutil
 import subprocess
 import sys
@@ -45,14 +43,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.meter import run_child  # noqa: E402
 from tui.base.paths import cache_dir  # noqa: E402
-from tui.base.process import free_port, group_alive, launch, stop_group, stop_pgid  # noqa: E402
+from tui.base.process import free_port, launch, stop_group  # noqa: E402
 from tui.base.stats import median  # noqa: E402
 from tui.engines.llamacpp import demo_argv  # noqa: E402
 from tui.probe.workloads import WorkloadParams, short_body  # noqa: E402
@@ -182,29 +180,6 @@ class Tally:
     notes: list[str] = field(default_factory=list)
 
 
-def child_cpu() -> float:
-    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return ru.ru_utime + ru.ru_stime
-
-
-def run_child(argv: list[str], env: dict[str, str] | None, out_path: Path) -> tuple[int, float, float]:
-    """Run argv in its own session; (exit code, CPU s of it and its waited-for descendants, wall s)."""
-    cpu0, t0 = child_cpu(), time.perf_counter()
-    with out_path.open("wb") as out:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                env={**os.environ, **(env or {})}, start_new_session=True)
-        leader_started = psutil.Process(proc.pid).create_time()
-        # Wait for the exit without reaping: while the leader is an unreaped zombie its PID (the group's
-        # id) cannot be reused, so what is left in the group is provably this run's and safe to signal.
-        os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
-        if group_alive(proc.pid):  # a service process left behind would also escape the rusage count
-            stop_pgid(proc.pid, create_time=leader_started)
-            print(f"  warning: {Path(argv[0]).name} left processes behind; stopped them", flush=True)
-        rc = proc.wait()
-    wall, cpu = time.perf_counter() - t0, child_cpu() - cpu0
-    return rc, cpu, wall
-
-
 def bodies(params: WorkloadParams, first: int, count: int) -> list[dict[str, Any]]:
     return [short_body(params, i) for i in range(first, first + count)]
 
@@ -214,11 +189,11 @@ def enginetop_block(base: str, params: WorkloadParams, first: int, count: int, w
     out = work / f"enginetop-{first}.json"
     argv = [sys.executable, str(Path(__file__).resolve()), "--worker", base, str(first), str(count),
             str(params.max_tokens), str(out)]
-    rc, cpu, wall = run_child(argv, None, work / f"enginetop-{first}.log")
-    t.cpu_s += cpu
-    t.block_cpu_s.append(cpu)
-    t.wall_s += wall
-    if rc != 0:
+    child = run_child(argv, None, work / f"enginetop-{first}.log")
+    t.cpu_s += child.cpu_s
+    t.block_cpu_s.append(child.cpu_s)
+    t.wall_s += child.wall_s
+    if (rc := child.rc) != 0:
         raise SystemExit(f"the enginetop probe worker failed (exit {rc}); see {work}/enginetop-{first}.log")
     data = json.loads(out.read_text())
     t.loop_cpu_s = (t.loop_cpu_s or 0.0) + data["loop_cpu_s"]
@@ -259,10 +234,11 @@ def aiperf_block(exe: Path, hub: Path, base: str, params: WorkloadParams, first:
         "--artifact-dir", str(run_dir / "artifacts"),
     ]
     env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_CACHE": str(hub)}
-    rc, cpu, wall = run_child(argv, env, run_dir / "aiperf.log")
-    t.cpu_s += cpu
-    t.block_cpu_s.append(cpu)
-    t.wall_s += wall
+    child = run_child(argv, env, run_dir / "aiperf.log")
+    rc = child.rc
+    t.cpu_s += child.cpu_s
+    t.block_cpu_s.append(child.cpu_s)
+    t.wall_s += child.wall_s
     records_path = run_dir / "artifacts" / "profile_export.jsonl"
     if rc != 0 or not records_path.exists():
         raise SystemExit(f"aiperf failed (exit {rc}); see {run_dir}/aiperf.log")
