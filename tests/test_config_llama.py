@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from tests.conftest import RunningEngine, start_llama
+from tests.shown import show
 from tests.waiting import until
 from tui.base.process import free_port, stop_group
 from tui.engines.llamacpp import demo_model_path
@@ -88,6 +89,8 @@ def test_a_prompt_longer_than_one_slot_through_the_proxy_is_refused_and_explaine
         assert out.returncode == 0, out.stderr
         engine = json.loads(out.stdout)["engines"]["llama"]
         [finding] = [f for f in engine["findings"] if f["id"] == "slots-split"]
+        show("configuration", engine["config"]["summary"])
+        show("finding", finding)
         assert finding["severity"] == "error"
         assert finding["title"].startswith("4 slots of 1,024 tokens each; at most 1 request ran at a time; "
                                            "2 requests were refused for length: one slot of 4,096")
@@ -144,6 +147,7 @@ def test_acceptance_per_draft_position_matches_the_engines_counters_and_the_rate
                for k in range(4)]
     state = store.engines["llama"]
     shown = state.stats.spec_accept_per_pos_total
+    show("rates 0.9,0.6,0.3,0.1: drafts, accepted per position (engine), shown", [drafts, per_pos, shown])
     assert shown == tuple(a / drafts for a in per_pos)  # exactly the engine's own counts
     for rate, set_rate in zip(shown, (0.9, 0.6, 0.3, 0.1), strict=True):
         assert abs(rate - set_rate) < 4 * math.sqrt(set_rate * (1 - set_rate) / drafts), (shown, drafts)
@@ -155,6 +159,7 @@ def test_acceptance_per_draft_position_matches_the_engines_counters_and_the_rate
     assert (config.spec_type, config.spec_n_max, config.spec_synthetic) == (
         "draft-simple", 4, "rates 0.9,0.6,0.3,0.1")
     [finding] = [f for f in state.findings if f.id == "spec-depth"]
+    show("finding", finding)
     assert "past depth 3" in finding.title and "--spec-draft-n-max 3" in finding.suggestion
 
 
@@ -168,6 +173,7 @@ def test_the_model_drafting_for_itself_is_accepted_nearly_always_and_an_ngram_ty
     finally:
         stop_group(selfdraft.launched)
     assert reply["timings"]["draft_n"] > 0
+    show("self-drafting acceptance", state.stats.spec_accept_rate_total)
     assert state.stats.spec_accept_rate_total >= 0.9, state.stats
     ngram = start_llama("spec-ngram", "--threads", "2", "--spec-type", "ngram-simple",
                         "--spec-draft-n-max", "4")
@@ -180,6 +186,7 @@ def test_the_model_drafting_for_itself_is_accepted_nearly_always_and_an_ngram_ty
         stop_group(ngram.launched)
     drafts = counters["llamacpp:spec_decode_num_drafts_total"]
     drafted = counters["llamacpp:spec_decode_num_draft_tokens_total"]
+    show("ngram-simple: drafts, drafted, acceptance", [drafts, drafted, state.stats.spec_accept_rate_total])
     assert drafts > 0 and reply["timings"]["draft_n"] == drafted
     assert state.stats.spec_accept_rate_total == pytest.approx(
         counters["llamacpp:spec_decode_num_accepted_tokens_total"]
@@ -212,6 +219,7 @@ def test_a_depth_sweep_with_a_synthetic_mean_length_shows_acceptance_falling_as_
         rates = [float(x) for x in logged.group(2).split(",")]
         assert len(rates) == depth and sum(rates) == pytest.approx(0.8, abs=1e-4)
         drafts = spec["drafts"]
+        show(f"synthetic mean length 1.8, depth {depth}: rates set, spec", [rates, spec])
         for seen, rate in zip(spec["per_position"], rates, strict=True):
             assert abs(seen - rate) < 4 * math.sqrt(rate * (1 - rate) / drafts) + 1e-9, (depth, spec, rates)
         # the accepted count of a draft: E[X] = 0.8, E[X²] = sum (2k-1) P(X >= k), P(X >= k) the k-th rate

@@ -14,6 +14,7 @@ import orjson
 import pytest
 
 from tests.conftest import RunningEngine, wait_openai_ready
+from tests.shown import show
 from tests.test_config_llama import read_store
 from tui.base.paths import runs_dir
 from tui.base.process import free_port, launch, stop_group
@@ -67,6 +68,11 @@ def test_the_kv_pool_as_vllm_publishes_it_and_logs_it_and_a_cache_that_serves(vl
     assert config.argv and "--max-model-len" in config.argv  # a local engine: its command line, read
     engine = bench(vllm_server.url, tmp_path)
     ids = {f["id"]: f for f in engine["findings"]}
+    show("configuration (prefix cache on)", engine["config"]["summary"])
+    show("KV pool: shown, cache_config_info, logged",
+         [config.kv_pool_tokens, labels["kv_cache_size_tokens"], pool])
+    for f in ids.values():
+        show("finding", f)
     assert not [i for i in ids if i.startswith("prefix")], ids
     assert ids["context-below-pool"]["severity"] == "info"
     assert engine["config"]["kv_pool_tokens"] == config.kv_pool_tokens
@@ -100,6 +106,8 @@ def test_prefix_caching_off_fires_with_the_shared_tokens_the_ids_say(gemma_off: 
     engine = bench(gemma_off.url, tmp_path)
     assert engine["config"]["prefix_caching"] is False
     [finding] = [f for f in engine["findings"] if f["id"].startswith("prefix")]
+    show("configuration (prefix cache off)", engine["config"]["summary"])
+    show("finding", finding)
     assert finding["id"] == "prefix-cache-off" and finding["severity"] == "warning"
     figures = finding["figures"]
     assert figures["shared_tokens"] == SHARED  # from the ids, in the order sent

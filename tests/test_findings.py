@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from waiting import until
 
+from tests.shown import show
 from tui.compare.report import render_html
 from tui.exporter.metrics import ProbeMetrics
 from tui.findings.facts import refused_for_length, refused_tokens, summarize
@@ -261,6 +262,7 @@ def test_prefix_findings_never_fire_on_too_little_data_or_a_cache_that_serves() 
     assert not [f for f in judge(Evidence("vllm", on, serving)) if f.id.startswith("prefix")]
     evicting = summarize(agent_turns(8, cached=16))
     [f] = [f for f in judge(Evidence("vllm", on, evicting)) if f.id.startswith("prefix")]
+    show("finding", f)
     assert f.id == "prefix-cache-missing"
 
 
@@ -322,6 +324,8 @@ def test_context_below_the_pool_and_below_the_traffic() -> None:
         ]
     )
     found = {f.id: f for f in judge(Evidence("vllm", config, facts))}
+    show("finding", found["context-below-pool"])
+    show("finding", found["context-below-traffic"])
     assert found["context-below-pool"].severity == "warning"
     assert (
         found["context-below-traffic"].severity == "error"
@@ -338,6 +342,7 @@ def test_queueing_needs_waiting_requests_and_enough_of_them() -> None:
     slow = [RequestFacts(True, 100, 10, ttft_s=2.0, engine_prompt_s=0.1)] * 10
     config = EngineConfig("llama.cpp", 0.0, slots=1)
     [f] = judge(Evidence("llama", config, summarize(slow), waiting_max=3))
+    show("finding", f)
     assert f.id == "queueing" and "2000 ms" in f.title and "100 ms" in f.title
     assert judge(Evidence("llama", config, summarize(slow), waiting_max=0)) == []  # nothing waited
     assert judge(Evidence("llama", config, summarize(slow[:9]), waiting_max=3)) == []
@@ -432,6 +437,7 @@ def test_an_engine_killed_while_starting_is_named_killed_with_its_peak_memory(tm
     if counter is not None:
         assert memory.oom is False  # the test's own kill: no OOM kill was counted
     [f] = judge(Evidence("hungry", start=memory))
+    show("finding", f)
     assert f.id == "engine-killed" and f.severity == "error"
     assert f.title.startswith("hungry was killed by SIGKILL while starting, at peak RSS 0.3 GiB")
 
@@ -439,6 +445,7 @@ def test_an_engine_killed_while_starting_is_named_killed_with_its_peak_memory(tm
 def test_a_heavy_start_is_a_warning_and_a_light_one_nothing() -> None:
     heavy = StartMemory(int(20 * GIB), int(2 * GIB), 30.0, int(24 * GIB), int(23 * GIB), int(2 * GIB))
     [f] = judge(Evidence("vllm", start=heavy))
+    show("finding", f)
     assert f.id == "start-memory" and "+ 2.0 GiB in swap" in f.title
     assert judge(Evidence("vllm", start=StartMemory(GIB, 0, 3.0, 24 * GIB, 4 * GIB, 0))) == []
 

@@ -162,7 +162,12 @@ def test_an_engine_that_dies_mid_run_ends_its_part_and_the_other_goes_on(tmp_pat
     workload.write_text("".join(orjson.dumps({"prompt": f"q {i}", "output_tokens": 8}).decode() + "\n"
                                 for i in range(40)))
     dying, living = SSEServer(default=Scenario(per_token_delay_s=0.005)).start(), SSEServer().start()
-    threading.Timer(1.0, dying.stop).start()  # a second into its 4 s plan
+    def die() -> None:  # after 8 requests (of a 4 s plan), however long the workers took to start
+        until(lambda: sum(r.path.endswith("/completions") for r in list(dying.requests)) >= 8,
+              "8 requests at the dying engine", 60, every=0.01)
+        dying.stop()
+
+    threading.Thread(target=die, daemon=True).start()
     try:
         code = main(["bench", f"vllm-custom:{workload}", "--engine", f"dies={dying.url}", "--engine",
                      f"lives={living.url}", "--rate", "10", "--arrival", "constant", "--parallel-engines",

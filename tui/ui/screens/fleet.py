@@ -127,6 +127,7 @@ class FleetView(Vertical):
         self.refresh_order()
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.table.focus()  # back from the engine, keys are commands again (q quits, / filters)
         self.action_open()
 
     def action_open(self) -> None:
