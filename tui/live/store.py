@@ -230,10 +230,10 @@ class Store:
             readings.popleft()
         if back or state.watched_t is None:  # a new run of the engine: its evidence starts again
             state.watched_t, state.busy_max, state.waiting_max = t, None, None
-        busy = max(int(sample.reading.running or 0),
-                   sum(s.processing for s in sample.slots.slots) if sample.slots is not None else 0)
-        state.busy_max = max(state.busy_max or 0, busy) if sample.reading.running is not None or \
-            sample.slots is not None else state.busy_max
+        if sample.reading.running is not None or sample.slots is not None:
+            busy = max(int(sample.reading.running or 0),
+                       sum(s.processing for s in sample.slots.slots) if sample.slots is not None else 0)
+            state.busy_max = max(state.busy_max or 0, busy)
         if sample.reading.waiting is not None:
             state.waiting_max = max(state.waiting_max or 0, int(sample.reading.waiting))
         if plotted_only:

@@ -14,12 +14,13 @@ from urllib.parse import urlsplit
 
 from tui.base.process import pid_alive
 from tui.model.config import EngineConfig
-from tui.model.samples import EngineReading, EngineSample
+from tui.model.samples import EngineSample
 from tui.model.targets import EngineTarget
 from tui.net.keepalive import Transports, exchange
 from tui.net.policy import is_loopback_host, target_headers
 from tui.sources.engine import NameFilter, poll_config, poll_engine
 from tui.sources.host import pids_listening
+from tui.sources.rates import went_back
 from tui.sources.router import SSE_PATH, LoadProgress
 
 MODEL_REFRESH_S = 30.0
@@ -105,13 +106,13 @@ class EngineSource:
                            started: float) -> EngineSample:
         """The sample with the engine's configuration: read again when it (re)started (it was not up, or its
         counters went back) and every CONFIG_REFRESH_S; a router's models have none of their own here."""
-        target = self.target
-        kept = self._config if self._config is not None and self._config[0] is target else None
         if not self.read_config:
             return sample
+        target = self.target
+        kept = self._config if self._config is not None and self._config[0] is target else None
         if sample.health != "up" or sample.reading is None or sample.router is not None:
             return sample if kept is None or kept[2] is None else replace(sample, config=kept[2])
-        restarted = last is None or last.health != "up" or last.reading is None or _went_back(
+        restarted = last is None or last.health != "up" or last.reading is None or went_back(
             last.reading, sample.reading)
         if kept is not None and not restarted and started - kept[1] < CONFIG_REFRESH_S:
             return sample if kept[2] is None else replace(sample, config=kept[2])
@@ -166,14 +167,6 @@ class EngineSource:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._follow
             self._follow = None
-
-
-def _went_back(before: EngineReading, now: EngineReading) -> bool:
-    """The engine restarted between two polls: its counters of requests or tokens went back."""
-    return any(b is not None and n is not None and n < b for b, n in (
-        (before.generation_tokens_total, now.generation_tokens_total),
-        (before.prompt_tokens_processed_total, now.prompt_tokens_processed_total),
-        (before.requests_finished_total, now.requests_finished_total)))
 
 
 def is_local(url: str) -> bool:

@@ -117,7 +117,6 @@ def names_query(dialect: Dialect) -> str:
     histogram (its `_sum`/`_count` are not read)."""
     names = [fam + suffix for src in _DIALECTS.get(dialect, ()) for fam in src.families
              for suffix in (("_bucket",) if src.kind == "hist" else ("", "_total"))]
-
     return urlencode([("name[]", name) for name in names])
 
 
