@@ -59,6 +59,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.bench_probe import start_llama, start_server  # noqa: E402
 from bench.meter import TreeMeter  # noqa: E402
+from bench.tools import ensure_tool  # noqa: E402
 from tui.base.paths import cache_dir  # noqa: E402
 from tui.base.process import free_port, stop_group  # noqa: E402
 from tui.base.stats import quantile  # noqa: E402
@@ -291,16 +292,8 @@ LITELLM_KEY = "sk-enginetop-bench"  # LiteLLM's proxy refuses to start without a
 def ensure_litellm() -> Path:
     """LiteLLM's proxy, installed on first use into its own venv (cache_dir()/litellm-venv), never into
     enginetop's."""
-    venv = cache_dir() / "litellm-venv"
-    exe = venv / "bin" / "litellm"
-    if not exe.exists():
-        if not (venv / "bin" / "python").exists():
-            print(f"creating {venv} ...", flush=True)
-            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        print(f"installing litellm[proxy]=={LITELLM_VERSION} into {venv} (minutes, ~760 MB) ...", flush=True)
-        subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q",
-                        f"litellm[proxy]=={LITELLM_VERSION}"], check=True)
-    return exe
+    return ensure_tool(cache_dir() / "litellm-venv", f"litellm[proxy]=={LITELLM_VERSION}", "litellm",
+                       "minutes, ~760 MB")
 
 
 def start_litellm(upstream: str, work: Path) -> tuple[subprocess.Popen[str], str]:

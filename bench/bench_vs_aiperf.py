@@ -34,7 +34,6 @@ import asyncio
 import json
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -49,6 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.meter import run_child  # noqa: E402
+from bench.tools import ensure_tool  # noqa: E402
 from tui.base.paths import cache_dir  # noqa: E402
 from tui.base.process import free_port, launch, stop_group  # noqa: E402
 from tui.base.stats import median  # noqa: E402
@@ -78,19 +78,7 @@ def bench_venv() -> Path:
 
 def ensure_aiperf() -> Path:
     """The aiperf executable, installing it into its own venv the first time (idempotent)."""
-    venv = bench_venv()
-    exe = venv / "bin" / "aiperf"
-    if exe.exists():
-        return exe
-    if not (venv / "bin" / "python").exists():
-        print(f"creating {venv} ...", flush=True)
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    print(f"installing aiperf=={AIPERF_VERSION} into {venv} (a few minutes) ...", flush=True)
-    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", f"aiperf=={AIPERF_VERSION}"],
-                   check=True)
-    if not exe.exists():
-        raise SystemExit(f"pip installed aiperf but {exe} is missing")
-    return exe
+    return ensure_tool(bench_venv(), f"aiperf=={AIPERF_VERSION}", "aiperf")
 
 
 def ensure_tokenizer_cache() -> Path:
