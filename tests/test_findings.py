@@ -63,7 +63,8 @@ def test_llama_slots_that_split_the_context_are_read_from_props_and_argv() -> No
     assert (c.context_tokens, c.kv_pool_tokens, c.slots, c.kv_unified) == (1024, 4096, 4, False)
     assert c.split_slots and c.spec_type == "off" and c.prefix_caching is True and c.kv_cache_dtype == "f16"
     assert c.summary() == (
-        "context 1,024 of a 4,096-token KV pool · prefix cache on · KV f16 · spec off · 4 slots × 1,024 split"
+        "context 1,024 of a 4,096-token KV pool · prefix cache on (default) · KV f16 (default) · spec off · "
+        "4 slots × 1,024 split"
     )
     assert c.sources == ("/props", "/slots", "argv (PID 7)") and c.lacks == ()
 

@@ -143,7 +143,7 @@ KEY_SPELLINGS = [
 def test_api_key_on_argv_is_rejected_in_every_spelling(tmp_path: Path, argv: str) -> None:
     profile, issue = only_issue(GOOD.replace('["/bin/true", "--port", "${PORT}"]', argv), tmp_path)
     assert profile is None and issue.line == 3 and issue.field == "argv[1]"
-    assert "API-key flag" in issue.message and "api_key_file" in issue.message
+    assert "holds a secret" in issue.message and "api_key_file" in issue.message
     assert "s3cret" not in str(issue)
 
 
@@ -180,7 +180,7 @@ def test_sweep_arm_that_sets_the_key_flag_cannot_start(tmp_path: Path) -> None:
     arms = sweep_profiles(profile, parse_param_spec("api_key=sk-a,sk-b"))
     for _, arm in arms:
         assert "--api_key" in arm.argv
-        with pytest.raises(ProfileError, match=r"argv\[3\]: '--api-key' is an API-key flag"):
+        with pytest.raises(ProfileError, match=r"argv\[3\]: '--api_key' holds a secret"):
             resolve(arm, environ={})
 
 

@@ -14,12 +14,9 @@ from sse_server import Scenario, SSEServer, running
 
 from tui.base.secrets import (
     SecretError,
-    is_key_flag,
-    keys_on_argv,
     read_api_key,
     read_llama_key_file,
     redact,
-    redact_argv,
 )
 from tui.model.targets import EngineTarget
 from tui.probe.client import ProbeClient
@@ -148,34 +145,6 @@ def test_cli_missing_key_file_is_bad_input(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"enginetop probe: API key file {tmp_path / 'nope'} does not exist"
     assert proc.stdout == ""
-
-
-@pytest.mark.parametrize(
-    ("arg", "is_key"),
-    [
-        ("--api-key", True), ("--api-key=x", True), ("--api_key", True), ("--API-KEY=x", True),
-        ("--api-k", True), ("--api-ke", True), ("--Api_Ke=x", True),
-        ("--api-key-file", False), ("--api-key-file=/k", False), ("--api", False), ("--api-", False),
-        ("--api-server-count", False), ("--api-keys", False), ("-k", False), ("sk-abc", False),
-    ],
-)
-def test_key_flag_spellings(arg: str, is_key: bool) -> None:
-    assert is_key_flag(arg) is is_key
-
-
-def test_keys_on_argv_names_elements_not_values() -> None:
-    argv = ["srv", "--model", "m", "--api_key", "sk-flag-value", f"--x=pre{KEY}post", "--api-key-file", "/k"]
-    found = keys_on_argv(argv, [KEY, None])
-    assert [i for i, _ in found] == [3, 5]
-    assert "is an API-key flag" in found[0][1] and "contains the API key itself" in found[1][1]
-    assert not any("sk-" in why for _, why in found)
-
-
-def test_redact_argv_hides_key_flag_values_and_the_key() -> None:
-    argv = ["srv", "--api-key", "sk-one", "--api_ke=sk-two", "--note", f"x{KEY}y", "--api-key-file", "/k"]
-    assert redact_argv(argv, KEY) == [
-        "srv", "--api-key", "***", "--api_ke=***", "--note", "x***y", "--api-key-file", "/k",
-    ]
 
 
 def test_llama_key_file_read_as_llama_server_reads_it(tmp_path: Path) -> None:

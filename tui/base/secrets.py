@@ -6,18 +6,9 @@ Error messages name the file or the variable, never the content, so they are saf
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 REDACTED = "***"
-
-# The engines' key flag. llama-server matches it exactly; vLLM and SGLang parse argv with argparse, which
-# takes any unambiguous prefix (--api-k, --api-ke) and, in vLLM, `_` for `-` (--api_key). "--api" and
-# "--api-" are ambiguous there (--api-server-count), so a key flag starts with "--api-k". --api-key-file
-# (llama-server) holds a path, not a key.
-KEY_FLAG = "--api-key"
-_SHORTEST_KEY_FLAG = "--api-k"
-
 
 class SecretError(ValueError):
     """The key could not be read; the message says why in words a user can act on."""
@@ -80,53 +71,6 @@ def redact(text: str, secret: str | None) -> str:
     if not secret:
         return text
     return text.replace(secret, REDACTED)
-
-
-# ---------------------------------------------------------------- the key and the command line
-
-
-def _flag_name(arg: str) -> str:
-    return arg.split("=", 1)[0].strip().lower().replace("_", "-")
-
-
-def is_key_flag(arg: str) -> bool:
-    """`arg` is (or starts with `NAME=`) an engine's API-key flag in any spelling an engine accepts."""
-    name = _flag_name(arg)
-    return name.startswith(_SHORTEST_KEY_FLAG) and KEY_FLAG.startswith(name)
-
-
-def keys_on_argv(argv: Sequence[str], secrets: Iterable[str | None] = ()) -> list[tuple[int, str]]:
-    """(index, why) for every argv element that puts a key on the command line, where every user of the
-    machine can read it: a key flag, or any element containing one of `secrets`. The words never quote
-    the value."""
-    found: list[tuple[int, str]] = []
-    values = [s for s in secrets if s]
-    for i, arg in enumerate(argv):
-        if is_key_flag(arg):
-            found.append((i, f"{_flag_name(arg)!r} is an API-key flag"))
-        elif any(value in arg for value in values):
-            found.append((i, "it contains the API key itself"))
-    return found
-
-
-def redact_argv(argv: Sequence[str], *secrets: str | None) -> list[str]:
-    """argv for a log line: every key flag's value and every occurrence of `secrets` replaced by ***."""
-    out: list[str] = []
-    hide_next = False
-    for arg in argv:
-        if hide_next:
-            out.append(REDACTED)
-            hide_next = False
-            continue
-        if is_key_flag(arg):
-            if "=" in arg:
-                arg = f"{arg.split('=', 1)[0]}={REDACTED}"
-            else:
-                hide_next = True
-        for secret in secrets:
-            arg = redact(arg, secret)
-        out.append(arg)
-    return out
 
 
 def read_llama_key_file(path: str | Path) -> list[str]:

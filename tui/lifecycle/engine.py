@@ -32,9 +32,9 @@ from tui.base.process import (
     same_process,
     tail_lines,
 )
-from tui.base.secrets import redact_argv
+from tui.engines.argv import mask_argv
 from tui.lifecycle.memory import StartWatch
-from tui.lifecycle.profiles import Profile, ResolvedProfile
+from tui.lifecycle.profiles import Profile, ResolvedProfile, engine_options
 from tui.model.findings import StartMemory
 from tui.net.policy import auth_headers, client_kwargs, error_text
 
@@ -185,7 +185,8 @@ def launch_instance(resolved: ResolvedProfile, log_dir: Path | None = None) -> E
     # (it may hold the key) is never logged.
     with log_path.open("a", encoding="utf-8") as log:
         log.write(f"# enginetop {datetime.now().isoformat(timespec='seconds')}: profile {profile.name}\n")
-        log.write(f"# argv: {shlex.join(redact_argv(resolved.argv, resolved.api_key))}\n")
+        masked = mask_argv(resolved.argv, engine_options(profile.engine), [resolved.api_key])
+        log.write(f"# argv: {shlex.join(masked)}\n")
         if resolved.workdir:
             log.write(f"# cwd: {resolved.workdir}\n")
     try:

@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tui.base.paths import config_dir
-from tui.base.secrets import SecretError, keys_on_argv, read_api_key, read_llama_key_file
+from tui.base.secrets import SecretError, read_api_key, read_llama_key_file
+from tui.engines.argv import Options, secrets_on_argv
+from tui.engines.known import ENGINES, by_name
 from tui.net.policy import is_loopback_host
 
 ENGINE_KINDS = ("llama.cpp", "vllm", "sglang", "other")
@@ -34,9 +36,26 @@ BUILTIN_VARIABLES = (
 )
 
 KEY_ON_ARGV = (
-    "an API key must not be on the command line (every user of the machine can read it in the process "
-    "list): put it in a file and set api_key_file"
+    "an API key or other secret must not be on the command line (every user of the machine can read it in "
+    "the process list): put an API key in a file and set api_key_file; give a token through env"
 )
+
+
+def engine_options(engine: str | None) -> Options | None:
+    """The option table of a profile's engine kind ("llama.cpp", "vllm", "sglang"; None for "other")."""
+    known = by_name(engine)
+    return known.options if known else None
+
+
+def _secrets_on_argv(argv: list[str] | tuple[str, ...], secrets: list[str | None] | None = None
+                     ) -> list[tuple[int, str]]:
+    """A secret on the argv in a spelling any engine takes (a profile's engine kind may be "other", or
+    wrong): each engine's table is asked, and the generic rule."""
+    found: dict[int, str] = {}
+    for table in (*(e.options for e in ENGINES), None):
+        for i, why in secrets_on_argv(argv, table, secrets or ()):
+            found.setdefault(i, why)
+    return sorted(found.items())
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _TOML_POS = re.compile(r"\(at line (\d+), column \d+\)")
@@ -334,7 +353,7 @@ def parse_profile(
                         line=lines.key("argv"),
                     )
             # Early, on the text as written; resolve() checks again after ${VAR} substitution.
-            for i, why in keys_on_argv([item if isinstance(item, str) else "" for item in argv]):
+            for i, why in _secrets_on_argv([item if isinstance(item, str) else "" for item in argv]):
                 err(f"argv[{i}]", f"{why}: {KEY_ON_ARGV}", line=lines.key("argv"))
 
     env = data.get("env", {})
@@ -572,7 +591,7 @@ def resolve(profile: Profile, environ: Mapping[str, str] | None = None) -> Resol
     if argv is not None:
         # Again after substitution: a ${VAR} may expand to a key flag or to the key, and a derived profile
         # (a sweep arm) never went through parse_profile. Every start passes here.
-        for i, why in keys_on_argv(argv, [api_key, *engine_keys]):
+        for i, why in _secrets_on_argv(argv, [api_key, *engine_keys]):
             line = lines.key("argv")
             issues.append(ProfileIssue(profile.path, line, f"argv[{i}]", f"{why}: {KEY_ON_ARGV}"))
     if issues:

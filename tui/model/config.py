@@ -48,6 +48,9 @@ class EngineConfig:
     published: tuple[tuple[str, str], ...] = ()  # vLLM's cache_config_info labels, as published
     sources: tuple[str, ...] = ()  # where the figures came from: "/props", "/slots", "argv (PID 123)"...
     lacks: tuple[str, ...] = ()  # what could not be read, and why
+    # the fields that hold the engine's default because its command line did not set them (llama.cpp's KV
+    # f16, prefix cache, unified slots, draft depth): said as defaults, never as read values
+    defaults: tuple[str, ...] = ()
 
     @property
     def split_slots(self) -> bool:
@@ -56,21 +59,27 @@ class EngineConfig:
 
     def summary(self) -> str:
         """One line: 'context 32,768 of a 94,208-token KV pool · prefix cache OFF · KV q8_0 · spec draft-mtp
-        n=2 · 16 slots × 16,384 split'. Unknown parts are left out (`lacks` says why)."""
+        n=2 · 16 slots × 16,384 split'. Unknown parts are left out (`lacks` says why); a part that is the
+        engine's default because the command line did not set it says "(default)"."""
         parts: list[str] = []
+
+        def default(field: str) -> str:
+            return " (default)" if field in self.defaults else ""
+
         if self.context_tokens is not None:
             ctx = f"context {self.context_tokens:,}"
             if self.kv_pool_tokens is not None and self.kv_pool_tokens != self.context_tokens:
                 ctx += f" of a {self.kv_pool_tokens:,}-token KV pool"
             parts.append(ctx)
         if self.prefix_caching is not None:
-            parts.append("prefix cache on" if self.prefix_caching else "prefix cache OFF")
+            parts.append(("prefix cache on" if self.prefix_caching else "prefix cache OFF")
+                         + default("prefix_caching"))
         if self.kv_cache_dtype is not None:
-            parts.append(f"KV {self.kv_cache_dtype}")
+            parts.append(f"KV {self.kv_cache_dtype}{default('kv_cache_dtype')}")
         if self.spec_type is not None:
             spec = "spec off" if self.spec_type == "off" else f"spec {self.spec_type}"
             if self.spec_type != "off" and self.spec_n_max is not None:
-                spec += f" n={self.spec_n_max}"
+                spec += f" n={self.spec_n_max}{default('spec_n_max')}"
             if self.spec_type != "off" and self.spec_p_min is not None:
                 spec += f" p-min {self.spec_p_min:g}"
             if self.spec_synthetic:
@@ -79,6 +88,7 @@ class EngineConfig:
         if self.slots is not None and self.slots > 1:
             each = f" × {self.context_tokens:,}" if self.context_tokens is not None else ""
             how = "" if self.kv_unified is None else " unified" if self.kv_unified else " split"
+            how += default("kv_unified") if how else ""
             parts.append(f"{self.slots} slots{each}{how}")
         elif self.slots == 1:
             parts.append("1 slot")

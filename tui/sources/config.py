@@ -12,8 +12,11 @@
 - SGLang: GET /get_server_info (server args and the scheduler's max_total_num_tokens). It also carries the
   server's API keys in clear: only the named fields below are read from it, never shown whole.
 
-Every secret on a command line is masked (`--api-key VALUE`, `--hf-token VALUE`; an `--api-key-file` keeps its
-path, its content is never read). What cannot be read is said in `lacks`. Nothing here imports Textual.
+The argv is read only from the engine's own process (not a tunnel, proxy or port-forward listening in front
+of it), parsed and masked with the engine's own option table (tui.engines: every secret in every spelling its
+parser takes; an `--api-key-file` keeps its path, its content is never read). A setting the command line left
+to the engine's default is marked so (`defaults`). What cannot be read is said in `lacks`. Nothing here
+imports Textual.
 """
 
 from __future__ import annotations
@@ -28,7 +31,10 @@ from urllib.parse import urlencode
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
-from tui.base.secrets import REDACTED, is_key_flag
+from tui.engines import llamacpp, sglang, vllm
+from tui.engines.argv import mask_argv, parse
+from tui.engines.knowledge import EngineKnowledge, program_name
+from tui.engines.known import by_dialect
 from tui.model.config import EngineConfig
 from tui.model.slots import SlotsReading
 
@@ -36,66 +42,14 @@ Fetch = Callable[[str], Awaitable[tuple[int, bytes]]]  # GET path -> (status, bo
 
 CACHE_INFO = "vllm:cache_config_info"
 _SPEC_DRAFTS = "vllm:spec_decode_num_drafts_total"  # registered only when speculative decoding is configured
-_TOKEN_FLAGS = ("--hf-token", "--hf_token", "--admin-api-key", "--admin_api_key")
 # llama-server's environment twins of its flags (LLAMA_ARG_*): read for the process we look at, never a key
 _LLAMA_ENV = {"LLAMA_ARG_CTX_SIZE": "--ctx-size", "LLAMA_ARG_N_PARALLEL": "--parallel",
               "LLAMA_ARG_KV_UNIFIED": "--kv-unified", "LLAMA_ARG_CACHE_TYPE_K": "--cache-type-k",
               "LLAMA_ARG_CACHE_TYPE_V": "--cache-type-v", "LLAMA_ARG_FLASH_ATTN": "--flash-attn",
-              "LLAMA_ARG_N_GPU_LAYERS": "--n-gpu-layers", "LLAMA_ARG_BATCH": "--batch-size",
+              "LLAMA_ARG_N_GPU_LAYERS": "--gpu-layers", "LLAMA_ARG_BATCH": "--batch-size",
               "LLAMA_ARG_UBATCH": "--ubatch-size"}
 
-
-def mask_argv(argv: Sequence[str]) -> tuple[str, ...]:
-    """argv with every secret's value replaced by *** (key flags in any spelling an engine takes, tokens)."""
-    out: list[str] = []
-    hide = False
-    for arg in argv:
-        if hide:
-            out.append(REDACTED)
-            hide = False
-            continue
-        name = arg.split("=", 1)[0]
-        if is_key_flag(arg) or name in _TOKEN_FLAGS:
-            if "=" in arg:
-                arg = f"{name}={REDACTED}"
-            else:
-                hide = True
-        out.append(arg)
-    return tuple(out)
-
-
-def _options(argv: Sequence[str]) -> dict[str, str]:
-    """Flag -> its value ('' for a switch), the last one winning as in the engines' own parsers."""
-    out: dict[str, str] = {}
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        if arg.startswith("-") and not _number(arg):
-            if "=" in arg and arg.startswith("--"):
-                name, value = arg.split("=", 1)
-                out[name] = value
-            elif i + 1 < len(argv) and not (argv[i + 1].startswith("-") and not _number(argv[i + 1])):
-                out[arg] = argv[i + 1]
-                i += 1
-            else:
-                out[arg] = ""
-        i += 1
-    return out
-
-
-def _number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
-
-
-def _pick(opts: dict[str, str], *names: str) -> str | None:
-    for name in names:
-        if name in opts:
-            return opts[name]
-    return None
+Command = tuple[list[str], dict[str, str]]  # a process's argv and its LLAMA_ARG_* environment
 
 
 def _int(value: Any) -> int | None:
@@ -126,8 +80,10 @@ def _json(body: bytes) -> Any:
 # ---------------------------------------------------------------- the local process
 
 
-def local_command(pid: int) -> tuple[list[str], dict[str, str]] | str:
-    """The process's argv and its LLAMA_ARG_* environment, or why they cannot be read."""
+def local_command(pid: int, engine: EngineKnowledge | None = None) -> Command | str:
+    """The process's argv and its LLAMA_ARG_* environment, or why they cannot be read. With `engine`, only
+    when the process is that engine: an ssh tunnel, docker-proxy, a port-forward or `enginetop proxy` on the
+    engine's port is not read as the engine (its argv would say nothing of the engine's settings)."""
     try:
         proc = psutil.Process(pid)
         argv = proc.cmdline()
@@ -135,6 +91,9 @@ def local_command(pid: int) -> tuple[list[str], dict[str, str]] | str:
         return f"argv: the process listening on its port (PID {pid}) has exited"
     except psutil.AccessDenied:
         return f"argv: PID {pid} belongs to another user"
+    if engine is not None and not engine.is_engine(argv):
+        return (f"argv: not read: the listener on its port is {program_name(argv)} (PID {pid}), not "
+                f"{engine.program}")
     try:
         env = {k: v for k, v in proc.environ().items() if k in _LLAMA_ENV}
     except psutil.Error:
@@ -146,8 +105,8 @@ def local_command(pid: int) -> tuple[list[str], dict[str, str]] | str:
 
 
 def llama_config(props: dict[str, Any] | None, slots: SlotsReading | None,
-                 command: tuple[list[str], dict[str, str]] | str | None, lacks: list[str],
-                 pid: int | None = None) -> EngineConfig:
+                 command: Command | str | None, lacks: list[str],
+                 pid: int | None = None, secrets: Sequence[str] = ()) -> EngineConfig:
     sources: list[str] = []
     fields: dict[str, Any] = {}
     if props is not None:
@@ -181,45 +140,54 @@ def llama_config(props: dict[str, Any] | None, slots: SlotsReading | None,
         lacks.append(command)
     elif command is not None:
         raw, env = command
-        argv = mask_argv(raw)
+        argv = mask_argv(raw, llamacpp.OPTIONS, secrets)
         sources.append(f"argv (PID {pid})" if pid is not None else "argv")
-        _llama_argv(raw, env, fields, slots)
+        fields["defaults"] = _llama_argv(raw, env, fields, slots)
     return EngineConfig(engine="llama.cpp", read_wall=time.time(), argv=argv, pid=pid, sources=tuple(sources),
                         lacks=tuple(lacks), **fields)
 
 
 def _llama_argv(raw: list[str], env: dict[str, str], fields: dict[str, Any],
-                slots: SlotsReading | None) -> None:
+                slots: SlotsReading | None) -> tuple[str, ...]:
+    """The settings llama-server's command line (and LLAMA_ARG_* environment) gives, into `fields`; returns
+    the fields that hold llama-server's default because neither set them."""
+    read = parse(raw, llamacpp.OPTIONS)
     opts = {**{flag: value for key, flag in _LLAMA_ENV.items() if (value := env.get(key)) is not None},
-            **_options(raw)}
-    total = _int(_pick(opts, "-c", "--ctx-size"))
-    parallel = _int(_pick(opts, "-np", "--parallel"))
+            **read.options}
+    defaults: list[str] = []
+    total = _int(opts.get("--ctx-size"))
+    parallel = _int(opts.get("--parallel"))
     unified: bool | None
-    off = ("0", "false")
-    if any(f in opts for f in ("-kvu", "--kv-unified")) and opts.get("--kv-unified", "") not in off:
+    off = ("0", "false", "off")
+    if "--kv-unified" in opts and opts["--kv-unified"] not in off:
         unified = True
-    elif any(f in opts for f in ("-no-kvu", "--no-kv-unified")) or opts.get("--kv-unified") in off:
+    elif "--no-kv-unified" in opts or opts.get("--kv-unified") in off:
         unified = False
     else:
         # llama-server: slots left at auto (-np -1) share one pool; -np N alone splits -c into N parts
         unified = parallel is None or parallel < 0
+        if unified:
+            defaults.append("kv_unified")  # -np left at auto; an explicit -np N splits, as asked
     fields["kv_unified"] = unified
     if total:
         fields["kv_pool_tokens"] = total
-    ctk, ctv = _pick(opts, "-ctk", "--cache-type-k"), _pick(opts, "-ctv", "--cache-type-v")
+    ctk, ctv = opts.get("--cache-type-k"), opts.get("--cache-type-v")
     if ctk or ctv:
         k, v = ctk or "f16", ctv or "f16"
         fields["kv_cache_dtype"] = k if k == v else f"K {k} / V {v}"
     else:
         fields["kv_cache_dtype"] = "f16"  # llama-server's default for both
+        defaults.append("kv_cache_dtype")
     # llama-server caches each slot's prompt unless told not to (a request may still opt out: cache_prompt)
     fields["prefix_caching"] = "--no-cache-prompt" not in opts
-    fields["flash_attn"] = _pick(opts, "-fa", "--flash-attn")
-    fields["gpu_layers"] = _pick(opts, "-ngl", "--gpu-layers", "--n-gpu-layers")
-    fields["batch_size"] = _int(_pick(opts, "-b", "--batch-size"))
-    fields["ubatch_size"] = _int(_pick(opts, "-ub", "--ubatch-size"))
-    draft = _pick(opts, "-md", "--model-draft", "--spec-draft-model")
-    spec = _pick(opts, "--spec-type")
+    if fields["prefix_caching"]:
+        defaults.append("prefix_caching")
+    fields["flash_attn"] = opts.get("--flash-attn")
+    fields["gpu_layers"] = opts.get("--gpu-layers")
+    fields["batch_size"] = _int(opts.get("--batch-size"))
+    fields["ubatch_size"] = _int(opts.get("--ubatch-size"))
+    draft = opts.get("--spec-draft-model")
+    spec = opts.get("--spec-type")
     speculates = slots is not None and any(s.speculative for s in slots.slots)
     if spec is None and draft:
         spec = "draft-simple"
@@ -227,12 +195,17 @@ def _llama_argv(raw: list[str], env: dict[str, str], fields: dict[str, Any],
         spec = "off" if not speculates else None
     fields["spec_type"] = spec if spec != "none" else "off"
     if fields["spec_type"] not in (None, "off"):
-        fields["spec_n_max"] = _int(_pick(opts, "--spec-draft-n-max")) or 3  # llama-server's default depth
-        fields["spec_n_min"] = _int(_pick(opts, "--spec-draft-n-min", "--draft-min", "--draft-n-min"))
-        fields["spec_p_min"] = _float(_pick(opts, "--spec-draft-p-min", "--draft-p-min"))
+        depth = _int(opts.get("--spec-draft-n-max"))
+        if depth is None:
+            depth = 3  # llama-server's default depth
+            defaults.append("spec_n_max")
+        fields["spec_n_max"] = depth
+        fields["spec_n_min"] = _int(opts.get("--spec-draft-n-min"))
+        fields["spec_p_min"] = _float(opts.get("--spec-draft-p-min"))
         fields["spec_draft_model"] = draft.rsplit("/", 1)[-1] if draft else None
-        rates, length = _pick(opts, "--spec-synth-rates"), _pick(opts, "--spec-synth-len")
+        rates, length = opts.get("--spec-synth-rates"), opts.get("--spec-synth-len")
         fields["spec_synthetic"] = f"rates {rates}" if rates else f"len {length}" if length else None
+    return tuple(defaults)
 
 
 # ---------------------------------------------------------------- vLLM
@@ -261,8 +234,9 @@ def _truthy(value: str | None) -> bool | None:
 
 
 def vllm_config(labels: dict[str, str] | None, models: Any, version: str | None,
-                command: tuple[list[str], dict[str, str]] | str | None, lacks: list[str],
-                spec_counters: bool | None = None, pid: int | None = None) -> EngineConfig:
+                command: Command | str | None, lacks: list[str],
+                spec_counters: bool | None = None, pid: int | None = None, secrets: Sequence[str] = ()
+                ) -> EngineConfig:
     sources: list[str] = []
     fields: dict[str, Any] = {"version": version}
     if version is not None:
@@ -297,12 +271,12 @@ def vllm_config(labels: dict[str, str] | None, models: Any, version: str | None,
         lacks.append(command)
     elif command is not None:
         raw = command[0]
-        argv = mask_argv(raw)
+        argv = mask_argv(raw, vllm.OPTIONS, secrets)
         sources.append(f"argv (PID {pid})" if pid is not None else "argv")
-        opts = _options(raw)
+        opts = parse(raw, vllm.OPTIONS).options
         if (seqs := _int(opts.get("--max-num-seqs"))) is not None:
             fields["slots"] = seqs
-        spec = _pick(opts, "--speculative-config", "--speculative_config")
+        spec = opts.get("--speculative-config")
         if spec is not None:
             parsed = _json(spec.encode())
             if isinstance(parsed, dict):
@@ -316,8 +290,8 @@ def vllm_config(labels: dict[str, str] | None, models: Any, version: str | None,
 # ---------------------------------------------------------------- SGLang
 
 
-def sglang_config(info: Any, command: tuple[list[str], dict[str, str]] | str | None,
-                  lacks: list[str], pid: int | None = None) -> EngineConfig:
+def sglang_config(info: Any, command: Command | str | None,
+                  lacks: list[str], pid: int | None = None, secrets: Sequence[str] = ()) -> EngineConfig:
     """Only named fields of /get_server_info: the same answer holds the server's API keys."""
     sources: list[str] = []
     fields: dict[str, Any] = {}
@@ -348,7 +322,7 @@ def sglang_config(info: Any, command: tuple[list[str], dict[str, str]] | str | N
     if isinstance(command, str):
         lacks.append(command)
     elif command is not None:
-        argv = mask_argv(command[0])
+        argv = mask_argv(command[0], sglang.OPTIONS, secrets)
         sources.append(f"argv (PID {pid})" if pid is not None else "argv")
     return EngineConfig(engine="SGLang", read_wall=time.time(), argv=argv, pid=pid, sources=tuple(sources),
                         lacks=tuple(lacks), **fields)
@@ -386,19 +360,20 @@ def config_from_json(data: dict[str, Any] | None) -> EngineConfig | None:
 
 async def read_config(fetch: Fetch, dialect: str, *, slots: SlotsReading | None = None,
                       metrics_text: str | None = None, pid: int | None = None,
-                      remote: bool = False) -> EngineConfig | None:
+                      remote: bool = False, secrets: Sequence[str] = ()) -> EngineConfig | None:
     """The configuration of a running engine of `dialect` (as /metrics named it), asked with `fetch`.
     `metrics_text`: a /metrics body just read (vLLM's cache_config_info is in it). `pid`: the local process
-    that listens on the engine's port; `remote`: the engine is on another machine (its argv cannot be read).
-    None for an engine of no known dialect."""
+    that listens on the engine's port; `remote`: the engine is on another machine (its argv cannot be read);
+    `secrets`: the target's own key (and password), masked wherever they appear in the argv. None for an
+    engine of no known dialect."""
     lacks: list[str] = []
-    command: tuple[list[str], dict[str, str]] | str | None
+    command: Command | str | None
     if remote:
         command = "argv: the engine runs on another machine"
     elif pid is None:
         command = "argv: no process of this machine was found listening on its port"
     else:
-        command = local_command(pid)
+        command = local_command(pid, by_dialect(dialect))
 
     async def get_json(path: str) -> Any:
         try:
@@ -416,7 +391,7 @@ async def read_config(fetch: Fetch, dialect: str, *, slots: SlotsReading | None 
 
     if dialect == "llamacpp":
         props = await get_json("/props")
-        return llama_config(props if isinstance(props, dict) else None, slots, command, lacks, pid)
+        return llama_config(props if isinstance(props, dict) else None, slots, command, lacks, pid, secrets)
     if dialect == "vllm":
         # prometheus_client's own exposition at /metrics/ honours name[]: two lines instead of thousands
         filtered = "/metrics/?" + urlencode([("name[]", CACHE_INFO), ("name[]", _SPEC_DRAFTS)])
@@ -434,7 +409,7 @@ async def read_config(fetch: Fetch, dialect: str, *, slots: SlotsReading | None 
         version = await get_json("/version")
         spec = None if metrics_text is None else _SPEC_DRAFTS in metrics_text
         return vllm_config(labels, models, version.get("version") if isinstance(version, dict) else None,
-                           command, lacks, spec, pid)
+                           command, lacks, spec, pid, secrets)
     if dialect == "sglang":
-        return sglang_config(await get_json("/get_server_info"), command, lacks, pid)
+        return sglang_config(await get_json("/get_server_info"), command, lacks, pid, secrets)
     return None

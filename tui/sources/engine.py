@@ -383,14 +383,18 @@ async def _slots(transport: Transport, target: EngineTarget, headers: dict[str, 
     return parse_slots(status, body)
 
 
+def _secrets(target: EngineTarget) -> list[str]:
+    secrets = [target.api_key] if target.api_key else []
+    if target.basic_auth is not None and target.basic_auth[1]:
+        secrets.append(target.basic_auth[1])
+    return secrets
+
+
 def _scrub(message: str | None, target: EngineTarget) -> str | None:
     """Error text may quote what the server or the HTTP library saw: never a secret."""
     if message is None:
         return message
-    secrets = [target.api_key] if target.api_key else []
-    if target.basic_auth is not None and target.basic_auth[1]:
-        secrets.append(target.basic_auth[1])
-    for secret in secrets:
+    for secret in _secrets(target):
         message = message.replace(secret, "***")
     return message
 
@@ -414,7 +418,7 @@ async def poll_config(transport: Transport, target: EngineTarget, dialect: str, 
             raise ValueError("the answer is larger than 8 MiB; not read")
         return status, body
 
-    config = await read_config(fetch, dialect, slots=slots, pid=pid, remote=remote)
+    config = await read_config(fetch, dialect, slots=slots, pid=pid, remote=remote, secrets=_secrets(target))
     if config is None or not config.lacks:
         return config
     return replace(config, lacks=tuple(_scrub(x, target) or "" for x in config.lacks))
