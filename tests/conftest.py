@@ -28,22 +28,22 @@ class RunningEngine:
 
 
 def start_engine(name: str, label: str, argv_for_port, env: dict[str, str] | None = None,
-                 timeout: float = 120) -> RunningEngine:
+                 timeout: float = 120, api_key: str | None = None) -> RunningEngine:
     """An engine on a free loopback port, ready for OpenAI requests (stopped again if it never gets there)."""
     port = free_port()
     log = runs_dir() / f"test-{name}-{port}.log"
     launched = launch(argv_for_port(port), log, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_openai_ready(label, url, launched, timeout=timeout)
+        wait_openai_ready(label, url, launched, timeout=timeout, api_key=api_key)
     except BaseException:
         stop_group(launched)
         raise
     return RunningEngine(name=name, url=url, port=port, launched=launched)
 
 
-def start_llama(name: str, *extra: str) -> RunningEngine:
-    return start_engine(name, "llama-server", lambda port: demo_argv(port, *extra))
+def start_llama(name: str, *extra: str, api_key: str | None = None) -> RunningEngine:
+    return start_engine(name, "llama-server", lambda port: demo_argv(port, *extra), api_key=api_key)
 
 
 @pytest.fixture(scope="session")
@@ -68,14 +68,15 @@ class RunningVllm(RunningEngine):
 
 
 def wait_openai_ready(name: str, url: str, launched: Launched, timeout: float,
-                      startup: list[EngineSample] | None = None) -> None:
+                      startup: list[EngineSample] | None = None, api_key: str | None = None) -> None:
     """Ready means /health 200 and a real 1-token chat completion, not merely an open port.
 
     With `startup`, every wait step first polls the engine the way the dashboard does and keeps the sample.
     """
     deadline = time.monotonic() + timeout
     last = "no answer yet"
-    target = EngineTarget(name=name, url=url)
+    target = EngineTarget(name=name, url=url, api_key=api_key)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     while time.monotonic() < deadline:
         if not launched.alive():
             tail = "\n".join(launched.log_tail(40))
@@ -87,7 +88,7 @@ def wait_openai_ready(name: str, url: str, launched: Launched, timeout: float,
                 reply = httpx.post(
                     f"{url}/v1/chat/completions",
                     json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1},
-                    timeout=60,
+                    timeout=60, headers=headers,
                 )
                 if reply.status_code == 200:
                     return

@@ -30,13 +30,13 @@ pytestmark = pytest.mark.engine
 ENGINETOP = [sys.executable, "-m", "tui"]
 
 
-def read_store(url: str, polls: int = 2) -> Store:
+def read_store(url: str, polls: int = 2, api_key: str | None = None) -> Store:
     """The engine read as the dashboard reads it (its configuration included) into a store."""
     store = Store()
 
     async def go() -> None:
         transports = Transports()
-        source = EngineSource(EngineTarget("llama", url), transports)
+        source = EngineSource(EngineTarget("llama", url, api_key=api_key), transports)
         try:
             for i in range(polls):
                 for sample in await source.read():
@@ -98,6 +98,20 @@ def test_a_prompt_longer_than_one_slot_through_the_proxy_is_refused_and_explaine
         assert any("exceeds the available context size (1024 tokens)" in e for e in finding["evidence"])
         assert engine["traffic"]["facts"]["refused_for_length"] == 2
         assert engine["config"]["summary"].endswith("4 slots × 1,024 split")
+        # The same engine watched through the proxy's port: the listener there is the proxy, not
+        # llama-server; its command line says nothing of the engine, so nothing is read from it and no
+        # default is stated as a fact.
+        out = subprocess.run([*ENGINETOP, "snapshot", "--engine", f"proxied=http://127.0.0.1:{port}",
+                              "--json", "--interval", "0.5"], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        config = json.loads(out.stdout)["engines"]["proxied"]["config"]
+        show("configuration through the proxy", config)
+        assert f"argv: not read: the listener on its port is tui (PID {proxy.pid}), not llama-server" \
+            in config["lacks"]
+        assert config["argv"] == [] and config["pid"] is None
+        assert (config["kv_unified"], config["kv_cache_dtype"], config["prefix_caching"]) == (None,) * 3
+        assert (config["context_tokens"], config["slots"]) == (1024, 4)  # what /props and /slots publish
+        assert "unified" not in config["summary"] and "split" not in config["summary"]
     finally:
         proxy.terminate()
         proxy.wait(timeout=30)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +23,7 @@ from tui.base.process import free_port, launch, stop_group
 from tui.cli.main import main
 from tui.findings.facts import refused_for_length, refused_tokens
 from tui.lifecycle.profiles import load_profiles, repo_profiles_dir, resolve
+from widgets.engine_panel import render_engine
 
 pytestmark = pytest.mark.engine
 
@@ -40,12 +43,18 @@ def workload(tmp_path: Path) -> Path:
     return trace
 
 
-def bench(url: str, tmp_path: Path) -> dict:
+def bench(url: str, tmp_path: Path, key: str | None = None) -> dict:
     out = tmp_path / "bench.json"
-    code = main(["bench", str(workload(tmp_path)), "--engine", f"vllm={url}", "--speed", "20", "-o",
+    auth = []
+    if key is not None:
+        (tmp_path / "key").write_text(key + "\n")
+        auth = ["--api-key-file", f"vllm={tmp_path / 'key'}"]
+    code = main(["bench", str(workload(tmp_path)), "--engine", f"vllm={url}", *auth, "--speed", "20", "-o",
                  str(out)])
     assert code == 0
-    [engine] = orjson.loads(out.read_bytes())["engines"]
+    text = out.read_text()
+    assert_no_secret(text, "the bench result")
+    [engine] = orjson.loads(text)["engines"]
     assert engine["ok"] == len(LINES), engine["first_errors"]
     return engine
 
@@ -83,19 +92,33 @@ def test_the_kv_pool_as_vllm_publishes_it_and_logs_it_and_a_cache_that_serves(vl
     assert refused_tokens(words) is not None and refused_tokens(words) > 2048, words
 
 
+# The Gemma vLLM below is started with secrets in spellings its parser takes: --api-key as a prefix with two
+# keys, --hf-token with `_` and `=`. None may reach any output.
+KEYS = ("sk-vllm-one-5d0e", "sk-vllm-two-a9c3")
+HF_TOKEN = "hf_vllm_token_77e2"
+AUTH = {"Authorization": f"Bearer {KEYS[1]}"}
+
+
+def assert_no_secret(text: str, where: str) -> None:
+    leaked = [s for s in (*KEYS, HF_TOKEN) if s in text]
+    assert not leaked, f"a secret of the engine's command line is in {where}"
+
+
 @pytest.fixture(scope="module")
 def gemma_off() -> Iterator[RunningEngine]:
-    """vLLM on the demo Gemma with its prefix cache switched off and n-gram speculative decoding on."""
+    """vLLM on the demo Gemma with its prefix cache switched off and n-gram speculative decoding on, and two
+    API keys and a Hugging Face token on its command line."""
     port = free_port()
     profile = dataclasses.replace(load_profiles([repo_profiles_dir()]).get("demo-vllm-gemma"), port=port)
     resolved = resolve(profile)
     assert resolved.argv is not None
     spec = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}'
-    argv = [*resolved.argv, "--no-enable-prefix-caching", "--speculative-config", spec]
+    argv = [*resolved.argv, "--no-enable-prefix-caching", "--speculative-config", spec,
+            "--api-k", *KEYS, f"--hf_token={HF_TOKEN}"]
     launched = launch(argv, runs_dir() / f"test-vllm-gemma-{port}.log", env=resolved.env)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_openai_ready("vLLM (Gemma, prefix cache off)", url, launched, timeout=240)
+        wait_openai_ready("vLLM (Gemma, prefix cache off)", url, launched, timeout=240, api_key=KEYS[1])
         yield RunningEngine("vllm-off", url, port, launched)
     finally:
         stop_group(launched)
@@ -103,7 +126,7 @@ def gemma_off() -> Iterator[RunningEngine]:
 
 def test_prefix_caching_off_fires_with_the_shared_tokens_the_ids_say(gemma_off: RunningEngine,
                                                                      tmp_path: Path) -> None:
-    engine = bench(gemma_off.url, tmp_path)
+    engine = bench(gemma_off.url, tmp_path, KEYS[1])
     assert engine["config"]["prefix_caching"] is False
     [finding] = [f for f in engine["findings"] if f["id"].startswith("prefix")]
     show("configuration (prefix cache off)", engine["config"]["summary"])
@@ -119,7 +142,7 @@ def test_prefix_caching_off_fires_with_the_shared_tokens_the_ids_say(gemma_off: 
 def test_vllm_ngram_speculation_read_per_draft_position(gemma_off: RunningEngine) -> None:
     prompt = "1, 2, 3, 4, " * 12
     for _ in range(2):
-        reply = httpx.post(f"{gemma_off.url}/v1/completions", timeout=120, json={
+        reply = httpx.post(f"{gemma_off.url}/v1/completions", timeout=120, headers=AUTH, json={
             "model": "gemma-3-270m", "prompt": prompt, "max_tokens": 48, "temperature": 0})
         assert reply.status_code == 200, reply.text
     counters = {}
@@ -131,10 +154,34 @@ def test_vllm_ngram_speculation_read_per_draft_position(gemma_off: RunningEngine
             counters[key] = float(value)
     drafts = counters["vllm:spec_decode_num_drafts_total"]
     assert drafts > 0
-    state = read_store(gemma_off.url).engines["llama"]
+    state = read_store(gemma_off.url, api_key=KEYS[1]).engines["llama"]
     assert state.stats.spec_accept_per_pos_total == tuple(counters[f"pos{k}"] / drafts for k in range(3))
     accepted = counters["vllm:spec_decode_num_accepted_tokens_total"]
     assert state.stats.spec_accept_rate_total == pytest.approx(
         accepted / counters["vllm:spec_decode_num_draft_tokens_total"])
     config = state.sample.config
     assert (config.spec_type, config.spec_n_max, config.prefix_caching) == ("ngram", 3, False)
+
+
+def test_a_vllm_started_with_secrets_shows_its_command_line_without_them(gemma_off: RunningEngine,
+                                                                        tmp_path: Path) -> None:
+    """`vllm ... --api-k KEY1 KEY2 --hf_token=TOKEN`: the configuration keeps the command line, masked in
+    every spelling, in the snapshot (JSON and text) and the engine's column."""
+    (tmp_path / "key").write_text(KEYS[1] + "\n")
+    target = ["--engine", f"vllm={gemma_off.url}", "--api-key-file", f"vllm={tmp_path / 'key'}"]
+    shown = []
+    snapshot: dict = {}
+    for form in (["--json"], []):
+        out = subprocess.run([sys.executable, "-m", "tui", "snapshot", *target, "--interval", "0.5", *form],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        shown.append(out.stdout + out.stderr)
+        snapshot = snapshot or orjson.loads(out.stdout)
+    config = snapshot["engines"]["vllm"]["config"]
+    show("vLLM's argv as shown", config["argv"])
+    assert config["argv"][config["argv"].index("--api-k") + 1:][:2] == ["***", "***"]
+    assert "--hf_token=***" in config["argv"] and "--no-enable-prefix-caching" in config["argv"]
+    state = read_store(gemma_off.url, polls=1, api_key=KEYS[1]).engines["llama"]
+    shown.append(render_engine(state, width=200).plain)
+    for text in shown:
+        assert_no_secret(text, "the snapshot or the engine's column")

@@ -143,8 +143,8 @@ def llama_config(props: dict[str, Any] | None, slots: SlotsReading | None,
         argv = mask_argv(raw, llamacpp.OPTIONS, secrets)
         sources.append(f"argv (PID {pid})" if pid is not None else "argv")
         fields["defaults"] = _llama_argv(raw, env, fields, slots)
-    return EngineConfig(engine="llama.cpp", read_wall=time.time(), argv=argv, pid=pid, sources=tuple(sources),
-                        lacks=tuple(lacks), **fields)
+    return EngineConfig(engine="llama.cpp", read_wall=time.time(), argv=argv, pid=pid if argv else None,
+                        sources=tuple(sources), lacks=tuple(lacks), **fields)
 
 
 def _llama_argv(raw: list[str], env: dict[str, str], fields: dict[str, Any],
@@ -283,8 +283,8 @@ def vllm_config(labels: dict[str, str] | None, models: Any, version: str | None,
                 fields["spec_type"] = str(parsed.get("method") or parsed.get("model") or "on")
                 fields["spec_n_max"] = _int(parsed.get("num_speculative_tokens"))
                 fields["spec_draft_model"] = parsed.get("model")
-    return EngineConfig(engine="vLLM", read_wall=time.time(), argv=argv, pid=pid, sources=tuple(sources),
-                        lacks=tuple(lacks), **fields)
+    return EngineConfig(engine="vLLM", read_wall=time.time(), argv=argv, pid=pid if argv else None,
+                        sources=tuple(sources), lacks=tuple(lacks), **fields)
 
 
 # ---------------------------------------------------------------- SGLang
@@ -324,8 +324,8 @@ def sglang_config(info: Any, command: Command | str | None,
     elif command is not None:
         argv = mask_argv(command[0], sglang.OPTIONS, secrets)
         sources.append(f"argv (PID {pid})" if pid is not None else "argv")
-    return EngineConfig(engine="SGLang", read_wall=time.time(), argv=argv, pid=pid, sources=tuple(sources),
-                        lacks=tuple(lacks), **fields)
+    return EngineConfig(engine="SGLang", read_wall=time.time(), argv=argv, pid=pid if argv else None,
+                        sources=tuple(sources), lacks=tuple(lacks), **fields)
 
 
 def config_json(config: EngineConfig | None) -> dict[str, Any] | None:
