@@ -1,20 +1,30 @@
 """`--workers N`: a bench's plan split over worker processes, each request sent by exactly one of them at its
 planned moment, the results merged into the same run as one process makes; on the loopback engine (every
 request it got is seen) and on the real llama-server (a multi-turn workload: the same sessions, in the same
-order, with the same tokens and cached tokens as one process)."""
+order, with the same tokens and cached tokens as one process). A closed loop's bound holds over the workers,
+the peak in flight is measured, and a worker that dies or fails to start ends the run (or its start) within
+seconds, named, with every result received kept and no reply thread left behind."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
 
-from tests.sse_server import SSEServer
+from tests.sse_server import Scenario, SSEServer
 from tui.cli.main import main
+from tui.model.targets import EngineTarget
 from tui.model.workload import WorkloadRequest
+from tui.probe.results import ProbeResult
 from tui.workload.schedule import Planned
-from tui.workload.workers import parse_workers, split
+from tui.workload.workers import WorkerBench, WorkerPool, parse_workers, peak_in_flight, shares, split
 
 
 def test_split_keeps_each_session_on_one_worker_in_order_and_sends_everything_once() -> None:
@@ -115,3 +125,181 @@ def test_a_multi_turn_workload_over_two_workers_matches_one_on_the_real_llama_se
         assert [t[3] for t in two[name][1:]] == [t[3] for t in one[name][1:]]
         assert one[name][0][3] <= 1 and two[name][0][3] <= 1
     assert [w["planned"] for w in runs[2]["workers"]] in ([6, 3], [3, 6])  # whole sessions
+
+
+# ---------------------------------------------------- the bound, the peak, a death, a failed start
+
+
+def _chats(n: int, *, tokens: int = 4, every_s: float | None = None) -> list[Planned]:
+    """n lone chat requests: a closed loop (every_s None) or one every `every_s` seconds."""
+    return [Planned(i, WorkloadRequest(line=i + 1, prompt=f"count to {i % 7 + 3}, please",
+                                       output_length=tokens), None if every_s is None else i * every_s)
+            for i in range(n)]
+
+
+def _reply_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "bench worker replies" and t.is_alive()]
+
+
+def test_a_bound_is_split_into_parts_of_at_least_one_that_sum_to_it() -> None:
+    assert shares(None, 3) == [None, None, None]
+    assert shares(2, 4) == [1, 1]  # two of the four workers send: a share of 0 would be no bound at all
+    assert shares(1, 2) == [1]
+    assert shares(5, 2) == [3, 2] and shares(4, 4) == [1, 1, 1, 1]
+    for c in range(1, 9):
+        for n in range(1, 6):
+            parts = shares(c, n)
+            assert sum(p or 0 for p in parts) == c and all(p is not None and p >= 1 for p in parts)
+    with pytest.raises(ValueError, match="at least 1"):
+        shares(0, 2)
+
+
+def _result(index: int, sent: float, ended: float) -> ProbeResult:
+    return ProbeResult(engine="e", url="u", workload="bench", index=index, wall_start=0.0, sent_at=sent,
+                       ended_at=ended, status=200, completion_tokens=4)
+
+
+class _QuietPool:
+    """A pool whose workers never run: the replies are put on the bench's queue by the test."""
+
+    n = 2
+    lost: str | None = None
+
+    def send(self, k: int, command: tuple[Any, ...]) -> None:
+        pass
+
+    def exited(self) -> dict[int, tuple[int | None, int]]:
+        return {}
+
+
+async def test_the_peak_in_flight_is_measured_from_the_results_not_summed_from_the_workers_reports() -> None:
+    """Each worker reported one request out, a moment apart: summed, two; the results say the second went out
+    as the first came back, so there never were two at once."""
+    assert peak_in_flight([_result(0, 10.0, 11.0), _result(1, 11.0, 12.0)]) == 1  # [sent, ended)
+    assert peak_in_flight([_result(0, 10.0, 11.0), _result(1, 10.5, 12.0), _result(2, 10.9, 10.95)]) == 3
+    bench = WorkerBench(EngineTarget("e", "http://127.0.0.1:9"), _chats(2), _QuietPool())  # type: ignore[arg-type]
+    bench._replies = asyncio.Queue()
+    for item in [("status", 0, 1, 1, 0.5), ("status", 1, 1, 1, 0.1),
+                 ("result", 0, 0, _result(0, 10.0, 11.0)), ("result", 1, 1, _result(1, 11.0, 12.0)),
+                 ("done", 0, [], 1.0, None, None, 1, 1), ("done", 1, [], 1.0, None, None, 1, 1)]:
+        bench._replies.put_nowait(item)
+    await asyncio.wait_for(bench._collect(time.monotonic()), 5)
+    assert len(bench.run.results) == 2 and bench.max_in_flight == 1
+
+
+async def test_a_bound_smaller_than_the_workers_holds_across_them_on_loopback() -> None:
+    """--concurrency 1 over 2 workers: one request out at a time, not one for the first worker and no bound
+    for the second."""
+    with SSEServer(default=Scenario(first_token_delay_s=0.15)) as server:
+        pool = WorkerPool(2)
+        try:
+            bench = WorkerBench(EngineTarget("e", server.url), _chats(6), pool, concurrency=1)
+            run = await asyncio.wait_for(bench.go(), 60)
+        finally:
+            await asyncio.to_thread(pool.close)
+    assert len(run.results) == 6 and all(r.ok for _, r in run.results) and run.error is None
+    assert bench.max_in_flight == 1 == peak_in_flight(r for _, r in run.results)
+    assert [w["planned"] for w in run.workers] == [6]
+    assert any("1 of the 2 workers sent the requests" in note for note in run.worker_notes)
+
+
+async def test_a_worker_that_cannot_read_its_tokenizer_fails_the_start_and_the_reply_thread_ends() -> None:
+    pool = WorkerPool(2)
+    try:
+        bench = WorkerBench(EngineTarget("e", "http://127.0.0.1:9"), _chats(4), pool,
+                            tokenizer="/no/such/tokenizer.json")
+        t0 = time.monotonic()
+        with pytest.raises(ValueError, match=r"worker \d of 2: ValueError: --tokenizer /no/such"):
+            await asyncio.wait_for(bench.ready(), 60)
+        assert time.monotonic() - t0 < 60 and not _reply_threads()
+    finally:
+        await asyncio.to_thread(pool.close)
+
+
+async def test_a_worker_killed_before_it_is_ready_fails_the_start_within_seconds() -> None:
+    pool = WorkerPool(2)
+    try:
+        await asyncio.to_thread(pool.start)
+        victim = pool.processes[1]
+        os.kill(victim.pid or 0, signal.SIGKILL)
+        await asyncio.to_thread(victim.join, 10)
+        bench = WorkerBench(EngineTarget("e", "http://127.0.0.1:9"), _chats(4), pool)
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError, match=rf"worker 2 of 2 \(PID {victim.pid}\) was killed by SIGKILL "
+                                               "before it was ready"):
+            await asyncio.wait_for(bench.ready(), 30)
+        assert time.monotonic() - t0 < 5 and not _reply_threads()
+        # a capacity search's next level on the same pool
+        with pytest.raises(RuntimeError, match="cannot be used again: worker 2 of 2"):
+            await WorkerBench(EngineTarget("e", "http://127.0.0.1:9"), _chats(4), pool).ready()
+    finally:
+        t0 = time.monotonic()
+        await asyncio.to_thread(pool.close)
+    assert time.monotonic() - t0 < 10
+
+
+_KILLED = "worker 2 of 2 (PID {pid}) was killed by SIGKILL; its unsent requests are not measured"
+
+
+async def _kill_one_mid_run(url: str, planned: list[Planned], after: int) -> tuple[Any, ...]:
+    """Two workers send `planned`; worker 2 is killed with SIGKILL once `after` results came back. What the
+    run kept, what had come back at the kill, the victim's PID, and the seconds from the kill to the end."""
+    pool = WorkerPool(2)
+    kill: dict[str, Any] = {}
+
+    def on_result(_name: str, _p: Planned, _r: ProbeResult) -> None:
+        if len(bench.run.results) >= after and not kill:
+            kill.update(pid=pool.processes[1].pid, at=time.monotonic(), received=len(bench.run.results))
+            os.kill(kill["pid"], signal.SIGKILL)
+
+    bench = WorkerBench(EngineTarget("e", url), planned, pool, on_result=on_result)
+    try:
+        run = await asyncio.wait_for(bench.go(), 90)
+        ended = time.monotonic()
+        assert not _reply_threads()
+    finally:
+        await asyncio.to_thread(pool.close)
+    assert kill, "the run ended before the kill"
+    return run, kill["received"], kill["pid"], ended - kill["at"]
+
+
+async def test_a_worker_killed_mid_run_ends_the_run_within_seconds_named_with_every_result_kept() -> None:
+    with SSEServer(default=Scenario(first_token_delay_s=0.05, per_token_delay_s=0.02)) as server:
+        planned = _chats(60, tokens=4, every_s=0.1)  # 6 s of plan: the kill comes about a second in
+        run, received, pid, took = await _kill_one_mid_run(server.url, planned, after=8)
+    assert took < 5, f"the run went on {took:.1f} s after a worker died"
+    assert run.error == _KILLED.format(pid=pid)
+    assert run.workers[1]["error"] == run.error and run.workers[0]["error"] is None
+    assert received <= len(run.results) < 60
+    assert all(r.ok and r.completion_tokens == 4 for _, r in run.results)
+    assert len({p.index for p, _ in run.results}) == len(run.results)
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("workers", [2, 3])
+async def test_a_closed_loop_bound_of_two_holds_over_the_workers_on_the_real_llama_server(
+        llama_server, workers: int) -> None:
+    """--concurrency 2 on the 4-slot engine: at most two requests out at once over the workers, and two while
+    the plan has more to send, measured from the results' own send and end times (3 workers: one sits out)."""
+    pool = WorkerPool(workers)
+    try:
+        bench = WorkerBench(EngineTarget("llama", llama_server.url), _chats(8, tokens=8), pool, concurrency=2)
+        run = await asyncio.wait_for(bench.go(), 120)
+    finally:
+        await asyncio.to_thread(pool.close)
+    assert run.error is None and len(run.results) == 8
+    assert all(r.ok and r.completion_tokens == 8 for _, r in run.results)
+    assert bench.max_in_flight == peak_in_flight(r for _, r in run.results) == 2
+    assert len(run.workers) == 2 and all(w["sent"] == 4 for w in run.workers)
+    assert bool(run.worker_notes) == (workers > 2)
+
+
+@pytest.mark.engine
+async def test_a_worker_killed_mid_run_on_the_real_llama_server_ends_the_run_named_keeping_its_results(
+        llama_server) -> None:
+    planned = _chats(40, tokens=6, every_s=0.1)  # 4 s of small requests; the kill after the first three
+    run, received, pid, took = await _kill_one_mid_run(llama_server.url, planned, after=3)
+    assert took < 5, f"the run went on {took:.1f} s after a worker died"
+    assert run.error == _KILLED.format(pid=pid)
+    assert 3 <= received <= len(run.results) < 40
+    assert all(r.ok and r.completion_tokens == 6 and r.sent_at is not None for _, r in run.results)

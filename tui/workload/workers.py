@@ -13,6 +13,14 @@ Ctrl-C, or an engine that stops answering in one worker, stops them all: each se
 so nothing measured is lost. Each worker measures its own lateness, CPU share and event-loop lag; a worker
 that could not keep up is named in the run's notes. Workers ignore SIGINT (the parent stops them) and the
 pool is shut down with the part (a capacity search keeps one pool for all its levels).
+
+A closed loop's bound holds across the workers: --concurrency C is split into parts of at least one that sum
+to C, over at most C workers (the run's notes say when fewer than the pool sent). A worker only exits when
+told to, so one that exited on its own (the OOM killer, a SIGKILL) is noticed within POLL_S: the others are
+stopped, the run ends with every result already received, and its error names the worker and how it died;
+the pool is not used again. A worker that fails to start (its tokenizer, its prompts, or it died first) fails
+the run's start, and the thread that reads the replies ends with it. The peak in flight is measured: each
+result carries its send and end times on the shared clock, and the parent sweeps over them.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ import queue
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from multiprocessing.context import SpawnProcess
 from typing import Any
@@ -46,6 +54,9 @@ STATUS_S = 0.25  # how often a worker says how many requests it has out
 START_MARGIN_S = 0.2  # between the go and the shared start: every worker has the moment before it comes
 STOP_WAIT_S = 15.0  # a stopped worker's last results, then it is terminated
 READY_WAIT_S = 120.0
+POLL_S = 0.5  # how often the parent looks for a worker that died: a dead one says nothing
+LOST_WAIT_S = 3.0  # after a worker died, the others' last results; they may never come (a torn reply queue)
+PUMP_JOIN_S = 2.0  # the reply thread ends within its 0.1 s poll, unless a torn message holds it in a read
 
 
 def make_bench(target: EngineTarget, planned: list[Planned], pool: WorkerPool | None, *,
@@ -143,16 +154,16 @@ async def _serve(worker: int, commands: Any, replies: Any) -> None:
         if command[0] != "run":
             continue  # a stop or cancel for a share that already ended
         _, planned, options = command
-        if options.tokenizer and tokenizer is None:
-            tokenizer = load_tokenizer(options.tokenizer)
-        bench = Bench(options.target, planned, concurrency=options.concurrency, model=options.model,
-                      block_size=options.block_size, limits=options.limits, prompts=prompts,
-                      fresh_from=worker * FRESH_PER_WORKER, prompt_seed=options.prompt_seed,
-                      tokenizer=tokenizer,
-                      on_result=lambda _name, p, r: replies.put(("result", worker, p.index, r)))
-        try:
+        try:  # a tokenizer that cannot be read, an engine that cannot give its tokens: the parent says why
+            if options.tokenizer and tokenizer is None:
+                tokenizer = load_tokenizer(options.tokenizer)
+            bench = Bench(options.target, planned, concurrency=options.concurrency, model=options.model,
+                          block_size=options.block_size, limits=options.limits, prompts=prompts,
+                          fresh_from=worker * FRESH_PER_WORKER, prompt_seed=options.prompt_seed,
+                          tokenizer=tokenizer,
+                          on_result=lambda _name, p, r: replies.put(("result", worker, p.index, r)))
             await bench.ready()
-        except Exception as exc:  # the engine could not give its tokens: the parent says why
+        except Exception as exc:
             replies.put(("ready", worker, f"{type(exc).__name__}: {exc}", None))
             continue
         prompts = bench.prompts
@@ -187,6 +198,41 @@ async def _status(worker: int, bench: Bench, replies: Any) -> None:
 # ---------------------------------------------------------------- the parent
 
 
+def shares(concurrency: int | None, n: int) -> list[int | None]:
+    """A closed loop's bound over the workers that send it: one part each, every part at least one (a
+    worker's 0 is no bound at all) and their sum the bound exactly, so the most in flight is what was asked.
+    That takes at most `concurrency` workers: the rest of the pool sits the run out."""
+    if concurrency is None:
+        return [None] * n
+    if concurrency < 1:
+        raise ValueError(f"--concurrency must be at least 1, got {concurrency}")
+    used = min(n, concurrency)
+    base, extra = divmod(concurrency, used)
+    return [base + (k < extra) for k in range(used)]
+
+
+def peak_in_flight(results: Iterable[ProbeResult]) -> int:
+    """The most requests out at one moment, from each result's own send and end (time.monotonic(), one clock
+    in every worker): a sweep over those moments, an end before a send at the same moment. Status reports
+    from the workers are taken at different moments, so their sum is no such count."""
+    events = sorted((t, step) for r in results if r.sent_at is not None and r.ended_at is not None
+                    for t, step in ((r.sent_at, 1), (r.ended_at, -1)))
+    peak = out = 0
+    for _, step in events:
+        out += step
+        peak = max(peak, out)
+    return peak
+
+
+def how_ended(exitcode: int) -> str:
+    if exitcode < 0:
+        try:
+            return f"was killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"was killed by signal {-exitcode}"
+    return f"exited with code {exitcode}"
+
+
 class WorkerPool:
     """N worker processes for one engine's part; started on first use, kept until closed."""
 
@@ -197,6 +243,8 @@ class WorkerPool:
         self.replies: Any = None
         self.processes: list[SpawnProcess] = []
         self.start_s: float | None = None  # how long the workers took to start (the first ready)
+        # why the pool is not used again: a worker died, and may have died writing to the shared reply queue
+        self.lost: str | None = None
 
     def start(self) -> None:
         if self.processes:
@@ -213,15 +261,23 @@ class WorkerPool:
     def send(self, k: int, command: tuple[Any, ...]) -> None:
         self.commands[k].put(command)
 
+    def exited(self) -> dict[int, tuple[int | None, int]]:
+        """The workers that are gone (worker -> PID, exit code): a worker only exits when it is told to quit,
+        so before close() each of these died."""
+        return {k: (p.pid, p.exitcode) for k, p in enumerate(self.processes) if p.exitcode is not None}
+
     def close(self) -> None:
         for k in range(len(self.processes)):
             with contextlib.suppress(Exception):
                 self.commands[k].put(("quit",))
         for process in self.processes:
-            process.join(5.0)
+            # after a death a live worker may hang on the reply queue's lock for good: it is not waited for
+            process.join(0 if self.lost else 5.0)
             if process.is_alive():
                 process.terminate()
                 process.join(5.0)
+        for commands in self.commands:
+            commands.cancel_join_thread()  # a dead worker's unread commands must not hold this process's exit
         self.processes.clear()
         self.commands.clear()
 
@@ -242,14 +298,21 @@ class WorkerBench:
                                None)
         self.on_result = on_result
         self.run = EngineRun(target.name, target.url)
-        self.parts = split(planned, pool.n)
+        self.shares = shares(concurrency, pool.n)
+        self.active = len(self.shares)  # the workers that send this run: the first `active` of the pool
+        self.parts = split(planned, self.active)
         self.workers = [WorkerStats(k, len(part)) for k, part in enumerate(self.parts)]
+        self.notes: list[str] = []
+        if self.active < pool.n:
+            self.notes.append(f"{self.active} of the {pool.n} workers sent the requests: --concurrency "
+                              f"{concurrency} gives each worker that sends at least one of its places")
         self.prompts = None  # each worker keeps its own
         self.max_in_flight = 0
         self._status: dict[int, tuple[int, int, float | None]] = {}  # worker -> (sent, in flight, oldest)
         self._by_index = {p.index: p for p in planned}
         self._ready = False
         self._replies: asyncio.Queue[tuple[Any, ...]] | None = None
+        self._getter: asyncio.Future[tuple[Any, ...]] | None = None
         self._pump: threading.Thread | None = None
         self._stop_pump = threading.Event()
 
@@ -259,21 +322,24 @@ class WorkerBench:
 
     @property
     def in_flight(self) -> int:
+        """Now, for the live view: the sum of the workers' last reports (the peak is measured, not this)."""
         return sum(f for _, f, _ in self._status.values())
 
     def oldest_wait_s(self, now: float) -> float | None:
         waits = [w for _, _, w in self._status.values() if w is not None]
         return max(waits) if waits else None
 
-    def _shares(self) -> list[int | None]:
-        if self.concurrency is None:
-            return [None] * self.pool.n
-        base, extra = divmod(self.concurrency, self.pool.n)
-        return [base + (k < extra) for k in range(self.pool.n)]
-
-    async def _next(self) -> tuple[Any, ...]:
+    async def _next(self, timeout: float) -> tuple[Any, ...] | None:
+        """The next reply, or None after `timeout`. The one get is kept across timeouts and cancellations, so
+        a reply that came just as the wait ended is not lost."""
         assert self._replies is not None
-        return await self._replies.get()
+        if self._getter is None:
+            self._getter = asyncio.ensure_future(self._replies.get())
+        await asyncio.wait({self._getter}, timeout=max(0.0, timeout))
+        if not self._getter.done():
+            return None
+        item, self._getter = self._getter.result(), None
+        return item
 
     def _start_pump(self) -> None:
         """Replies come on a multiprocessing queue: a thread hands them to this loop."""
@@ -289,99 +355,164 @@ class WorkerBench:
                     continue
                 except (EOFError, OSError):
                     return
+                except Exception as exc:  # a torn message (its writer killed as it wrote): no more reads
+                    item = ("broken", -1, f"{type(exc).__name__}: {exc}")
+                    loop.call_soon_threadsafe(replies.put_nowait, item)
+                    return
                 loop.call_soon_threadsafe(replies.put_nowait, item)
 
         self._pump = threading.Thread(target=pump, name="bench worker replies", daemon=True)
         self._pump.start()
 
+    async def _end_pump(self) -> None:
+        self._stop_pump.set()
+        if self._getter is not None:
+            self._getter.cancel()
+            self._getter = None
+        if self._pump is not None:  # gone before the next share's replies come (a capacity level)
+            await asyncio.to_thread(self._pump.join, PUMP_JOIN_S)
+
+    def _died(self, k: int, pid: int | None, exitcode: int) -> str:
+        return (f"worker {k + 1} of {self.active} (PID {pid}) {how_ended(exitcode)}; its unsent requests are "
+                f"not measured")
+
     async def ready(self) -> None:
-        """Start the workers (once per pool) and have each prepare its share."""
+        """Start the workers (once per pool) and have each prepare its share. On failure the reply thread ends
+        with it: a capacity search calls this before go()."""
         if self._ready:
             return
+        if self.pool.lost:
+            raise RuntimeError(f"the workers cannot be used again: {self.pool.lost}")
         started = time.monotonic()
         await asyncio.to_thread(self.pool.start)
         self._start_pump()
-        for k, (part, share) in enumerate(zip(self.parts, self._shares(), strict=True)):
+        try:
+            await self._prepare()
+        except BaseException:
+            await self._end_pump()
+            raise
+        if self.pool.start_s is None:
+            self.pool.start_s = time.monotonic() - started
+        self._ready = True
+
+    async def _prepare(self) -> None:
+        for k, (part, share) in enumerate(zip(self.parts, self.shares, strict=True)):
             self.pool.send(k, ("run", part, replace(self.options, concurrency=share)))
-        waiting = set(range(self.pool.n))
+        waiting = set(range(self.active))
         problems = []
         deadline = time.monotonic() + READY_WAIT_S
         while waiting:
-            try:
-                item = await asyncio.wait_for(self._next(), max(0.1, deadline - time.monotonic()))
-            except TimeoutError:
-                raise RuntimeError(f"workers {sorted(waiting)} were not ready after {READY_WAIT_S:g} s") \
-                    from None
-            if item[0] != "ready":
+            item = await self._next(POLL_S)
+            if item is not None and item[0] == "ready":
+                _, k, problem, note = item
+                waiting.discard(k)
+                if problem:
+                    problems.append(f"worker {k + 1} of {self.active}: {problem}")
+                if note:
+                    self.run.prompt_note = note
                 continue
-            _, k, problem, note = item
-            waiting.discard(k)
-            if problem:
-                problems.append(problem)
-            if note:
-                self.run.prompt_note = note
-        if self.pool.start_s is None:
-            self.pool.start_s = time.monotonic() - started
+            if gone := self.pool.exited():  # it will never say it is ready
+                k, (pid, code) = min(gone.items())
+                self.pool.lost = f"worker {k + 1} of {self.pool.n} (PID {pid}) {how_ended(code)}"
+                self._cancel()
+                raise RuntimeError(f"{self.pool.lost} before it was ready")
+            if item is not None and item[0] == "broken":
+                self.pool.lost = f"the workers' replies could not be read: {item[2]}"
+                raise RuntimeError(self.pool.lost)
+            if time.monotonic() > deadline:
+                self._cancel()
+                raise RuntimeError(f"workers {sorted(waiting)} were not ready after {READY_WAIT_S:g} s")
         if problems:
-            for k in range(self.pool.n):
-                self.pool.send(k, ("cancel",))
+            self._cancel()
             raise ValueError(problems[0])
-        self._ready = True
+
+    def _cancel(self) -> None:
+        """The run will not start: each worker is told (one that failed to prepare takes it as stale)."""
+        for k in range(self.active):
+            with contextlib.suppress(Exception):
+                self.pool.send(k, ("cancel",))
 
     async def go(self) -> EngineRun:
         """Prepare, then every worker sends its share from one shared moment; results as they end."""
         try:
             await self.ready()
             start_at = time.monotonic() + START_MARGIN_S
-            for k in range(self.pool.n):
+            for k in range(self.active):
                 self.pool.send(k, ("go", start_at))
             await self._collect(start_at)
         finally:
-            self._stop_pump.set()
-            if self._pump is not None:  # gone before the next share's replies come (a capacity level)
-                await asyncio.to_thread(self._pump.join)
+            await self._end_pump()
         return self.run
 
     async def _collect(self, start_at: float) -> None:
         done: set[int] = set()
-        stopping = False
         try:
-            while len(done) < self.pool.n:
-                item = await self._next()
-                kind, k = item[0], item[1]
-                if kind == "result":
-                    self._result(item[2], item[3])
-                elif kind == "status":
-                    self._status[k] = (item[2], item[3], item[4])
-                    self.max_in_flight = max(self.max_in_flight, self.in_flight)
-                elif kind == "done":
-                    done.add(k)
-                    self._done(k, item)
-                    if self.workers[k].error and not stopping:  # the engine is gone: every worker stops
-                        stopping = True
-                        self.run.error = self.workers[k].error
-                        self._stop_all(done)
+            await self._gather(done, None)
         except asyncio.CancelledError:  # Ctrl-C: every worker stops and sends what it measured
             self._stop_all(done)
-            deadline = time.monotonic() + STOP_WAIT_S
-            while len(done) < self.pool.n and time.monotonic() < deadline:
-                try:
-                    item = await asyncio.wait_for(self._next(), max(0.05, deadline - time.monotonic()))
-                except TimeoutError:
-                    break
-                if item[0] == "result":
-                    self._result(item[2], item[3])
-                elif item[0] == "done":
-                    done.add(item[1])
-                    self._done(item[1], item)
+            await self._gather(done, time.monotonic() + STOP_WAIT_S)
             raise
         finally:
             self.run.duration_s = max(self.run.duration_s, time.monotonic() - start_at)
             self._stop_all(set())  # a finished worker waits for this before it takes the next share
+            self.max_in_flight = max(self.max_in_flight, peak_in_flight(r for _, r in self.run.results))
             self._merge()
 
+    async def _gather(self, done: set[int], deadline: float | None) -> None:
+        """Replies until every worker is done, or `deadline` (time.monotonic()) passes; one that died is found
+        within POLL_S, and then the others have LOST_WAIT_S to send what they measured."""
+        check_at = time.monotonic() + POLL_S
+        while len(done) < self.active:
+            now = time.monotonic()
+            if now >= check_at:
+                check_at = now + POLL_S
+                if self._find_dead(done) and (deadline is None or deadline > now + LOST_WAIT_S):
+                    deadline = now + LOST_WAIT_S
+            if deadline is not None and now >= deadline:
+                for k in set(range(self.active)) - done:
+                    self.workers[k].error = self.workers[k].error or "stopped, but sent nothing back in time"
+                return
+            item = await self._next(min(check_at, deadline or check_at) - now)
+            if item is None:
+                continue
+            kind, k = item[0], item[1]
+            if kind == "result":
+                self._result(item[2], item[3])
+            elif kind == "status" and k not in done:  # a dead worker's last report is not news
+                self._status[k] = (item[2], item[3], item[4])
+            elif kind == "done":
+                done.add(k)
+                self._done(k, item)
+                if self.workers[k].error and self.run.error is None:  # the engine is gone: every worker stops
+                    self.run.error = self.workers[k].error
+                    self._stop_all(done)
+            elif kind == "broken":  # nothing more can be read: whoever died is named, and the run ends
+                self._find_dead(done)
+                self.pool.lost = self.pool.lost or f"the workers' replies could not be read: {item[2]}"
+                self.run.error = self.run.error or self.pool.lost
+                self._stop_all(done)
+                deadline = time.monotonic()
+
+    def _find_dead(self, done: set[int]) -> bool:
+        """A worker of this run that exited while results were due: named in the run's error, the others
+        stopped, and the pool not used again."""
+        found = False
+        for k, (pid, code) in self.pool.exited().items():
+            if self.pool.lost is None:
+                self.pool.lost = f"worker {k + 1} of {self.pool.n} (PID {pid}) {how_ended(code)}"
+            if k >= self.active or k in done:
+                continue
+            found = True
+            done.add(k)
+            self.workers[k].error = self._died(k, pid, code)
+            self.workers[k].sent = self._status.get(k, (0, 0, None))[0]  # as it last said
+            self._status[k] = (self.workers[k].sent, 0, None)
+            self.run.error = self.run.error or self.workers[k].error
+            self._stop_all(done)
+        return found
+
     def _stop_all(self, done: set[int]) -> None:
-        for k in range(self.pool.n):
+        for k in range(self.active):
             if k not in done:
                 with contextlib.suppress(Exception):
                     self.pool.send(k, ("stop",))
@@ -395,15 +526,20 @@ class WorkerBench:
     def _done(self, k: int, item: tuple[Any, ...]) -> None:
         _, _, lateness, duration, client, error, most, sent = item
         stats = self.workers[k]
-        stats.lateness_s, stats.client, stats.error, stats.sent = list(lateness), client, error, sent
+        stats.lateness_s, stats.client, stats.sent = list(lateness), client, sent
+        stats.error = error or stats.error
         self.run.lateness_s.extend(lateness)
         self.run.duration_s = max(self.run.duration_s, duration)
-        self.max_in_flight = max(self.max_in_flight, most)
+        self.max_in_flight = max(self.max_in_flight, most)  # one worker's own count, measured at one moment
         self._status[k] = (stats.sent, 0, None)
 
     def _merge(self) -> None:
         """The run's client self-check: every worker's together, and the ones that could not keep up named."""
+        self.run.workers = [s.json() for s in self.workers]
         loads = [s.client for s in self.workers if s.client is not None]
+        self.run.worker_notes = (*self.notes, *(
+            f"worker {s.worker + 1} of {self.active}: {note}" for s in self.workers
+            if s.client is not None and s.client.bottleneck for note in s.client.notes))
         if not loads:
             return
         lags = [x for x in (load.loop_lag_p99_ms for load in loads) if x is not None]
@@ -415,7 +551,3 @@ class WorkerBench:
                                 default=None),
             host_cpu_percent=max((x for x in (load.host_cpu_percent for load in loads) if x is not None),
                                  default=None))
-        self.run.worker_notes = tuple(
-            f"worker {s.worker + 1} of {self.pool.n}: {note}" for s in self.workers
-            if s.client is not None and s.client.bottleneck for note in s.client.notes)
-        self.run.workers = [s.json() for s in self.workers]
