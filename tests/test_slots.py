@@ -31,6 +31,8 @@ from widgets.engine_panel import render_engine
 
 DATA = Path(__file__).parent / "data" / "slots"
 
+SLOTS_OFF = "/slots is off: start llama-server without --no-slots to see each slot"
+
 
 def test_the_slots_of_this_build_and_of_an_older_server():
     now = parse_slots(200, (DATA / "llamacpp_2026.json").read_bytes())
@@ -44,7 +46,7 @@ def test_the_slots_of_this_build_and_of_an_older_server():
     assert first.decoded == 12 and first.prompt_tokens is None and first.prompt_cached is None
     assert old.kv_estimate is None  # no prompt counts: no estimate, rather than a wrong one
     refused = b'{"error":{"code":501,"message":"This server does not support slots endpoint."}}'
-    assert parse_slots(501, refused).error == "slots are off (llama-server --no-slots)"
+    assert parse_slots(501, refused).error == SLOTS_OFF
     assert "not JSON" in (parse_slots(200, b"<html>").error or "")
 
 
@@ -167,6 +169,6 @@ async def test_a_server_without_slots_says_so_and_the_rest_is_shown(tmp_path):
         sample = await poll_engine(transports.for_url(target.url), target)
         await transports.aclose()
         assert sample.health == "up" and sample.reading is not None
-        assert sample.slots == SlotsReading(error="slots are off (llama-server --no-slots)")
+        assert sample.slots == SlotsReading(error=SLOTS_OFF)
     finally:
         stop_group(engine.launched)

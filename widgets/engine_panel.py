@@ -183,11 +183,12 @@ def _slot_line(slot: SlotState) -> Text:
     if not slot.processing:
         line = Text("idle", style="dim")
         if slot.task is not None and slot.prompt_tokens is not None:
-            line.append(f"  last: prompt {slot.prompt_tokens}, decoded {slot.decoded or 0}", style="dim")
+            # llama-server zeroes an ended task's counters; what it keeps is the tokens in the slot's cache
+            line.append(f"  last task: {slot.prompt_tokens} tokens in its cache", style="dim")
         return line
     line = Text("processing", style="bold green")
-    if slot.prompt_tokens is not None:
-        line.append(f"  prompt {slot.prompt_tokens}")
+    if slot.prompt_tokens is not None:  # while decoding, n_prompt_tokens counts the decoded ones too
+        line.append(f"  prompt {slot.prompt_tokens - (slot.decoded or 0)}")
         if slot.prompt_cached:
             line.append(f" ({slot.prompt_cached} cached)")
     if not slot.decoded and slot.prompt_tokens:
@@ -246,6 +247,8 @@ def _config_rows(grid: Rows, config: EngineConfig | None, width: int) -> None:
     """What the engine is really set to, in one line, and what it does not publish."""
     if config is None:
         return
+    if facts := config.facts():
+        _wrapped(grid, "facts", facts, width)
     _wrapped(grid, "config", config.summary(), width)
     if config.lacks:
         more = f" (+{len(config.lacks) - 1} more)" if len(config.lacks) > 1 else ""
@@ -336,6 +339,9 @@ def render_engine(state: EngineState, status: EngineStatus | None = None,
         return getattr(reading, attr) is not None
 
     grid.add_row("dialect", reading.dialect)
+    if reading.origin is not None:  # not the engine's /metrics: say where the figures came from
+        _wrapped(grid, "source", f"from {reading.origin}: llama-server runs without --metrics, which adds "
+                 "waiting requests, decode time and totals since its start", width, style="dim")
     grid.add_row("running", num(reading.running, "{:.0f}"))
     grid.add_row("waiting", num(reading.waiting, "{:.0f}"))
     grid.add_row("gen tok/s", _shown(has("generation_tokens_total"), num(stats.gen_tps)))

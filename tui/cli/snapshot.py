@@ -47,6 +47,8 @@ def table(snapshot: dict[str, Any]) -> str:
         if e["health"] != "up" and e.get("health_reason"):
             lines.append(f"{'':<16} {e['health_reason']}")
         if e.get("config"):
+            if e["config"].get("facts"):
+                lines.append(f"{'':<16} model: {e['config']['facts']}")
             lines.append(f"{'':<16} config: {e['config']['summary'] or 'n/a'}")
             lines += [f"{'':<16} not published: {why}" for why in e["config"]["lacks"]]
         for f in e.get("findings") or ():

@@ -43,6 +43,15 @@ class EngineConfig:
     spec_draft_model: str | None = None
     spec_synthetic: str | None = None  # llama.cpp's benchmarking mode: "rates 0.9,0.6" or "len 1.8"
     modalities: tuple[str, ...] = ()
+    # The model's facts a watcher wants beside the figures: llama.cpp's /props model_ftype and /v1/models meta
+    # (n_params, size, n_ctx_train), vLLM's served names and --dtype / --quantization
+    quantization: str | None = None  # "Q4_K - Medium" (llama.cpp), vLLM's --quantization
+    dtype: str | None = None  # vLLM's --dtype
+    params: int | None = None  # parameters
+    model_bytes: int | None = None  # the weights' file size
+    train_context: int | None = None  # the context the model was trained for
+    served_names: tuple[str, ...] = ()  # the names the engine answers to (/v1/models)
+    sampling: tuple[tuple[str, str], ...] = ()  # the engine's sampling defaults, as published
     argv: tuple[str, ...] = ()  # the local process's command line, secrets masked; () when not readable
     pid: int | None = None  # the local process whose argv this is
     published: tuple[tuple[str, str], ...] = ()  # vLLM's cache_config_info labels, as published
@@ -94,6 +103,25 @@ class EngineConfig:
             parts.append("1 slot")
         return " · ".join(parts)
 
+    def facts(self) -> str:
+        """The model and engine in one line: 'Q4_K - Medium · 268.1M params · 235 MiB · trained for 32,768 ·
+        build b7000'. Unknown parts are left out."""
+        parts: list[str] = []
+        if self.quantization:
+            parts.append(self.quantization)
+        if self.dtype:
+            parts.append(self.dtype)
+        if self.params:
+            parts.append(f"{_count(self.params)} params")
+        if self.model_bytes:
+            parts.append(f"{self.model_bytes / 2**20:,.0f} MiB" if self.model_bytes < 2**30
+                         else f"{self.model_bytes / 2**30:.1f} GiB")
+        if self.train_context:
+            parts.append(f"trained for {self.train_context:,}")
+        if self.version:
+            parts.append(f"{self.engine} {self.version}")
+        return " · ".join(parts)
+
     def figures(self) -> dict[str, object]:
         """The named figures a report's configuration table compares across arms (None: not published)."""
         return {
@@ -105,4 +133,13 @@ class EngineConfig:
             "gpu_layers": self.gpu_layers, "batch_size": self.batch_size, "ubatch_size": self.ubatch_size,
             "spec_type": self.spec_type, "spec_n_max": self.spec_n_max, "spec_p_min": self.spec_p_min,
             "spec_draft_model": self.spec_draft_model, "spec_synthetic": self.spec_synthetic,
+            "quantization": self.quantization, "dtype": self.dtype, "params": self.params,
+            "model_bytes": self.model_bytes, "train_context": self.train_context,
         }
+
+
+def _count(n: int) -> str:
+    for size, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if n >= size:
+            return f"{n / size:.1f}{unit}"
+    return str(n)

@@ -48,6 +48,9 @@ class EngineReading:
     # histograms (vLLM, SGLang)
     ttft_buckets: Buckets | None = None
     itl_buckets: Buckets | None = None
+    # where the figures came from when not the engine's /metrics: "/slots" (llama-server without --metrics,
+    # counted from its slots by tui.sources.slot_counters)
+    origin: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -104,9 +104,22 @@ def local_command(pid: int, engine: EngineKnowledge | None = None) -> Command | 
 # ---------------------------------------------------------------- llama-server
 
 
+def _llama_model(models: Any, fields: dict[str, Any]) -> bool:
+    """The model's facts from llama-server's /v1/models `meta` (n_params, size, n_ctx_train)."""
+    data = models.get("data") if isinstance(models, dict) else None
+    meta = data[0].get("meta") if isinstance(data, list) and data and isinstance(data[0], dict) else None
+    if not isinstance(meta, dict):
+        return False
+    fields.update(params=_int(meta.get("n_params")), model_bytes=_int(meta.get("size")),
+                  train_context=_int(meta.get("n_ctx_train")))
+    if not fields.get("quantization") and isinstance(meta.get("ftype"), str):
+        fields["quantization"] = meta["ftype"]
+    return True
+
+
 def llama_config(props: dict[str, Any] | None, slots: SlotsReading | None,
                  command: Command | str | None, lacks: list[str],
-                 pid: int | None = None, secrets: Sequence[str] = ()) -> EngineConfig:
+                 pid: int | None = None, secrets: Sequence[str] = (), models: Any = None) -> EngineConfig:
     sources: list[str] = []
     fields: dict[str, Any] = {}
     if props is not None:
@@ -125,6 +138,15 @@ def llama_config(props: dict[str, Any] | None, slots: SlotsReading | None,
         modalities = props.get("modalities")
         if isinstance(modalities, dict):
             fields["modalities"] = tuple(k for k, v in modalities.items() if v is True)
+        if isinstance(props.get("model_ftype"), str):
+            fields["quantization"] = props["model_ftype"]
+        params = settings.get("params") if isinstance(settings, dict) else None
+        if isinstance(params, dict):  # the sampling defaults, where this build publishes them
+            fields["sampling"] = tuple((k, f"{v:g}" if isinstance(v, float) else str(v))
+                                       for k, v in params.items()
+                                       if k in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty"))
+    if _llama_model(models, fields):
+        sources.append("/v1/models")
     if slots is not None and slots.error is None and slots.slots:
         sources.append("/slots")
         if fields.get("context_tokens") is None:
@@ -261,6 +283,7 @@ def vllm_config(labels: dict[str, str] | None, models: Any, version: str | None,
     if isinstance(data, list) and data and isinstance(data[0], dict):
         sources.append("/v1/models")
         fields["model"] = data[0].get("id")
+        fields["served_names"] = tuple(str(m.get("id")) for m in data if isinstance(m, dict) and m.get("id"))
         fields["context_tokens"] = _int(data[0].get("max_model_len"))
         if fields["context_tokens"] is None:
             lacks.append("/v1/models gives no max_model_len")
@@ -276,6 +299,8 @@ def vllm_config(labels: dict[str, str] | None, models: Any, version: str | None,
         opts = parse(raw, vllm.OPTIONS).options
         if (seqs := _int(opts.get("--max-num-seqs"))) is not None:
             fields["slots"] = seqs
+        fields["dtype"] = opts.get("--dtype")
+        fields["quantization"] = opts.get("--quantization")
         spec = opts.get("--speculative-config")
         if spec is not None:
             parsed = _json(spec.encode())
@@ -332,7 +357,8 @@ def config_json(config: EngineConfig | None) -> dict[str, Any] | None:
     """The configuration as a result keeps it: every field, and its one-line summary."""
     if config is None:
         return None
-    return {**dataclasses.asdict(config), "published": dict(config.published), "summary": config.summary()}
+    return {**dataclasses.asdict(config), "published": dict(config.published), "summary": config.summary(),
+            "facts": config.facts()}
 
 
 def config_from_json(data: dict[str, Any] | None) -> EngineConfig | None:
@@ -391,7 +417,8 @@ async def read_config(fetch: Fetch, dialect: str, *, slots: SlotsReading | None 
 
     if dialect == "llamacpp":
         props = await get_json("/props")
-        return llama_config(props if isinstance(props, dict) else None, slots, command, lacks, pid, secrets)
+        return llama_config(props if isinstance(props, dict) else None, slots, command, lacks, pid, secrets,
+                            await get_json("/v1/models"))
     if dialect == "vllm":
         # prometheus_client's own exposition at /metrics/ honours name[]: two lines instead of thousands
         filtered = "/metrics/?" + urlencode([("name[]", CACHE_INFO), ("name[]", _SPEC_DRAFTS)])

@@ -94,13 +94,17 @@ async def _fetch(transport: Transport, target: EngineTarget, path: str, headers:
         raise _transport_failure(exc, _where(target.url), timeout, path) from None
 
 
+# llama-server's answer to /metrics without --metrics (its default): its /slots are read instead
+METRICS_OFF = "metrics disabled: start llama-server with --metrics"
+
+
 def _metrics_status_message(status: int, body: bytes, has_key: bool, path: str) -> str:
     if status in (401, 403):
         return _auth_message(has_key)
     if status == 404:
         return f"no {path} endpoint: SGLang needs --enable-metrics"
     if status == 501:
-        return "metrics disabled: start llama-server with --metrics"
+        return METRICS_OFF
     detail = error_text(body)
     return f"{path} answered HTTP {status}" + (f": {detail}" if detail else "")
 
@@ -229,8 +233,9 @@ async def poll_engine(transport: Transport, target: EngineTarget, *, timeout: fl
             return routed_sample
     if not check_health and known_model is not None:
         reading, metrics_error = await _metrics(transport, target, headers, timeout, max_body, only)
-        if reading is not None:
-            slots = await _slots(transport, target, headers, timeout, reading, idle_slots)
+        if reading is not None or metrics_error == METRICS_OFF:
+            slots = await _slots(transport, target, headers, timeout, reading, idle_slots,
+                                 llama=metrics_error == METRICS_OFF)
             return sample("up", None, known_model, reading, metrics_error, slots)
 
     # /health first: when the engine is down or loading, /models and /metrics would only repeat that.
@@ -276,7 +281,8 @@ async def poll_engine(transport: Transport, target: EngineTarget, *, timeout: fl
         return await routed(health)  # /metrics wants a model: a router, whose models are read one by one
     if reading is None and (states := await _swap_states(transport, target, headers, timeout)) is not None:
         return await swapped(states)  # /running answers: llama-swap, whose /metrics is not an engine's
-    slots = await _slots(transport, target, headers, timeout, reading, idle_slots)
+    slots = await _slots(transport, target, headers, timeout, reading, idle_slots,
+                         llama=metrics_error == METRICS_OFF)
     return sample(health, None, model, reading, metrics_error, slots)
 
 
@@ -368,9 +374,11 @@ async def poll_slots(transport: Transport, target: EngineTarget, timeout: float,
 
 async def _slots(transport: Transport, target: EngineTarget, headers: dict[str, str], timeout: float,
                  reading: EngineReading | None,
-                 idle: tuple[EngineReading, SlotsReading] | None = None) -> SlotsReading | None:
-    """llama-server's slots, beside its /metrics (other engines have none)."""
-    if reading is None or reading.dialect != "llamacpp":
+                 idle: tuple[EngineReading, SlotsReading] | None = None,
+                 llama: bool = False) -> SlotsReading | None:
+    """llama-server's slots, beside its /metrics (other engines have none), or in its stead (`llama`: a
+    llama-server without --metrics)."""
+    if not llama and (reading is None or reading.dialect != "llamacpp"):
         return None
     if idle is not None and idle[0] == reading:
         return idle[1]

@@ -18,10 +18,11 @@ from tui.model.samples import EngineSample
 from tui.model.targets import EngineTarget
 from tui.net.keepalive import Transports, exchange
 from tui.net.policy import is_loopback_host, target_headers
-from tui.sources.engine import NameFilter, poll_config, poll_engine
+from tui.sources.engine import METRICS_OFF, NameFilter, poll_config, poll_engine
 from tui.sources.host import pids_listening
 from tui.sources.rates import went_back
 from tui.sources.router import SSE_PATH, LoadProgress
+from tui.sources.slot_counters import SlotCounters
 
 MODEL_REFRESH_S = 30.0
 HEALTH_REFRESH_S = 5.0  # while /metrics answers; any failure asks /health at once
@@ -56,6 +57,7 @@ class EngineSource:
         self._only: tuple[EngineTarget, NameFilter] | None = None  # once a poll found a vLLM at the target
         self._slots_asked: tuple[EngineTarget, float] | None = None  # whose /slots were last asked, and when
         self._config: tuple[EngineTarget, float, EngineConfig | None] | None = None  # whose, when read, what
+        self._counters: tuple[EngineTarget, SlotCounters] | None = None  # a llama-server without --metrics
 
     async def read(self) -> list[EngineSample]:
         started = time.monotonic()
@@ -96,11 +98,22 @@ class EngineSource:
         if reuse is None or sample.slots is not reuse[1]:  # asked (or none to ask)
             self._slots_asked = (target, started)
         sample = self._with_load_progress(sample)
+        sample = self._with_slot_counters(sample)
         sample = await self._with_config(sample, last, started)
         if target is not self.target:
             return []
         self._last = sample
         return [sample]
+
+    def _with_slot_counters(self, sample: EngineSample) -> EngineSample:
+        """A llama-server without --metrics: the counters its slots give (tui.sources.slot_counters), as the
+        sample's reading, which says it came from /slots."""
+        if sample.reading is not None or sample.metrics_error != METRICS_OFF or sample.slots is None:
+            return sample
+        if self._counters is None or self._counters[0] is not self.target:
+            self._counters = (self.target, SlotCounters())
+        reading = self._counters[1].add(sample.slots)
+        return sample if reading is None else replace(sample, reading=reading, metrics_error=None)
 
     async def _with_config(self, sample: EngineSample, last: EngineSample | None,
                            started: float) -> EngineSample:
@@ -110,10 +123,14 @@ class EngineSource:
             return sample
         target = self.target
         kept = self._config if self._config is not None and self._config[0] is target else None
-        if sample.health != "up" or sample.reading is None or sample.router is not None:
+        # a llama-server with neither /metrics nor /slots still has its /props and command line
+        dialect = sample.reading.dialect if sample.reading is not None else \
+            "llamacpp" if sample.metrics_error == METRICS_OFF else None
+        if sample.health != "up" or dialect is None or sample.router is not None:
             return sample if kept is None or kept[2] is None else replace(sample, config=kept[2])
-        restarted = last is None or last.health != "up" or last.reading is None or went_back(
-            last.reading, sample.reading)
+        restarted = last is None or last.health != "up" or (
+            last.reading is not None and sample.reading is not None
+            and went_back(last.reading, sample.reading))
         if kept is not None and not restarted and started - kept[1] < CONFIG_REFRESH_S:
             return sample if kept[2] is None else replace(sample, config=kept[2])
         pid = None
@@ -123,7 +140,7 @@ class EngineSource:
             found = await asyncio.to_thread(pids_listening, [(None if host in (None, "0.0.0.0") else host,
                                                               port)])
             pid = next(iter(found.values()), None)
-        config = await poll_config(self.transports.for_url(target.url), target, sample.reading.dialect,
+        config = await poll_config(self.transports.for_url(target.url), target, dialect,
                                    slots=sample.slots, pid=pid, remote=remote, timeout=self.timeout_s * 2)
         self._config = (target, started, config)
         return sample if config is None else replace(sample, config=config)

@@ -20,7 +20,7 @@ def _int(value: Any) -> int | None:
 
 def parse_slots(status: int, body: bytes) -> SlotsReading:
     if status == 501:
-        return SlotsReading(error="slots are off (llama-server --no-slots)")
+        return SlotsReading(error="/slots is off: start llama-server without --no-slots to see each slot")
     if status != 200:
         detail = error_text(body)
         return SlotsReading(error=f"{SLOTS_PATH} answered HTTP {status}" + (f": {detail}" if detail else ""))
