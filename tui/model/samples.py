@@ -48,6 +48,20 @@ class EngineReading:
     # histograms (vLLM, SGLang)
     ttft_buckets: Buckets | None = None
     itl_buckets: Buckets | None = None
+    # Each request's life as the engine itself saw it (vLLM; SGLang where it publishes one): the time in
+    # each phase, its prompt and generation lengths, how it ended, preemptions, tokens per engine step
+    queue_buckets: Buckets | None = None
+    prefill_buckets: Buckets | None = None
+    decode_buckets: Buckets | None = None
+    e2e_buckets: Buckets | None = None
+    prompt_len_buckets: Buckets | None = None
+    prompt_len_sum: float | None = None
+    gen_len_buckets: Buckets | None = None
+    gen_len_sum: float | None = None
+    finish_reasons: tuple[tuple[str, float], ...] | None = None  # (stop | length | abort | error, count)
+    preemptions_total: float | None = None
+    iteration_tokens_sum: float | None = None  # tokens over every engine step...
+    iteration_steps_total: float | None = None  # ...and the steps: tokens per iteration
     # where the figures came from when not the engine's /metrics: "/slots" (llama-server without --metrics,
     # counted from its slots by tui.sources.slot_counters)
     origin: str | None = None

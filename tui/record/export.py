@@ -82,12 +82,20 @@ def _engine(sample: EngineSample, wall: float, job: str) -> Iterator[Point]:
         value = getattr(reading, field)
         if value is None:
             continue
-        these = {**labels, label[0]: label[1]} if label else labels
+        these = {**labels, label[0]: label[1]} if label and label[1] else labels
         if field.endswith("_buckets"):
             for bound, count in value:
                 le = "+Inf" if math.isinf(bound) else repr(float(bound))
                 yield family, "histogram", {**these, "le": le}, count, wall
             yield family, "histogram", {**these, "_": "count"}, value[-1][1], wall
+            total = getattr(reading, field.replace("_buckets", "_sum"), None)
+            if total is not None:
+                yield family, "histogram", {**these, "_": "sum"}, total, wall
+        elif field == "finish_reasons" and label:
+            for reason, count in value:
+                yield family, "counter", {**these, label[0]: reason}, count, wall
+        elif field.endswith("_sum") or field.startswith("iteration_"):
+            continue  # a histogram's sum goes with its buckets above; tokens per step stay in the recording
         else:
             yield family, "counter" if field.endswith("_total") else "gauge", these, float(value), wall
 
@@ -106,8 +114,8 @@ def _sample_name(family: str, kind: str, labels: dict[str, str]) -> tuple[str, d
     if kind == "counter":
         return family + "_total", labels
     if kind == "histogram":
-        if labels.get("_") == "count":
-            return family + "_count", {k: v for k, v in labels.items() if k != "_"}
+        if labels.get("_") in ("count", "sum"):
+            return f"{family}_{labels['_']}", {k: v for k, v in labels.items() if k != "_"}
         return family + "_bucket", labels
     return family, labels
 

@@ -33,13 +33,18 @@ class MetricsFormatError(ValueError):
 @dataclass(frozen=True, slots=True)
 class _Source:
     field: str
-    kind: str  # "sum" | "mean" | "hist" | "pos" (a count per `position` label, position 0 first)
+    # "sum" | "mean" | "hist" | "pos" (a count per `position` label, position 0 first) | "hsum" / "hcount" (a
+    # histogram's _sum / _count) | "by" (a count per value of the label named in `label`)
+    kind: str
     families: tuple[str, ...]  # parser family names (counters without `_total`), first present wins
-    label: tuple[str, str] | None = None  # only the series with this (label, value)
+    label: tuple[str, str] | None = None  # only the series with this (label, value); "by": (label, "")
 
 
 def _s(field: str, kind: str, *families: str, label: tuple[str, str] | None = None) -> _Source:
     return _Source(field, kind, families, label)
+
+
+_SUFFIXES = {"hist": ("_bucket",), "hsum": ("_sum",), "hcount": ("_count",)}
 
 
 # Family names as prometheus_client's parser reports them: a counter exposed as `x_total` is family `x`.
@@ -79,6 +84,18 @@ _DIALECTS: dict[Dialect, tuple[_Source, ...]] = {
         _s("ttft_buckets", "hist", "vllm:time_to_first_token_seconds"),
         # time_per_output_token_seconds: same quantity and buckets before the 0.11 rename.
         _s("itl_buckets", "hist", "vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+        _s("queue_buckets", "hist", "vllm:request_queue_time_seconds"),
+        _s("prefill_buckets", "hist", "vllm:request_prefill_time_seconds"),
+        _s("decode_buckets", "hist", "vllm:request_decode_time_seconds"),
+        _s("e2e_buckets", "hist", "vllm:e2e_request_latency_seconds"),
+        _s("prompt_len_buckets", "hist", "vllm:request_prompt_tokens"),
+        _s("prompt_len_sum", "hsum", "vllm:request_prompt_tokens"),
+        _s("gen_len_buckets", "hist", "vllm:request_generation_tokens"),
+        _s("gen_len_sum", "hsum", "vllm:request_generation_tokens"),
+        _s("finish_reasons", "by", "vllm:request_success", label=("finished_reason", "")),
+        _s("preemptions_total", "sum", "vllm:num_preemptions"),
+        _s("iteration_tokens_sum", "hsum", "vllm:iteration_tokens_total"),
+        _s("iteration_steps_total", "hcount", "vllm:iteration_tokens_total"),
     ),
     "sglang": (
         _s("running", "sum", "sglang:num_running_reqs"),
@@ -96,6 +113,13 @@ _DIALECTS: dict[Dialect, tuple[_Source, ...]] = {
         _s("spec_accept_length_gauge", "mean", "sglang:spec_accept_length"),
         _s("ttft_buckets", "hist", "sglang:time_to_first_token_seconds"),
         _s("itl_buckets", "hist", "sglang:inter_token_latency_seconds"),
+        _s("queue_buckets", "hist", "sglang:queue_time_seconds"),
+        _s("e2e_buckets", "hist", "sglang:e2e_request_latency_seconds"),
+        _s("prompt_len_buckets", "hist", "sglang:prompt_tokens_histogram"),
+        _s("prompt_len_sum", "hsum", "sglang:prompt_tokens_histogram"),
+        _s("gen_len_buckets", "hist", "sglang:generation_tokens_histogram"),
+        _s("gen_len_sum", "hsum", "sglang:generation_tokens_histogram"),
+        _s("preemptions_total", "sum", "sglang:num_retracted_requests"),
     ),
 }
 
@@ -115,8 +139,8 @@ def names_query(dialect: Dialect) -> str:
     """The query that asks prometheus_client's exposition (`name[]=`, one per sample name) for only the
     series this dialect is read from: the bare name and `_total` of a count or gauge, `_bucket` of a
     histogram (its `_sum`/`_count` are not read)."""
-    names = [fam + suffix for src in _DIALECTS.get(dialect, ()) for fam in src.families
-             for suffix in (("_bucket",) if src.kind == "hist" else ("", "_total"))]
+    names = dict.fromkeys(fam + suffix for src in _DIALECTS.get(dialect, ()) for fam in src.families
+                          for suffix in _SUFFIXES.get(src.kind, ("", "_total")))
     return urlencode([("name[]", name) for name in names])
 
 
@@ -205,6 +229,18 @@ def _positions(samples: Iterable, names: tuple[str, str]) -> tuple[float, ...] |
     return tuple(by_pos.get(i, 0.0) for i in range(max(by_pos) + 1))
 
 
+def _by_label(samples: Iterable, names: tuple[str, str], label: str) -> tuple[tuple[str, float], ...] | None:
+    """A counter per value of `label` (summed over the others), in the label's order of names."""
+    by: dict[str, float] = {}
+    for s in samples:
+        if s.name in names and label in s.labels:
+            value = float(s.value)
+            if not _finite(value):
+                return None
+            by[s.labels[label]] = by.get(s.labels[label], 0.0) + value
+    return tuple(sorted(by.items())) if by else None
+
+
 def parse_reading(text: str) -> EngineReading:
     """Parse a /metrics body (classic Prometheus text). Raises MetricsFormatError for malformed input."""
     return _parse_selected(detect_dialect(text), "\n".join(select_lines(text)) + "\n")
@@ -249,6 +285,13 @@ def _parse_selected(dialect: Dialect, selected: str) -> EngineReading:
                 continue
             if src.kind == "hist":
                 values[field] = _buckets(fam_name, samples[fam_name]) if fam_name in histograms else None
+            elif src.kind in ("hsum", "hcount"):
+                suffix = _SUFFIXES[src.kind][0]
+                values[field] = _scalar(samples[fam_name], (fam_name + suffix, fam_name + suffix), "sum") \
+                    if fam_name in histograms else None
+            elif src.kind == "by":
+                values[field] = _by_label(samples[fam_name], (fam_name, fam_name + "_total"),
+                                          src.label[0] if src.label else "")
             elif src.kind == "pos":
                 values[field] = _positions(samples[fam_name], (fam_name, fam_name + "_total"))
             else:
