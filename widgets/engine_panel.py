@@ -12,7 +12,7 @@ from tui.live.store import EngineState
 from tui.model.bench import BenchSample
 from tui.model.config import EngineConfig
 from tui.model.findings import Finding
-from tui.model.samples import RoutedModel
+from tui.model.samples import RequestStats, RoutedModel
 from tui.model.slots import SlotsReading, SlotState
 from tui.model.traffic import TrafficSample
 from widgets.fmt import IDLE, NA, Rows, mib, ms, num, pct
@@ -255,6 +255,49 @@ def _config_rows(grid: Rows, config: EngineConfig | None, width: int) -> None:
         _wrapped(grid, "", f"not published: {config.lacks[0]}{more}", width, style="dim")
 
 
+def _secs(value: float | None) -> str:
+    if value is None:
+        return NA
+    return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.1f} s"
+
+
+def _three(values: tuple[float | None, ...] | None, fmt=_secs) -> str:
+    return NA if values is None else "/".join(fmt(v) for v in values)
+
+
+def _shares(counts: tuple[tuple[str, float], ...]) -> str:
+    total = sum(n for _, n in counts)
+    return " ".join(f"{reason} {n / total:.0%}" for reason, n in counts) if total else NA
+
+
+def _request_rows(grid: Rows, rs: RequestStats, width: int) -> None:
+    """Each request's life as the engine timed it, over the latency window (vLLM, SGLang)."""
+    ended = NA if rs.ended is None else f"{rs.ended:.0f} ended, {rs.requests_per_s or 0:.2f} req/s"
+    finish = f"  {_shares(rs.finish_window)}" if rs.finish_window else ""
+    since = " · ".join(f"{r} {n:.0f}" for r, n in rs.finish_total)
+    _wrapped(grid, "requests", ended + finish + (f" (since start: {since})" if since else ""), width)
+    phases = [(name, q) for name, q in (("queue", rs.queue_s), ("prefill", rs.prefill_s),
+                                        ("decode", rs.decode_s), ("e2e", rs.e2e_s)) if q is not None]
+    if phases:
+        _wrapped(grid, "p50/p90/p99", " · ".join(f"{name} {_three(q)}" for name, q in phases), width)
+    if rs.prompt_len is not None or rs.gen_len is not None:
+        def tokens(v: float | None) -> str:
+            return NA if v is None else f"{v:,.0f}"
+        _wrapped(grid, "length", f"prompt avg/p50/p90 {_three(rs.prompt_len, tokens)} · generated "
+                 f"{_three(rs.gen_len, tokens)}", width)
+    serving = []
+    if rs.busy_share is not None:
+        serving.append(f"busy {rs.busy_share:.0%}")
+    if rs.gen_tps_serving is not None:
+        serving.append(f"{rs.gen_tps_serving:.1f} gen tok/s while serving")
+    if rs.tokens_per_step is not None:
+        serving.append(f"{rs.tokens_per_step:.1f} tokens/step")
+    if rs.preemptions_per_s is not None:
+        serving.append(f"{rs.preemptions_per_s:.2f} preemptions/s")
+    if serving:
+        _wrapped(grid, "serving", " · ".join(serving), width)
+
+
 def _finding_rows(grid: Rows, findings: tuple[Finding, ...], width: int) -> None:
     """Each finding in full (wrapped to the column), since when it holds, and what to try."""
     for f in findings:
@@ -362,6 +405,8 @@ def render_engine(state: EngineState, status: EngineStatus | None = None,
                  f"{_shown(ttft_exposed, ms(stats.ttft_p90_s))}")
     grid.add_row("ITL p50/p90", f"{_shown(itl_exposed, ms(stats.itl_p50_s))} / "
                  f"{_shown(itl_exposed, ms(stats.itl_p90_s))}")
+    if stats.requests is not None:
+        _request_rows(grid, stats.requests, width)
     grid.add_row("host RSS", mib(state.rss_bytes) if state.rss_bytes is not None else NA)
     if sample.slots is not None:
         _slot_rows(grid, sample.slots)

@@ -89,6 +89,33 @@ class EngineStats:
     itl_p50_s: float | None = None
     itl_p90_s: float | None = None
     counter_reset: bool = False  # the engine restarted (a counter went backwards) within the window
+    requests: RequestStats | None = None  # each request's life, where the engine publishes it (vLLM, SGLang)
+
+
+Quantiles = tuple[float | None, float | None, float | None]  # p50, p90, p99
+
+
+@dataclass(frozen=True, slots=True)
+class RequestStats:
+    """The requests that ended in the window as the engine itself timed and counted them (vLLM's per-request
+    histograms and counters, SGLang's where it has them): quantiles from the histograms' deltas over the same
+    window as TTFT, None where the engine publishes no such series or nothing ended."""
+
+    window_s: float
+    ended: float | None = None  # requests that ended in the window
+    requests_per_s: float | None = None
+    queue_s: Quantiles | None = None  # waiting to be scheduled
+    prefill_s: Quantiles | None = None  # scheduled to first token
+    decode_s: Quantiles | None = None  # first token to last
+    e2e_s: Quantiles | None = None  # arrival to last token
+    prompt_len: tuple[float | None, float | None, float | None] | None = None  # avg, p50, p90 tokens
+    gen_len: tuple[float | None, float | None, float | None] | None = None  # avg, p50, p90 tokens
+    finish_window: tuple[tuple[str, float], ...] = ()  # (reason, requests) in the window
+    finish_total: tuple[tuple[str, float], ...] = ()  # (reason, requests) since the engine started
+    preemptions_per_s: float | None = None
+    tokens_per_step: float | None = None  # tokens the engine computed per step (prompt + generated)
+    busy_share: float | None = None  # share of the window's polls that found a request running
+    gen_tps_serving: float | None = None  # generation tok/s over the time it was serving (busy share)
 
 
 @dataclass(frozen=True, slots=True)
