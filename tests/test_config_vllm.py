@@ -83,7 +83,7 @@ def test_the_kv_pool_as_vllm_publishes_it_and_logs_it_and_a_cache_that_serves(vl
     for f in ids.values():
         show("finding", f)
     assert not [i for i in ids if i.startswith("prefix")], ids
-    assert ids["context-below-pool"]["severity"] == "info"
+    assert "context-below-pool" not in ids  # a pool larger than one request's context is vLLM's design
     assert engine["config"]["kv_pool_tokens"] == config.kv_pool_tokens
     reply = httpx.post(f"{vllm_server.url}/v1/completions", timeout=30, json={
         "model": models["data"][0]["id"], "prompt": "hello " * 3000, "max_tokens": 4})

@@ -4,6 +4,8 @@ test_config_llama.py and test_config_vllm.py."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 import signal
 import sys
@@ -14,9 +16,10 @@ import pytest
 from waiting import until
 
 from tests.shown import show
+from tui.compare.ab import _spec_of, arm_findings
 from tui.compare.report import render_html
 from tui.exporter.metrics import ProbeMetrics
-from tui.findings.facts import refused_for_length, refused_tokens, summarize
+from tui.findings.facts import refused_for_length, refused_tokens, spec_between, summarize
 from tui.findings.judge import DRAFT_COST, MIN_PREFIX_REQUESTS, MIN_SPEC_DRAFTS, judge
 from tui.findings.prefix import SharedPrefixes, shared_by_ids
 from tui.findings.tracker import Since
@@ -25,8 +28,9 @@ from tui.lifecycle.memory import oom_kills
 from tui.lifecycle.profiles import Profile
 from tui.lifecycle.switch import EngineManager
 from tui.model.config import EngineConfig
+from tui.model.counters import went_back
 from tui.model.findings import Evidence, RequestFacts, SpecFacts, StartMemory
-from tui.model.samples import EngineStats
+from tui.model.samples import EngineReading, EngineStats
 from tui.model.slots import SlotsReading, SlotState
 from tui.sources.config import (
     cache_config_labels,
@@ -308,8 +312,14 @@ def test_context_below_the_pool_and_below_the_traffic() -> None:
         prefix_caching=True,
         sources=("cache_config_info", "/v1/models"),
     )
-    [f] = judge(Evidence("vllm", config))
-    assert f.id == "context-below-pool" and f.severity == "info" and "35%" in f.title
+    # a pool larger than one request's context is how vLLM is built: an idle one is no finding
+    assert judge(Evidence("vllm", config)) == []
+    near = summarize([RequestFacts(True, 30000, 500)])
+    [f, g] = judge(Evidence("vllm", config, near))
+    assert (f.id, g.id) == ("context-below-pool", "context-below-traffic")
+    assert f.severity == "warning" and "35%" in f.title and "30,500 tokens (93% of the context)" in f.title
+    assert "--max-model-len" in f.suggestion and "94,208" in f.suggestion
+    assert judge(Evidence("vllm", config, summarize([RequestFacts(True, 2000, 500)]))) == []
     words = (
         "This model's maximum context length is 32768 tokens. However, you requested 40000 tokens in the "
         "messages, Please reduce the length of the messages."
@@ -362,16 +372,107 @@ def test_spec_depth_names_the_depth_past_which_drafts_are_wasted() -> None:
     assert judge(Evidence("llama", config, spec=few)) == []
 
 
+DRAFT_4 = EngineConfig("llama.cpp", 0.0, spec_type="draft-simple", spec_n_max=4, sources=("argv (PID 1)",))
+
+
+def test_a_short_draft_is_no_rejection_at_the_positions_it_never_drafted() -> None:
+    """p-min cut most drafts short: 100 drafts drafted 250 tokens at depth 4. Over all drafts position 3 reads
+    12%, under a draft model's 20%; but at least 25 drafts reached it (positions 1 and 2 full, 3 and 4 as long
+    as it), so its acceptance may be 48%: nothing is called wasted."""
+    spec = SpecFacts(100, 250, 126, (80, 30, 12, 4))
+    assert judge(Evidence("llama", DRAFT_4, spec=spec)) == []
+    [p1, p2, p3, p4] = spec.positions(4) or ()
+    assert (p1.reached, p2.reached, p3.reached, p4.reached) == (80, 50, 25, 4) and not p1.exact
+    assert p3.rate == pytest.approx(0.48) and spec.position_rates[2] == pytest.approx(0.12)
+    # Where even the highest acceptance it can have had is under the cost, it is wasted, said as a bound
+    spec = SpecFacts(400, 1400, 850, (380, 300, 150, 20))
+    [f] = judge(Evidence("llama", DRAFT_4, spec=spec))
+    show("finding", f)
+    assert f.id == "spec-depth"
+    assert "position 4 is accepted in at most 10% of the at least 200 drafts" in f.title
+    assert "(per position: ≤100%, ≤90%, ≤50%, ≤10%)" in f.title and dict(f.figures)["exact"] is False
+    assert f.suggestion.startswith("--spec-draft-n-max 3 (now 4)")
+    assert any("fewest drafts that can have reached it" in e for e in f.evidence)
+    # Every draft full (drafted = drafts x depth): exact, and said without a bound
+    [f] = judge(Evidence("llama", DRAFT_4, spec=SpecFacts(400, 1600, 850, (380, 300, 150, 20))))
+    assert "position 4 is accepted in 5% of the 400 drafts" in f.title and dict(f.figures)["exact"] is True
+
+
+def test_the_depth_is_the_configured_one_not_the_positions_reported() -> None:
+    # the engine published two positions; the configuration says 4: positions 3 and 4 accepted nothing
+    spec = SpecFacts(100, 400, 140, (90, 50))
+    [f] = judge(Evidence("llama", DRAFT_4, spec=spec))
+    assert "past depth 2" in f.title and dict(f.figures)["depth"] == 4
+    assert f.suggestion.startswith("--spec-draft-n-max 2 (now 4)")
+    # no depth in the configuration (or none read): nothing is judged
+    assert judge(Evidence("llama", spec=SpecFacts(100, 400, 190, (90, 60, 30, 10)))) == []
+    # counters that contradict the depth (more drafted tokens than drafts x depth) are not judged either
+    assert judge(Evidence("llama", DRAFT_4, spec=SpecFacts(100, 600, 190, (90, 60, 30, 10)))) == []
+
+
+def test_the_cost_of_a_drafted_token_depends_on_what_drafts_it_and_the_knob_is_the_engines_own() -> None:
+    ngram = EngineConfig("vLLM", 0.0, spec_type="ngram", spec_n_max=3, sources=("argv (PID 2)",))
+    # 12% at position 3: wasted for a draft model (20%), not for an n-gram lookup (5%)
+    spec = SpecFacts(100, 300, 162, (90, 60, 12))
+    assert judge(Evidence("vllm", ngram, spec=spec)) == []
+    [f] = judge(Evidence("llama", dataclasses.replace(DRAFT_4, spec_n_max=3), spec=spec))
+    assert dict(f.figures)["draft_kind"] == "draft model" and dict(f.figures)["draft_cost"] == 0.2
+    # 3% at position 3: wasted even for n-grams; vLLM's own knob, its --speculative-config JSON
+    [f] = judge(Evidence("vllm", ngram, spec=SpecFacts(100, 300, 153, (90, 60, 3))))
+    show("finding", f)
+    assert dict(f.figures)["draft_kind"] == "n-gram" and dict(f.figures)["draft_cost"] == 0.05
+    knob = """--speculative-config '{"method": "ngram", "num_speculative_tokens": 2}'"""
+    assert f.suggestion.startswith(knob + " (num_speculative_tokens now 3)")
+    assert any("a rejected n-gram token costs only its share of the verification" in e for e in f.evidence)
+    # SGLang's EAGLE heads: 10%; position 1 under it: speculation off, in SGLang's words
+    eagle = EngineConfig("SGLang", 0.0, spec_type="EAGLE", spec_n_max=3, sources=("/get_server_info",))
+    [f] = judge(Evidence("sglang", eagle, spec=SpecFacts(100, 300, 7, (6, 1, 0))))
+    show("finding", f)
+    assert f.title.startswith("speculative decoding does not pay on sglang: position 1 is accepted in 6%")
+    assert f.suggestion.startswith("restart SGLang without --speculative-algorithm")
+    assert dict(f.figures)["wasted_from_position"] == 1 and dict(f.figures)["draft_cost"] == 0.1
+    [f] = judge(Evidence("sglang", eagle, spec=SpecFacts(100, 300, 105, (80, 20, 5))))
+    assert f.suggestion.startswith("--speculative-num-steps 2 --speculative-num-draft-tokens 3")
+
+
+def test_a_restart_between_two_readings_leaves_the_window_unknown_not_zero() -> None:
+    before = EngineReading("vllm", generation_tokens_total=5000.0, spec_drafts_total=100.0,
+                           spec_draft_tokens_total=300.0, spec_accepted_tokens_total=150.0,
+                           spec_accepted_per_pos=(90.0, 50.0, 10.0))
+    # restarted: more drafts since than before it, but the positions' counts went back
+    after = EngineReading("vllm", generation_tokens_total=9000.0, spec_drafts_total=160.0,
+                          spec_draft_tokens_total=480.0, spec_accepted_tokens_total=170.0,
+                          spec_accepted_per_pos=(80.0, 60.0, 30.0))
+    assert spec_between(before, after) is None
+    assert went_back(before, after)
+    later = dataclasses.replace(after, spec_drafts_total=200.0, spec_accepted_per_pos=(100.0, 80.0, 40.0))
+    assert spec_between(after, later) == SpecFacts(40.0, 0.0, 0.0, (20.0, 20.0, 10.0))
+    # a position that appeared meanwhile counts from 0
+    grown = dataclasses.replace(later, spec_accepted_per_pos=(100.0, 80.0, 40.0, 5.0))
+    assert spec_between(later, grown) == SpecFacts(0.0, 0.0, 0.0, (0.0, 0.0, 0.0, 5.0))
+
+
+def test_an_arms_findings_rest_on_its_accepted_tokens_per_position() -> None:
+    result = {"instances": [{"arm": "a", "spec": {"drafts": 60.0, "draft_tokens": 240.0, "accepted": 114.0,
+                                                  "per_position": [54.0, 36.0, 18.0, 6.0]}},
+                            {"arm": "a", "spec": {"drafts": 40.0, "draft_tokens": 160.0, "accepted": 76.0,
+                                                  "per_position": [36.0, 24.0, 12.0, 4.0]}}]}
+    spec = _spec_of(result, "a", [])
+    assert spec is not None and spec["accepted_per_position"] == [90.0, 60.0, 30.0, 10.0]
+    assert spec["per_position"] == [0.9, 0.6, 0.3, 0.1]
+    [f] = arm_findings("a", config_json(DRAFT_4), spec)
+    assert f["id"] == "spec-depth" and f["figures"]["accept_pos_4"] == 0.1
+
+
 def test_since_holds_while_a_finding_holds_and_clears_when_it_stops() -> None:
     since = Since()
     spec = SpecFacts(100, 400, 190, (90, 60, 30, 10))
-    [f] = since.update(judge(Evidence("e", spec=spec)), wall=100.0)
-    [g] = since.update(judge(Evidence("e", spec=spec)), wall=160.0)
+    [f] = since.update(judge(Evidence("e", DRAFT_4, spec=spec)), wall=100.0)
+    [g] = since.update(judge(Evidence("e", DRAFT_4, spec=spec)), wall=160.0)
     assert f.since_wall == g.since_wall == 100.0
-    assert (
-        since.update(judge(Evidence("e", spec=SpecFacts(100, 400, 300, (90, 80, 70, 60)))), wall=170.0) == ()
-    )
-    [h] = since.update(judge(Evidence("e", spec=spec)), wall=200.0)
+    assert since.update(judge(Evidence("e", DRAFT_4, spec=SpecFacts(100, 400, 300, (90, 80, 70, 60)))),
+                        wall=170.0) == ()
+    [h] = since.update(judge(Evidence("e", DRAFT_4, spec=spec)), wall=200.0)
     assert h.since_wall == 200.0
 
 
@@ -440,7 +541,8 @@ def test_an_engine_killed_while_starting_is_named_killed_with_its_peak_memory(tm
     [f] = judge(Evidence("hungry", start=memory))
     show("finding", f)
     assert f.id == "engine-killed" and f.severity == "error"
-    assert f.title.startswith("hungry was killed by SIGKILL while starting, at peak RSS 0.3 GiB")
+    assert f.title.startswith("hungry was killed by SIGKILL while starting, at peak ")
+    assert "RSS 0.3 GiB" in f.title  # and its PSS before it, where smaps could be read
 
 
 def test_a_heavy_start_is_a_warning_and_a_light_one_nothing() -> None:
@@ -451,6 +553,48 @@ def test_a_heavy_start_is_a_warning_and_a_light_one_nothing() -> None:
     assert judge(Evidence("vllm", start=StartMemory(GIB, 0, 3.0, 24 * GIB, 4 * GIB, 0))) == []
 
 
+def test_a_few_pages_of_swap_are_no_warning_and_pss_counts_shared_pages_once() -> None:
+    pages = StartMemory(GIB, 4 * 2**20, 3.0, 24 * GIB, 4 * GIB, 4 * 2**20)  # 4 MiB of the tree in swap
+    assert judge(Evidence("vllm", start=pages)) == []
+    # 20 GiB of RSS summed over a tree whose processes share 10 GiB: PSS says 10 GiB of a 24 GiB machine
+    shared = StartMemory(int(20 * GIB), 0, 30.0, int(24 * GIB), int(12 * GIB), 0,
+                         peak_pss_bytes=int(10 * GIB))
+    assert judge(Evidence("vllm", start=shared)) == []
+    [f] = judge(Evidence("vllm", start=dataclasses.replace(shared, peak_pss_bytes=int(20 * GIB))))
+    assert "peak PSS 20.0 GiB (RSS 20.0 GiB)" in f.title and dict(f.figures)["peak_pss_bytes"] == 20 * GIB
+
+
+def test_an_oom_kill_names_its_signal_once() -> None:
+    killed = StartMemory(int(20 * GIB), 0, 30.0, int(24 * GIB), int(23 * GIB), 0,
+                         ended="killed by SIGKILL while starting", oom=True,
+                         oom_evidence="/sys/fs/cgroup/memory.events: oom_kill 0 -> 1 while it started")
+    [f] = judge(Evidence("vllm", start=killed))
+    show("finding", f)
+    assert f.title.startswith("vllm was killed by the out-of-memory killer (SIGKILL) while starting, at peak")
+    assert f.title.count("SIGKILL") == 1
+
+
+def test_served_from_cache_is_zero_only_when_the_engine_said_zero() -> None:
+    unknown = summarize([dataclasses.replace(r, cached_tokens=None) for r in agent_turns(8)])
+    [f] = [f for f in judge(Evidence("vllm", VLLM_OFF, unknown)) if f.id == "prefix-cache-off"]
+    assert "0 served" not in f.title and "served from cache: unknown (the engine did not say)" in f.title
+    assert dict(f.figures)["cached_tokens"] is None
+
+
+def test_context_below_traffic_never_suggests_a_context_below_the_current_one() -> None:
+    config = EngineConfig("vLLM", 0.0, context_tokens=32768, kv_pool_tokens=40000, sources=("/v1/models",))
+    [f] = judge(Evidence("vllm", config, summarize([RequestFacts(True, 30000, 500)])))
+    show("finding", f)
+    assert f.id == "context-below-traffic"
+    assert f.suggestion == "raise --max-model-len above the current 32,768"
+    # refused, and the engine said how long the prompt was: at least that
+    words = "This model's maximum context length is 32768 tokens. However, you requested 40000 tokens"
+    refused = RequestFacts(False, refused_for_length=refused_for_length(400, words),
+                           refused_prompt_tokens=refused_tokens(words))
+    [f] = judge(Evidence("vllm", config, summarize([refused])))
+    assert f.suggestion == "raise --max-model-len to at least 40,000 (now 32,768)"
+
+
 def test_the_exporter_serves_each_finding_while_it_holds() -> None:
     metrics = ProbeMetrics(process=False)
     spec = SpecFacts(100, 400, 190, (90, 60, 30, 10))
@@ -459,13 +603,56 @@ def test_the_exporter_serves_each_finding_while_it_holds() -> None:
         spec_accept_length_total=2.9,
         spec_accept_per_pos_total=(0.9, 0.6, 0.3, 0.1),
     )
-    metrics.engine("llama", judge(Evidence("llama", spec=spec)), stats)
+    metrics.engine("llama", judge(Evidence("llama", DRAFT_4, spec=spec)), stats)
     body = metrics.exposition().decode()
     assert 'enginetop_finding{engine="llama",id="spec-depth",severity="warning"} 1.0' in body
     assert 'enginetop_spec_acceptance_per_position{engine="llama",position="4"} 0.1' in body
     assert 'enginetop_spec_mean_accepted_length{engine="llama"} 2.9' in body
     metrics.engine("llama", [], stats)
     assert "enginetop_finding{" not in metrics.exposition().decode()
+
+
+async def test_the_exporter_serves_nothing_of_an_engine_while_it_is_down_or_unread(monkeypatch) -> None:
+    """The exporter's watcher, reading an engine that drafts (a finding, its positions), then down, then up
+    again, then failing: its findings and per-position gauges go while it is down or unread."""
+    from tui.exporter import watch
+    from tui.model.samples import EngineSample
+    from tui.model.targets import EngineTarget
+
+    reading = EngineReading("llamacpp", spec_drafts_total=100.0, spec_draft_tokens_total=400.0,
+                            spec_accepted_tokens_total=190.0, spec_accepted_per_pos=(90.0, 60.0, 30.0, 10.0))
+    up = EngineSample("llama", "http://x", 1.0, 1.0, "up", reading=reading, config=DRAFT_4)
+    down = EngineSample("llama", "http://x", 2.0, 2.0, "down", health_reason="connection refused",
+                        config=DRAFT_4)
+    script: list[object] = [up, down, dataclasses.replace(up, t=3.0, wall=3.0), OSError("unreadable")]
+    bodies: list[str] = []
+
+    class Source:
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            pass
+
+        async def read(self) -> list[EngineSample]:
+            item = script.pop(0)
+            if isinstance(item, BaseException):
+                raise item
+            return [item]  # type: ignore[list-item]
+
+    metrics = ProbeMetrics(process=False)
+
+    async def sleep(_: float) -> None:
+        bodies.append(metrics.exposition().decode())
+        if not script:
+            raise asyncio.CancelledError
+
+    monkeypatch.setattr(watch, "EngineSource", Source)
+    monkeypatch.setattr(watch.asyncio, "sleep", sleep)
+    with pytest.raises(asyncio.CancelledError):
+        await watch.watch_engines([EngineTarget("llama", "http://x")], metrics, 1.0)
+    finding = 'enginetop_finding{engine="llama",id="spec-depth",severity="warning"} 1.0'
+    position = 'enginetop_spec_acceptance_per_position{engine="llama",position="4"} 0.1'
+    rate = "enginetop_spec_acceptance_rate{"
+    served = [(finding in body, position in body, rate in body) for body in bodies]
+    assert served == [(True, True, True), (False, False, False), (True, True, True), (False, False, False)]
 
 
 def test_the_configuration_table_marks_what_differs_between_arms() -> None:

@@ -12,7 +12,9 @@ from uuid import uuid4
 import httpx
 import pytest
 
-from tui.model.samples import EngineReading, EngineStats
+from tui.findings.facts import spec_between
+from tui.live.store import Store
+from tui.model.samples import EngineReading, EngineSample, EngineStats
 from tui.sources.metrics import parse_reading
 from tui.sources.rates import MIN_BUSY_S, MIN_BUSY_TOKENS, MIN_WINDOW_S, derive, histogram_quantile, went_back
 
@@ -157,6 +159,30 @@ def test_vllm_quantiles_come_from_bucket_deltas_and_spec_from_counters() -> None
     assert stats.spec_accept_rate == pytest.approx(0.6)  # 180 of 300 draft tokens
     assert stats.spec_accept_length == pytest.approx(2.8)  # 1 + 180 / 100 drafts
     assert stats.prefix_cache_hit_rate is None
+
+
+def test_a_draft_positions_count_going_back_is_a_restart_and_every_figure_per_position_is_one() -> None:
+    prev = EngineReading(dialect="vllm", generation_tokens_total=900, spec_drafts_total=100,
+                         spec_draft_tokens_total=300, spec_accepted_tokens_total=150,
+                         spec_accepted_per_pos=(90.0, 50.0, 10.0))
+    # the other counters are higher (the new run is busier), one position's count went back: a restart
+    restarted = replace(prev, generation_tokens_total=1000, spec_drafts_total=120,
+                        spec_draft_tokens_total=360, spec_accepted_tokens_total=160,
+                        spec_accepted_per_pos=(95.0, 45.0, 20.0))
+    assert went_back(prev, restarted)
+    assert derive(prev, 0.0, restarted, 1.0).counter_reset is True
+    store = Store()
+    store.add_engine_sample(EngineSample("v", "u", 0.0, 0.0, "up", reading=prev))
+    state = store.add_engine_sample(EngineSample("v", "u", 1.0, 1.0, "up", reading=restarted))
+    assert state.reset_t == 1.0 and [t for t, _ in state.readings] == [1.0]
+    # a window in which nothing went back: per position, the window's accepted tokens over its drafts, and
+    # since the start the totals over all drafts: the dashboard's, snapshot's and the exporter's figures
+    cur = replace(prev, generation_tokens_total=1000, spec_drafts_total=200, spec_draft_tokens_total=600,
+                  spec_accepted_tokens_total=290, spec_accepted_per_pos=(180.0, 90.0, 20.0))
+    stats = derive(prev, 0.0, cur, 1.0)
+    assert stats.spec_accept_per_pos == pytest.approx((0.9, 0.4, 0.1))
+    assert stats.spec_accept_per_pos_total == pytest.approx((0.9, 0.45, 0.1))
+    assert stats.spec_accept_per_pos == spec_between(prev, cur).position_rates  # type: ignore[union-attr]
 
 
 def test_histogram_going_backwards_is_a_reset() -> None:

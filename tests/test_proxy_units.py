@@ -1,12 +1,24 @@
 """The proxy's pure parts: events split as they arrive, the usage it asked for taken back, hash ids and
-sessions."""
+sessions; and what it keeps as the findings' evidence, forgotten when the engine restarts."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import httpx
 import orjson
 
+from tui.base.process import free_port
+from tui.findings.prefix import SharedPrefixes
+from tui.model.traffic import RequestRecord
+from tui.net.listen import Listen
+from tui.proxy.book import TrafficBook
+from tui.proxy.prompts import PromptTokens
+from tui.proxy.runs import GIVE_UP_AFTER, RunWatch
+from tui.proxy.server import Route, TrafficProxy
 from tui.proxy.stream import StreamReading, StreamRelay, event_json, generated_text, split_events
 from tui.proxy.trace import HashIds, Sessions
+from tui.sources.metrics import parse_reading
 
 
 def ev(obj) -> bytes:
@@ -102,3 +114,81 @@ def test_sessions_follow_a_conversation_and_honour_the_clients_header():
     other, _ = s.assign(elsewhere, None, 104)
     assert other != sid  # a different reply: another conversation
     assert s.assign(first, "client-7", 105.0) == ("client-7", None)
+
+
+# --- a restart of the engine behind the proxy -------------------------------------------------------------
+METRICS = Path(__file__).parent / "data" / "metrics"
+RUNNING_BODY = (METRICS / "llamacpp.txt").read_text()  # a long-running llama-server
+# a fresh one, after its readiness check
+FRESH_BODY = orjson.loads((METRICS / "llamacpp_readiness_sequence.json").read_bytes())["bodies"][
+    "after_readiness"]
+
+
+def ok_record(engine: str = "e", prompt: int = 600) -> RequestRecord:
+    return RequestRecord(engine, "/v1/chat/completions", True, 0.0, "ok", 200, prompt_tokens=prompt,
+                         completion_tokens=10, cached_tokens=0)
+
+
+def test_a_new_run_drops_the_books_evidence_and_starts_its_peak_again():
+    book = TrafficBook("e")
+    with book.flight(), book.flight(), book.flight():
+        pass
+    seq = book.add(ok_record())
+    book.shared(seq, 512)
+    assert book.holds_evidence and book.stats().facts.max_in_flight == 3
+    with book.flight():
+        book.new_run()
+        assert book.max_in_flight == 1  # the request in flight now
+    facts = book.stats().facts
+    assert not book.holds_evidence and facts.requests == 0 and facts.shared_tokens == 0
+    assert book.stats().total_requests == 1  # the proxy's own counts are not evidence: they stay
+    watch = RunWatch()
+    assert watch.unreachable() and not watch.unreachable()  # once: its run is over
+    assert not watch.reading(parse_reading(FRESH_BODY))  # back up: its new run began while it was down
+    assert not watch.reading(parse_reading(RUNNING_BODY))
+    assert watch.reading(parse_reading(FRESH_BODY))  # counters went back: restarted between two reads
+
+
+async def test_the_proxy_forgets_an_engines_evidence_when_its_counters_go_back_or_it_is_down():
+    bodies = [RUNNING_BODY, RUNNING_BODY, FRESH_BODY]
+    asked: list[str | None] = []
+
+    def engine(request: httpx.Request) -> httpx.Response:
+        asked.append(request.headers.get("Authorization"))
+        return httpx.Response(200, text=bodies.pop(0)) if bodies else httpx.Response(404, text="no metrics")
+
+    proxy = TrafficProxy([Route("e", "http://engine", Listen("127.0.0.1", free_port()))])
+    proxy._tokens_http = httpx.AsyncClient(transport=httpx.MockTransport(engine))
+    proxy.prompts = PromptTokens(_no_tokens, lambda *a: None)
+    proxy.prompts.prefixes["e"] = SharedPrefixes()
+    book = proxy.books["e"]
+    route = proxy.routes[0]
+    try:
+        book.add(ok_record())
+        await proxy.check_run(route)
+        await proxy.check_run(route)
+        assert book.holds_evidence  # the same run
+        await proxy.check_run(route)  # restarted between two checks
+        assert not book.holds_evidence and "e" not in proxy.prompts.prefixes
+        assert proxy.prompts.run_from["e"] == book.total + 1
+        for _ in range(GIVE_UP_AFTER):  # an engine whose /metrics is not readable is asked no more
+            await proxy.check_run(route)
+        await proxy.check_run(route)
+        assert proxy.runs["e"].gave_up and len(asked) == 3 + GIVE_UP_AFTER
+    finally:
+        await proxy._tokens_http.aclose()
+    # and a request it does not accept a connection for: it is down
+    dead = TrafficProxy([Route("d", f"http://127.0.0.1:{free_port()}", Listen("127.0.0.1", free_port()))])
+    await dead.start()
+    try:
+        dead.books["d"].add(ok_record("d"))
+        async with httpx.AsyncClient(timeout=30) as client:
+            reply = await client.post(dead.routes[0].proxy_url + "/v1/chat/completions",
+                                      json={"messages": [{"role": "user", "content": "hi"}], "stream": True})
+        assert reply.status_code == 502 and not dead.books["d"].holds_evidence
+    finally:
+        await dead.stop()
+
+
+async def _no_tokens(item: object) -> None:
+    return None

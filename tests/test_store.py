@@ -10,11 +10,14 @@ from pathlib import Path
 import pytest
 
 from tui.live.store import MIN_PROBES_KEPT, Series, Store, _oldest_within
+from tui.model.config import EngineConfig
+from tui.model.findings import StartMemory
 from tui.model.samples import EngineReading, EngineSample, GpuReport, GpuSample
 from tui.sources.metrics import parse_reading
 from widgets.engine_panel import render_engine
 
 DATA = Path(__file__).parent / "data" / "metrics"
+GIB = 2**30
 # Real llama-server bodies: a long-running engine, and a fresh one after its readiness check, 1 more token,
 # and 64 more (tests/data/metrics/llamacpp_readiness_sequence.json).
 RUNNING = parse_reading((DATA / "llamacpp.txt").read_text())
@@ -102,6 +105,27 @@ def test_another_dialect_on_the_same_url_is_a_restart() -> None:
     state = store.add_engine_sample(sample(2.0, vllm))
     assert state.stats.counter_reset is True
     assert [r.dialect for _, r in state.readings] == ["vllm"]
+
+
+def test_an_engine_down_has_no_findings_but_what_its_start_cost() -> None:
+    """Its configuration, traffic and counters were of a run that is over: what they showed holds no more
+    while it is down; a kill while it started is what holds then."""
+    config = EngineConfig("llama.cpp", 0.0, spec_type="draft-simple", spec_n_max=4, sources=("argv (PID 1)",))
+    drafting = replace(RUNNING, spec_drafts_total=100.0, spec_draft_tokens_total=400.0,
+                       spec_accepted_tokens_total=190.0, spec_accepted_per_pos=(90.0, 60.0, 30.0, 10.0))
+    store = Store()
+    state = store.add_engine_sample(replace(sample(0.0, drafting), config=config))
+    assert [f.id for f in state.findings] == ["spec-depth"]
+    state = store.add_engine_sample(replace(sample(1.0, None, health="down"), config=config))
+    assert state.findings == ()
+    killed = StartMemory(GIB, 0, 3.0, 24 * GIB, 4 * GIB, 0, ended="killed by SIGKILL while starting")
+    store.engine_start("llama", killed)
+    assert [f.id for f in state.findings] == ["engine-killed"]
+    # a dead vLLM engine core still serves /metrics: down all the same
+    state = store.add_engine_sample(replace(sample(2.0, drafting, health="down"), config=config))
+    assert [f.id for f in state.findings] == ["engine-killed"]
+    state = store.add_engine_sample(replace(sample(3.0, drafting), config=config))
+    assert {f.id for f in state.findings} == {"spec-depth", "engine-killed"}
 
 
 # --- throttle spans -------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
-"""Each request's life as the real vLLM timed and counted it: finish reasons equal to what the responses (and
-the client) said (a client that drops its stream is not counted by vLLM 0.32: its output processor forgets
-the request without a finish reason), and the phase quantiles inside the buckets vLLM's own histograms put them in."""
+"""Each request's life as the real vLLM timed and counted it: finish reasons equal to what the responses
+said (a client that drops its stream is not counted by vLLM 0.32: its output processor forgets the request
+without a finish reason), and the phase quantiles inside the buckets vLLM's own histograms put them in."""
 
 from __future__ import annotations
 

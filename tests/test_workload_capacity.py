@@ -5,6 +5,7 @@ and any faster arrival only grows its queue (and every TTFT)."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import orjson
 import pytest
@@ -12,11 +13,15 @@ import pytest
 from tests.conftest import ENGINE_GROUP
 from tests.sse_server import Scenario, SSEServer
 from tui.cli.main import main
+from tui.model.config import EngineConfig
+from tui.model.samples import EngineSample
 from tui.model.slo import Slo
 from tui.model.targets import EngineTarget
 from tui.model.workload import Workload, WorkloadRequest
+from tui.probe.results import ProbeResult
 from tui.workload.capacity import Capacity, Search, level_plan
-from tui.workload.schedule import ScheduleError
+from tui.workload.evidence import run_findings
+from tui.workload.schedule import Planned, ScheduleError
 
 SLOTS, SERVICE_S = 2, 0.05 + 3 * 0.05
 KNOWN = SLOTS / SERVICE_S  # requests per second
@@ -99,3 +104,35 @@ def test_level_plans_compress_the_timeline_or_draw_arrivals():
     assert len(constant) == 20 and constant[1].at_s == pytest.approx(0.05)
     with pytest.raises(ScheduleError, match="attainment"):
         Search(Slo.parse("ttft:1"), attainment=1.5)
+
+
+def test_each_level_is_judged_on_its_own_requests():
+    """A level replays the workload from its start: judged together, every request of the second level
+    'shares' its whole prompt with the first level's, and prefix caching off looks costly. Each level on its
+    own requests shares nothing."""
+    requests = tuple(WorkloadRequest(line=i + 1, input_length=512, output_length=4,
+                                     hash_ids=tuple(10 * i + b for b in range(4))) for i in range(8))
+    flow = Workload("mem", "mooncake", requests, block_size=128)
+    config = EngineConfig("vLLM", 0.0, context_tokens=4096, prefix_caching=False,
+                          sources=("cache_config_info",))
+    before = EngineSample("cap", "http://x", 0.0, 0.0, "up", config=config)
+    found = Capacity(EngineTarget("cap", "http://x"), flow, Search(Slo.parse("ttft:100")))
+    sent = 0.0
+    for rate in (1.0, 2.0):
+        level = []
+        for i, r in enumerate(requests):
+            sent += 1.0
+            level.append((Planned(i, r, None), ProbeResult("cap", "http://x", "mem", i, sent, sent,
+                                                           prompt_tokens=512, completion_tokens=4,
+                                                           cached_tokens=0)))
+        found.level_sent.append((rate, level, 1))
+        found.sent += level
+    pooled = run_findings("cap", found.sent, flow.block_size, before, None, 1)
+    assert [f.id for f in pooled] == ["prefix-cache-off"]  # what judging them together says
+    assert found.findings(flow.block_size, before, None) == []
+    # what one level showed on its own is said, with its rate
+    found.level_sent[1][1][-1] = (found.level_sent[1][1][-1][0], replace(
+        found.level_sent[1][1][-1][1], prompt_tokens=4000, completion_tokens=4))
+    [f] = found.findings(flow.block_size, before, None)
+    assert f.id == "context-below-traffic" and f.title.startswith("at 2 req/s: ")
+    assert dict(f.figures)["level_rps"] == 2.0

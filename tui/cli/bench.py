@@ -21,6 +21,7 @@ from tui.cli.options import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, add_o
 from tui.compare.engines import ProfileEngine, StartError, new_manager
 from tui.lifecycle.profiles import Profile, ProfileError, load_profiles
 from tui.model.bench import RunState
+from tui.model.findings import Finding
 from tui.model.samples import EngineSample
 from tui.model.slo import Slo, SloError
 from tui.model.targets import EngineTarget
@@ -153,11 +154,13 @@ class Part:
     after: EngineSample | None = None
 
     def json(self, results: list[tuple[Planned, ProbeResult]], block_size: int | None,
-             concurrency_max: int | None) -> dict[str, Any]:
+             concurrency_max: int | None, findings: list[Finding] | None = None) -> dict[str, Any]:
         """The part's start, the configuration captured from the running engine, and the findings its requests
-        and the engine's own figures revealed."""
-        findings = run_findings(self.name, results, block_size, self.before, self.after, concurrency_max) \
-            if self.before is not None else []
+        and the engine's own figures revealed (`findings`: judged by the caller, as a capacity search judges
+        each level on its own requests)."""
+        if findings is None:
+            findings = run_findings(self.name, results, block_size, self.before, self.after,
+                                    concurrency_max) if self.before is not None else []
         return {"profile": self.profile.name if self.profile else None, "switch_steps": self.steps,
                 "start_error": self.error,
                 "config": config_json(self.before.config if self.before else None),
@@ -363,8 +366,9 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         if part.error is not None:
             results[part.name].error = f"not started: {part.error}"
     engines = [{**results[p.name].json(),
-                **p.json(searches[p.name].sent if p.name in searches else [], workload.block_size,
-                         searches[p.name].max_in_flight if p.name in searches else None)} for p in parts]
+                **p.json([], workload.block_size, None,
+                         searches[p.name].findings(workload.block_size, p.before, p.after)
+                         if p.name in searches else [])} for p in parts]
     out = {"schema": CAPACITY_SCHEMA, "workload": workload.path, "kind": workload.kind,
            "slo": str(search.slo), "attainment": search.attainment, "arrival": search.arrival,
            "level_s": search.level_s,

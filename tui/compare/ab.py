@@ -42,7 +42,7 @@ from tui.compare.stats import (
 )
 from tui.findings.facts import spec_between
 from tui.findings.judge import judge
-from tui.model.findings import Evidence, SpecFacts
+from tui.model.findings import Evidence, SpecFacts, accepted_shares
 from tui.model.samples import EngineReading
 from tui.model.targets import EngineTarget
 from tui.net.loop import run_loop
@@ -533,11 +533,14 @@ def _spec_of(result: dict[str, Any], arm: str, blocks: list[dict[str, Any]]) -> 
         tokens = sum(x["draft_tokens"] for x in spans)
         accepted = sum(x["accepted"] for x in spans)
         depth = max(len(x["per_position"]) for x in spans)
-        per_pos = [sum(x["per_position"][k] for x in spans if k < len(x["per_position"])) / drafts
+        # the spans' accepted tokens per position (a span's SpecFacts), summed
+        per_pos = [sum(x["per_position"][k] for x in spans if k < len(x["per_position"]))
                    for k in range(depth)]
         return {"source": "engine counters", "drafts": drafts, "draft_tokens": tokens, "accepted": accepted,
                 "acceptance_rate": accepted / tokens if tokens else None,
-                "mean_accepted_length": 1 + accepted / drafts, "per_position": per_pos}
+                "mean_accepted_length": 1 + accepted / drafts,
+                "per_position": list(accepted_shares(per_pos, drafts) or ()),
+                "accepted_per_position": per_pos}
     if drafted:
         return {"source": "request timings", "drafts": None, "draft_tokens": drafted,
                 "accepted": accepted_timed, "acceptance_rate": accepted_timed / drafted,
@@ -550,8 +553,11 @@ def arm_findings(name: str, config: dict[str, Any] | None,
     """What an arm's configuration and its speculative figures (the engine's counters) reveal."""
     facts = None
     if spec is not None and spec.get("drafts"):
-        facts = SpecFacts(spec["drafts"], spec["draft_tokens"], spec["accepted"],
-                          tuple(p * spec["drafts"] for p in spec.get("per_position") or ()))
+        # the accepted tokens themselves; a result written before they were kept has only their shares
+        accepted = spec.get("accepted_per_position")
+        if accepted is None:
+            accepted = [p * spec["drafts"] for p in spec.get("per_position") or ()]
+        facts = SpecFacts(spec["drafts"], spec["draft_tokens"], spec["accepted"], tuple(accepted))
     return [f.json() for f in judge(Evidence(name, config_from_json(config), spec=facts))]
 
 

@@ -181,7 +181,10 @@ class ProbeMetrics:
         self.spec_position = Gauge("enginetop_spec_acceptance_per_position", "share of drafts whose token at "
                                    "a position (1 first) was accepted, since the engine started",
                                    ("engine", "position"), registry=self.shared)
-        self._held: dict[str, set[tuple[str, str]]] = {}
+        self._held: dict[str, set[tuple[str, str]]] = {}  # engine -> its findings served
+        self._rated: set[str] = set()  # engines whose acceptance rate is served
+        self._lengths: set[str] = set()  # engines whose mean accepted length is served
+        self._positions: dict[str, set[str]] = {}  # engine -> the draft positions served
 
     def _pair(self, engine: str, workload: str) -> _Pair:
         pair = self._pairs.get((engine, workload))
@@ -206,19 +209,33 @@ class ProbeMetrics:
             self._version += 1
 
     def engine(self, name: str, findings: Iterable[Finding], stats: EngineStats) -> None:
-        """An engine's findings and speculative figures, as its watcher read them last."""
+        """An engine's findings and speculative figures, as its watcher read them last: a finding that no
+        longer holds and a figure no longer known (the engine down, restarted, not drafting) stop being
+        served."""
         held: set[tuple[str, str]] = {(f.id, f.severity) for f in findings}
         for gone in self._held.get(name, set()) - held:
             self.finding.remove(name, *gone)
         for key in held:
             self.finding.labels(name, *key).set(1)
         self._held[name] = held
-        for gauge, value in ((self.spec_rate, stats.spec_accept_rate_total),
-                             (self.spec_length, stats.spec_accept_length_total)):
+        for gauge, value, served in ((self.spec_rate, stats.spec_accept_rate_total, self._rated),
+                                     (self.spec_length, stats.spec_accept_length_total, self._lengths)):
             if value is not None:
                 gauge.labels(name).set(value)
+                served.add(name)
+            elif name in served:
+                gauge.remove(name)
+                served.discard(name)
+        positions = {str(k) for k in range(1, len(stats.spec_accept_per_pos_total or ()) + 1)}
+        for gone_position in self._positions.get(name, set()) - positions:
+            self.spec_position.remove(name, gone_position)
         for position, rate in enumerate(stats.spec_accept_per_pos_total or (), start=1):
             self.spec_position.labels(name, str(position)).set(rate)
+        self._positions[name] = positions
+
+    def gone(self, name: str) -> None:
+        """The engine could not be read: nothing it was last found to be, or to do, is served."""
+        self.engine(name, (), EngineStats())
 
     def exposition(self) -> bytes:
         """The whole /metrics body (text format 0.0.4): every family once, its samples from every pair."""

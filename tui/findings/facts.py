@@ -5,15 +5,11 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+from tui.engines.known import REFUSAL_WORDS
+from tui.model.counters import spec_window
 from tui.model.findings import RequestFacts, SpecFacts, TrafficFacts
 from tui.model.samples import EngineReading
 
-# What the engines answer to a prompt longer than a request may hold (HTTP 400): llama.cpp's
-# exceed_context_size_error,
-# vLLM's "maximum context length", SGLang's "longer than the model's context length"
-_LENGTH_WORDS = re.compile(r"exceeds? the available context size|exceed_context_size|maximum context length|"
-                           r"longer than the (?:maximum model length|model's context length)|"
-                           r"context length is \d+|max_model_len", re.IGNORECASE)
 # llama.cpp: "request (1524 tokens) exceeds"; vLLM: "your prompt contains at least 2049 input tokens" (it
 # stops counting there: a lower bound), older vLLM "you requested 40000 tokens"
 _PROMPT_TOKENS = re.compile(r"request \((\d+) tokens\)|(\d+) tokens in the (?:messages|prompt|input)|"
@@ -22,8 +18,9 @@ _PROMPT_TOKENS = re.compile(r"request \((\d+) tokens\)|(\d+) tokens in the (?:me
 
 
 def refused_for_length(status: int | None, words: str | None) -> str | None:
-    """The engine's words when a 4xx answer refused a request for its length; None otherwise."""
-    if status is None or not 400 <= status < 500 or not words or not _LENGTH_WORDS.search(words):
+    """The engine's words when a 4xx answer refused a request for its length (in any engine's words: the proxy
+    may not know which engine answered); None otherwise."""
+    if status is None or not 400 <= status < 500 or not words or not REFUSAL_WORDS.search(words):
         return None
     return words.strip()[:300]
 
@@ -76,16 +73,8 @@ def summarize(facts: Iterable[RequestFacts], max_in_flight: int | None = None) -
 
 def spec_between(before: EngineReading | None, after: EngineReading | None) -> SpecFacts | None:
     """Speculative decoding between two readings of one engine: drafts, drafted and accepted tokens, accepted
-    tokens per draft position. None where the engine does not draft (or does not say)."""
-    if before is None or after is None or after.spec_drafts_total is None:
+    tokens per draft position. None where the engine does not draft (or does not say), where a reading is
+    missing, or where the engine restarted between them (tui.model.counters)."""
+    if before is None:
         return None
-
-    def delta(a: float | None, b: float | None) -> float:
-        return max(0.0, (b or 0.0) - (a or 0.0))
-
-    was = before.spec_accepted_per_pos or ()
-    return SpecFacts(delta(before.spec_drafts_total, after.spec_drafts_total),
-                     delta(before.spec_draft_tokens_total, after.spec_draft_tokens_total),
-                     delta(before.spec_accepted_tokens_total, after.spec_accepted_tokens_total),
-                     tuple(delta(was[k] if k < len(was) else 0.0, p)
-                           for k, p in enumerate(after.spec_accepted_per_pos or ())))
+    return spec_window(before, after)

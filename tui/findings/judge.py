@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from tui.engines.knowledge import DraftKind, EngineKnowledge
+from tui.engines.known import by_name
 from tui.model.config import EngineConfig
-from tui.model.findings import Evidence, Figure, Finding, TrafficFacts
+from tui.model.findings import Evidence, Figure, Finding, PositionAcceptance, TrafficFacts
 
 # Prefix cache: at least this many requests whose sharing is known, sharing at least this many tokens (and
 # this share of their prompts) with earlier requests; "missing" when the engine served under half of what was
@@ -28,12 +30,29 @@ MIN_SLOTS_REQUESTS = 5
 MIN_QUEUE_REQUESTS = 10
 QUEUE_FACTOR = 3.0
 QUEUE_GAP_S = 0.25
-# Speculative decoding: drafts before acceptance per position is judged, and what a drafted token costs, as a
-# share of a target model's step (an assumption, stated in the finding: `sweep-param` measures the real one).
+# Speculative decoding: drafts that must have reached a position before its acceptance is judged, and what a
+# drafted token costs as a share of a step of the target model, by what drafts it (an assumption, stated in
+# the finding: `sweep-param` and `ab` measure the real cost). A draft model runs a forward pass of its own per
+# token; the model's own draft heads (MTP, EAGLE, Medusa) about one layer's; an n-gram lookup next to nothing,
+# so a rejected n-gram token costs only its share of the verification step. A method not known is given the
+# cheapest cost: a position is then called wasted only where it would be whatever drafted it.
 MIN_SPEC_DRAFTS = 50
-DRAFT_COST = 0.2
-# Host memory at start: a tree's peak RSS over this share of the RAM, or any of it in swap.
+DRAFT_COSTS: dict[DraftKind, float] = {"draft model": 0.20, "model heads": 0.10, "n-gram": 0.05}
+DRAFT_COST = DRAFT_COSTS["draft model"]
+_COST_WORDS: dict[DraftKind, str] = {
+    "draft model": "a token from a draft model is assumed to cost 20% of a target step (the draft's own "
+                   "forward pass; an n-gram lookup would cost ~0)",
+    "model heads": "a token from the model's own draft heads is assumed to cost 10% of a target step (one "
+                   "head's pass, against 20% for a separate draft model)",
+    "n-gram": "an n-gram token is assumed to cost 5% of a target step: the lookup costs ~0, and a rejected "
+              "n-gram token costs only its share of the verification",
+    "unknown": "what drafts the tokens is not known: a drafted token is assumed to cost 5% of a target step, "
+               "the cheapest method's cost (n-gram lookups; a draft model's would be 20%)",
+}
+# Host memory at start: a tree's peak (PSS where read, else RSS) over this share of the RAM, or this much of
+# it in swap (a few pages in swap are the kernel's housekeeping, not a start that ran out of memory).
 START_RAM_SHARE = 0.8
+START_SWAP_BYTES = 256 * 2**20
 MIB = 2**20
 GIB = 2**30
 
@@ -52,16 +71,13 @@ def _finding(ev: Evidence, id: str, severity: str, title: str, suggestion: str, 
                    tuple(figures.items()))
 
 
+def _knowledge(config: EngineConfig | None) -> EngineKnowledge | None:
+    return by_name(config.engine) if config is not None else None
+
+
 def _prefix_flag(config: EngineConfig | None) -> str:
-    engine = config.engine if config else ""
-    if engine == "vLLM":
-        return ("restart vLLM with --enable-prefix-caching (for a hybrid Mamba model, see its "
-                "mamba_cache_mode)")
-    if engine == "SGLang":
-        return "restart SGLang without --disable-radix-cache"
-    if engine == "llama.cpp":
-        return "restart llama-server without --no-cache-prompt, and send requests with cache_prompt left on"
-    return "turn the engine's prefix cache on"
+    knows = _knowledge(config)
+    return knows.prefix_cache_on if knows is not None else "turn the engine's prefix cache on"
 
 
 def _prefill_words(t: TrafficFacts, tokens: int) -> tuple[str, float | None]:
@@ -91,9 +107,10 @@ def prefix_cache(ev: Evidence) -> Finding | None:
     if on is False:
         missed = t.shared_tokens - min(cached or 0, t.shared_tokens)
         words, seconds = _prefill_words(t, missed)
+        served = f"{cached:,} served from cache" if cached is not None else \
+            "served from cache: unknown (the engine did not say)"
         return _finding(ev, "prefix-cache-off", "warning",
-                        f"prefix caching is off on {ev.engine}; {share}, {cached or 0:,} served from "
-                        f"cache{words}",
+                        f"prefix caching is off on {ev.engine}; {share}, {served}{words}",
                         _prefix_flag(config), evidence, prefill_s_lost=seconds, **figures)
     if cached is None or cached >= EVICTING_BELOW * t.shared_tokens:
         return None
@@ -111,48 +128,72 @@ def prefix_cache(ev: Evidence) -> Finding | None:
                     + block, evidence, prefill_s_lost=seconds, **figures)
 
 
+def _needed(c: EngineConfig, t: TrafficFacts | None) -> tuple[int, str] | None:
+    """The most context the traffic needed, in words, where it needed the context's limit: requests refused
+    for length, or the longest one within NEAR_CONTEXT of the context. None otherwise."""
+    if t is None or c.context_tokens is None:
+        return None
+    longest = max(t.longest_tokens or 0, t.refused_prompt_tokens or 0)
+    if t.refused_for_length:
+        plural = "s" if t.refused_for_length != 1 else ""
+        return longest, f"{t.refused_for_length} request{plural} refused for length (\"{t.refused_words}\")"
+    if t.longest_tokens is not None and t.longest_tokens >= NEAR_CONTEXT * c.context_tokens:
+        return longest, (f"the longest request seen used {t.longest_tokens:,} tokens "
+                         f"({_share(t.longest_tokens / c.context_tokens)} of the context)")
+    return None
+
+
 def context_below_pool(ev: Evidence) -> Finding | None:
+    """A pool larger than one request's context is how vLLM and SGLang are built (many requests share it):
+    only traffic that needed more context makes it a finding."""
     c, t = ev.config, ev.traffic
     if c is None or c.context_tokens is None or c.kv_pool_tokens is None or c.split_slots:
         return None
     if c.kv_pool_tokens < POOL_OVER_CONTEXT * c.context_tokens:
         return None
-    near = t is not None and (t.refused_for_length > 0 or (
-        t.longest_tokens is not None and t.longest_tokens >= NEAR_CONTEXT * c.context_tokens))
+    needed = _needed(c, t)
+    if needed is None:
+        return None
+    longest, what = needed
     flag = {"vLLM": "--max-model-len", "SGLang": "--context-length",
-            "llama.cpp": "--kv-unified-per-slot"}.get(c.engine, "the context limit")
-    seen = ""
-    if t is not None and t.longest_tokens is not None:
-        seen = f"; the longest request seen used {t.longest_tokens:,} tokens"
-    return _finding(ev, "context-below-pool", "warning" if near else "info",
+            "llama.cpp": "-c / --ctx-size"}.get(c.engine, "the context limit")
+    return _finding(ev, "context-below-pool", "warning",
                     f"context {c.context_tokens:,} of a {c.kv_pool_tokens:,}-token KV pool: one request can "
-                    f"use at most {_share(c.context_tokens / c.kv_pool_tokens)} of the pool{seen}",
-                    f"raise {flag} (up to the model's own context) if your requests need longer contexts",
-                    [f"context and KV pool read from {', '.join(c.sources)}"],
+                    f"use at most {_share(c.context_tokens / c.kv_pool_tokens)} of the pool, and the traffic "
+                    f"needed more: {what}",
+                    f"raise {flag} towards the pool's {c.kv_pool_tokens:,} tokens (up to the model's own "
+                    "context): the pool holds it, though fewer requests that long then fit at once"
+                    if longest <= c.kv_pool_tokens else
+                    f"raise {flag} and the KV pool with it: the pool itself holds only {c.kv_pool_tokens:,} "
+                    "tokens (more memory for the cache, or a smaller KV cache dtype)",
+                    [f"context and KV pool read from {', '.join(c.sources)}",
+                     "lengths from the engine's usage and refusals"],
                     context_tokens=c.context_tokens, kv_pool_tokens=c.kv_pool_tokens,
-                    longest_tokens=t.longest_tokens if t else None)
+                    longest_tokens=longest or None, refused=t.refused_for_length if t else 0)
 
 
 def context_below_traffic(ev: Evidence) -> Finding | None:
     c, t = ev.config, ev.traffic
-    if t is None or c is None or c.context_tokens is None:
+    if t is None or c is None or c.context_tokens is None or c.split_slots:
+        return None  # split slots: slots_split says it with the slots' figures
+    needed = _needed(c, t)
+    if needed is None:
         return None
-    longest = max(t.longest_tokens or 0, t.refused_prompt_tokens or 0)
-    if t.refused_for_length == 0 and longest < NEAR_CONTEXT * c.context_tokens:
-        return None
-    if c.split_slots:
-        return None  # slots_split says it with the slots' figures
-    plural = "s" if t.refused_for_length != 1 else ""
-    refused = f"{t.refused_for_length} request{plural} refused for length (\"{t.refused_words}\"); " \
-        if t.refused_for_length else ""
+    longest, what = needed
     flag = {"vLLM": "--max-model-len", "SGLang": "--context-length", "llama.cpp": "-c / --ctx-size"}.get(
         c.engine, "the context limit")
+    # never a value at or below the context in force: the traffic came near it, or was refused at it
+    now = c.context_tokens
+    raise_to = f"raise {flag} to at least {longest:,} (now {now:,})" if longest > now \
+        else f"raise {flag} above the current {now:,}"
     return _finding(ev, "context-below-traffic", "error" if t.refused_for_length else "warning",
-                    f"{refused}the longest request seen needs {longest:,} tokens, the context is "
-                    f"{c.context_tokens:,}", f"raise {flag} above {longest:,}",
-                    [f"context read from {', '.join(c.sources)}",
-                     "lengths from the engine's usage and refusals"],
-                    refused=t.refused_for_length, longest_tokens=longest, context_tokens=c.context_tokens)
+                    f"{what}; the context is {c.context_tokens:,}"
+                    + (f" and the longest request seen needs {longest:,} tokens" if t.refused_for_length
+                       and longest else ""),
+                    raise_to, [f"context read from {', '.join(c.sources)}",
+                               "lengths from the engine's usage and refusals"],
+                    refused=t.refused_for_length, longest_tokens=longest or None,
+                    context_tokens=c.context_tokens)
 
 
 def slots_split(ev: Evidence) -> Finding | None:
@@ -206,27 +247,70 @@ def queueing(ev: Evidence) -> Finding | None:
                     ttft_p50_s=t.ttft_p50_s, engine_prompt_p50_s=t.engine_prompt_p50_s, waiting_max=waiting)
 
 
+def _rate_words(p: PositionAcceptance) -> str:
+    if p.rate is None:
+        return "?"
+    return f"{p.rate:.0%}" if p.exact else f"≤{p.rate:.0%}"
+
+
 def spec_depth(ev: Evidence) -> Finding | None:
+    """A draft position accepted less often than a drafted token costs, over the drafts that reached it. The
+    depth is the configured one; where some drafts stopped short of it, each position's acceptance is only
+    bounded from above (SpecFacts.positions), and a position is called wasted only when even that bound is
+    below the cost. Position 1 wasted: speculation off."""
     s, c = ev.spec, ev.config
-    if s is None or s.drafts < MIN_SPEC_DRAFTS or not s.per_position:
+    if s is None or s.drafts < MIN_SPEC_DRAFTS or c is None or c.spec_n_max is None \
+            or c.spec_type in (None, "off"):
         return None
-    rates = s.position_rates
-    wasted = next((k for k, r in enumerate(rates) if r < DRAFT_COST), None)
+    depth = c.spec_n_max
+    positions = s.positions(depth)
+    if positions is None:
+        return None  # the counters contradict the configured depth: nothing is judged on them
+    knows = _knowledge(c)
+    # "on": the engine says it drafts, not how
+    kind: DraftKind = knows.draft_kind(c.spec_type) if knows is not None and c.spec_type != "on" \
+        else "unknown"
+    cost = DRAFT_COSTS.get(kind, min(DRAFT_COSTS.values()))
+    wasted = next((p for p in positions
+                   if p.rate is not None and p.reached >= MIN_SPEC_DRAFTS and p.rate < cost), None)
     if wasted is None:
         return None
-    shown = ", ".join(f"{r:.0%}" for r in rates)
-    depth = len(rates)
-    keep = max(wasted, 1)
-    depths = ",".join(map(str, range(1, depth + 1)))
-    return _finding(ev, "spec-depth", "warning",
-                    f"drafts past depth {wasted} are wasted on {ev.engine}: position {wasted + 1} is "
-                    f"accepted in {rates[wasted]:.0%} of {s.drafts:.0f} drafts (per position: {shown}), "
-                    f"below the {DRAFT_COST:.0%} of a step a drafted token is assumed to cost",
-                    f"--spec-draft-n-max {keep} (now {c.spec_n_max if c and c.spec_n_max else depth}); "
-                    f"measure it: `enginetop sweep-param PROFILE --param spec-draft-n-max={depths}`",
-                    ["accepted tokens per draft position since the engine started, from its own counters"],
-                    drafts=s.drafts, wasted_from_position=wasted + 1, depth=depth,
-                    **{f"accept_pos_{k + 1}": round(r, 4) for k, r in enumerate(rates)})
+    exact = positions[0].exact
+    bound = "" if exact else "at most "
+    least = "" if exact else "at least "
+    shown = ", ".join(_rate_words(p) for p in positions)
+    reached = f"{bound}{wasted.rate:.0%} of the {least}{wasted.reached:,.0f} drafts that reached it"
+    below = f"below the {cost:.0%} of a step a drafted token ({kind}) is assumed to cost"
+    measure = ("; then measure the decode rate at each depth, speculation off included (`enginetop "
+               "sweep-param`, `enginetop ab`): the cost here is assumed, not measured")
+    if wasted.position == 1:
+        title = (f"speculative decoding does not pay on {ev.engine}: position 1 is accepted in {reached} "
+                 f"(per position: {shown}), {below}")
+        knob = knows.spec_off if knows is not None else "turn speculative decoding off"
+    else:
+        keep = wasted.position - 1
+        title = (f"drafts past depth {keep} are wasted on {ev.engine}: position {wasted.position} is "
+                 f"accepted in {reached} (per position: {shown}), {below}")
+        knob = knows.spec_depth(keep, depth, c.spec_type) if knows is not None else \
+            f"a draft depth of {keep} (now {depth})"
+    evidence = [f"accepted tokens per draft position from the engine's own counters, over {s.drafts:,.0f} "
+                "drafts",
+                f"draft depth {depth} and type {c.spec_type} from the configuration ({', '.join(c.sources)})"]
+    if exact:
+        evidence.append(f"every draft reached every position: {s.draft_tokens:,.0f} drafted tokens = "
+                        f"{s.drafts:,.0f} drafts x depth {depth}")
+    else:
+        evidence.append(f"some drafts stopped short of depth {depth} ({s.draft_tokens:,.0f} drafted "
+                        f"tokens, under {s.drafts * depth:,.0f} = drafts x depth: p-min, n-min, a lookup "
+                        "that found nothing, a reply's end); the engines do not say which positions each "
+                        "draft reached, so each position is taken over the fewest drafts that can have "
+                        "reached it: its acceptance is at most the figure shown")
+    evidence.append(_COST_WORDS[kind])
+    return _finding(ev, "spec-depth", "warning", title, knob + measure, evidence,
+                    drafts=s.drafts, draft_tokens=s.draft_tokens, depth=depth, draft_kind=kind,
+                    draft_cost=cost, exact=exact, wasted_from_position=wasted.position,
+                    **{f"accept_pos_{p.position}": None if p.rate is None else round(p.rate, 4)
+                       for p in positions})
 
 
 def start_memory(ev: Evidence) -> Finding | None:
@@ -234,33 +318,41 @@ def start_memory(ev: Evidence) -> Finding | None:
     if m is None:
         return None
     killed = m.ended.startswith("killed")
-    heavy = m.peak_rss_bytes >= START_RAM_SHARE * m.ram_total_bytes or m.peak_swap_bytes > 0
+    footprint = m.peak_pss_bytes if m.peak_pss_bytes is not None else m.peak_rss_bytes
+    heavy = footprint >= START_RAM_SHARE * m.ram_total_bytes or m.peak_swap_bytes >= START_SWAP_BYTES
     if not killed and not heavy:
         return None
-    swap = f" + {_gib(m.peak_swap_bytes)} in swap" if m.peak_swap_bytes else ""
-    peak = f"peak RSS {_gib(m.peak_rss_bytes)}{swap} of the machine's {_gib(m.ram_total_bytes)} RAM"
+    swap = f" + {_gib(m.peak_swap_bytes)} in swap" if m.peak_swap_bytes >= START_SWAP_BYTES else ""
+    size = f"PSS {_gib(m.peak_pss_bytes)} (RSS {_gib(m.peak_rss_bytes)})" if m.peak_pss_bytes is not None \
+        else f"RSS {_gib(m.peak_rss_bytes)}"
+    peak = f"peak {size}{swap} of the machine's {_gib(m.ram_total_bytes)} RAM"
     evidence = [f"its process tree sampled while it started; peak {m.peak_after_s:.1f} s after launch",
                 f"host memory at the peak: {_gib(m.ram_used_bytes)} used, {_gib(m.swap_used_bytes)} swap"]
+    if m.peak_pss_bytes is not None:
+        evidence.append("PSS counts the pages its processes share once, as the sum of their RSS does not")
+    figures: dict[str, Figure] = dict(peak_rss_bytes=m.peak_rss_bytes, peak_pss_bytes=m.peak_pss_bytes,
+                                      peak_swap_bytes=m.peak_swap_bytes, ram_total_bytes=m.ram_total_bytes)
     if killed:
         host = ""
         if m.ram_used_at_end_bytes is not None:
             host = f"; the host then had {_gib(m.ram_used_at_end_bytes)} of {_gib(m.ram_total_bytes)} in use"
             if m.swap_used_at_end_bytes:
                 host += f" and {_gib(m.swap_used_at_end_bytes)} in swap"
-        by = " by the out-of-memory killer" if m.oom else ""
         evidence.append(m.oom_evidence or "")
-        what = m.ended.replace("killed by", f"killed{by} ({m.ended.split()[2]})", 1) if by else m.ended
+        what = m.ended
+        if m.oom and m.ended.startswith("killed by "):
+            # "killed by SIGKILL while starting" -> "killed by the out-of-memory killer (SIGKILL) while
+            # starting": the signal named once
+            signal, _, rest = m.ended.removeprefix("killed by ").partition(" ")
+            what = f"killed by the out-of-memory killer ({signal})" + (f" {rest}" if rest else "")
         return _finding(ev, "engine-killed", "error", f"{ev.engine} was {what}, at {peak}{host}",
                         "give it more RAM or swap, or lower what its start needs (vLLM: --max-model-len, "
                         "--gpu-memory-utilization, --enforce-eager; fewer CPU threads compiling)",
-                        [e for e in evidence if e], peak_rss_bytes=m.peak_rss_bytes,
-                        peak_swap_bytes=m.peak_swap_bytes, ram_total_bytes=m.ram_total_bytes, oom=m.oom,
-                        ended=m.ended)
+                        [e for e in evidence if e], oom=m.oom, ended=m.ended, **figures)
     return _finding(ev, "start-memory", "warning",
                     f"{ev.engine}'s start took its process tree to {peak}",
                     "leave headroom: a start that peaks here can be killed on a busier machine", evidence,
-                    peak_rss_bytes=m.peak_rss_bytes, peak_swap_bytes=m.peak_swap_bytes,
-                    ram_total_bytes=m.ram_total_bytes)
+                    **figures)
 
 
 JUDGES: tuple[Callable[[Evidence], Finding | None], ...] = (

@@ -49,21 +49,28 @@ def kernel_killed(pid: int) -> bool | None:
     return f"Killed process {pid} " in out.stdout or f"Killed process {pid}," in out.stdout
 
 
-def _tree_memory(pids: set[int]) -> tuple[int, int]:
-    """RSS and swap summed over the processes (VmSwap: the pages of theirs the kernel put in swap)."""
+def _tree_memory(pids: set[int]) -> tuple[int, int | None, int]:
+    """RSS, PSS and swap summed over the processes (VmSwap: the pages of theirs the kernel put in swap). PSS
+    comes with the same read of smaps as the swap (memory_full_info), and counts a page the processes share
+    once where their RSS counts it in each (a CUDA or torch library, a forked worker's pages); None where one
+    process's could not be read."""
     rss = swap = 0
+    pss: int | None = 0
     for pid in pids:
         try:
             info = psutil.Process(pid).memory_full_info()
         except psutil.AccessDenied:
             with contextlib.suppress(psutil.Error):
                 rss += psutil.Process(pid).memory_info().rss
+                pss = None
             continue
         except psutil.Error:
             continue
         rss += info.rss
         swap += getattr(info, "swap", 0)
-    return rss, swap
+        own = getattr(info, "pss", None)
+        pss = None if pss is None or own is None else pss + own
+    return rss, pss, swap
 
 
 class StartWatch:
@@ -73,15 +80,16 @@ class StartWatch:
         self.launched = time.monotonic()
         self.oom_before, self.oom_where = oom_kills()
         self.peak_rss = self.peak_swap = 0
+        self.peak_pss: int | None = None
         self.peak_after_s = 0.0
         self.ram_used = self.swap_used = 0
         self.ram_total = psutil.virtual_memory().total
 
     def sample(self, pids: set[int]) -> None:
-        rss, swap = _tree_memory(pids)
+        rss, pss, swap = _tree_memory(pids)
         if rss + swap > self.peak_rss + self.peak_swap:
             vm, sw = psutil.virtual_memory(), psutil.swap_memory()
-            self.peak_rss, self.peak_swap = rss, swap
+            self.peak_rss, self.peak_pss, self.peak_swap = rss, pss, swap
             self.peak_after_s = time.monotonic() - self.launched
             self.ram_used, self.swap_used = vm.total - vm.available, sw.used
 
@@ -104,7 +112,7 @@ class StartWatch:
             if exit_code == -signal.SIGKILL:
                 oom, evidence = self._attribute(pid)
         return StartMemory(self.peak_rss, self.peak_swap, self.peak_after_s, self.ram_total, self.ram_used,
-                           self.swap_used, ended, oom, evidence, used_end, swap_end)
+                           self.swap_used, ended, oom, evidence, used_end, swap_end, self.peak_pss)
 
     def _attribute(self, pid: int | None) -> tuple[bool | None, str]:
         """Was a SIGKILL the OOM killer's? The cgroup's counter, else the kernel log."""

@@ -19,8 +19,9 @@ from typing import Any
 from tui.findings.judge import judge
 from tui.findings.tracker import Since
 from tui.model.bench import BenchSample
+from tui.model.counters import spec_window
 from tui.model.events import ProbeEvent
-from tui.model.findings import Evidence, Finding, SpecFacts, StartMemory
+from tui.model.findings import Evidence, Finding, StartMemory
 from tui.model.samples import EngineReading, EngineSample, EngineStats, GpuReport, HostSample, PromptProgress
 from tui.model.traffic import TrafficSample
 from tui.sources.rates import (
@@ -33,6 +34,7 @@ from tui.sources.rates import (
     went_back,
     went_back_same_shape,
 )
+from tui.sources.requests import request_stats
 
 # What a source makes (tui.live.feed); a replay adds the probe results it recorded.
 Sample = EngineSample | GpuReport | HostSample | ProbeEvent | TrafficSample | BenchSample
@@ -212,6 +214,7 @@ class Store:
         if sample.reading is None:
             if sample.health != "up":
                 state.stats = EngineStats()
+                self._judge(state, t, sample.wall)  # what held of its last run holds no more
             return state
         readings = state.readings
         now_shape = shape(sample.reading)
@@ -254,18 +257,19 @@ class Store:
             self._judge(state, time.monotonic(), time.time() if wall is None else wall)
 
     def _judge(self, state: EngineState, t: float, wall: float) -> None:
-        """The findings that hold for the engine now (tui.findings), from what the store has of it."""
+        """The findings that hold for the engine now (tui.findings), from what the store has of it. While it
+        is not up, only what its start cost the host is judged: its configuration, traffic and counters are of
+        a run that is over (or not begun), and nothing found on them holds."""
         sample = state.sample
-        reading = sample.reading if sample is not None else None
-        spec = None
-        if reading is not None and reading.spec_drafts_total is not None:
-            spec = SpecFacts(reading.spec_drafts_total, reading.spec_draft_tokens_total or 0.0,
-                             reading.spec_accepted_tokens_total or 0.0, reading.spec_accepted_per_pos or ())
-        traffic = state.traffic.stats.facts if state.traffic is not None and state.traffic.error is None \
-            else None
-        config = sample.config if sample is not None else None
-        evidence = Evidence(state.name, config, traffic, spec, state.start, state.busy_max, state.waiting_max,
-                            t - state.watched_t if state.watched_t is not None else 0.0)
+        if sample is not None and sample.health != "up":
+            evidence = Evidence(state.name, start=state.start)
+        else:
+            reading = sample.reading if sample is not None else None
+            traffic = state.traffic.stats.facts if state.traffic is not None and state.traffic.error is None \
+                else None
+            evidence = Evidence(state.name, sample.config if sample is not None else None, traffic,
+                                spec_window(None, reading), state.start, state.busy_max, state.waiting_max,
+                                t - state.watched_t if state.watched_t is not None else 0.0)
         state.findings = state.since.update(judge(evidence), wall)
 
     def _routed(self, state: EngineState, sample: EngineSample, t: float) -> None:
@@ -337,6 +341,7 @@ class Store:
             itl_p50_s=lat.itl_p50_s,
             itl_p90_s=lat.itl_p90_s,
             counter_reset=reset,
+            requests=request_stats(readings),
         )
 
     def add_gpu_report(self, report: GpuReport) -> None:

@@ -9,6 +9,7 @@ engine's start cost the host (StartMemory).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -81,10 +82,38 @@ class TrafficFacts:
         return computed / self.prefill_s if computed > 0 else None
 
 
+def accepted_shares(accepted: Sequence[float] | None, drafts: float | None) -> tuple[float, ...] | None:
+    """Accepted tokens per draft position as shares of the drafts: the share of drafts whose token at each
+    position was accepted (position 1 first). None without drafts. The one place every figure per position is
+    made (the dashboard, snapshot, the exporter, the reports)."""
+    if accepted is None or drafts is None or drafts <= 0:
+        return None
+    return tuple(a / drafts for a in accepted)
+
+
+@dataclass(frozen=True, slots=True)
+class PositionAcceptance:
+    """One draft position (1 first): its accepted tokens over the drafts that reached it."""
+
+    position: int
+    accepted: float
+    # The drafts that reached the position: exactly known when every draft reached every position (drafted
+    # tokens = drafts x depth); otherwise the least number the counters allow, so `rate` is then the highest
+    # acceptance the position can have had
+    reached: float
+    exact: bool
+
+    @property
+    def rate(self) -> float | None:
+        return min(1.0, self.accepted / self.reached) if self.reached > 0 else None
+
+
 @dataclass(frozen=True, slots=True)
 class SpecFacts:
-    """Speculative decoding since the engine started: drafts, drafted and accepted tokens, and accepted tokens
-    per draft position (position 0 first)."""
+    """Speculative decoding over a window (or since the engine started): drafts, drafted and accepted tokens,
+    and accepted tokens per draft position (position 1 first). The engines do not publish how many drafts
+    reached each position: a draft cut short (p-min, n-min, an n-gram lookup that found nothing) never drafted
+    its later positions."""
 
     drafts: float
     draft_tokens: float
@@ -94,7 +123,25 @@ class SpecFacts:
     @property
     def position_rates(self) -> tuple[float, ...]:
         """Share of drafts whose token at each position was accepted."""
-        return tuple(a / self.drafts for a in self.per_position) if self.drafts > 0 else ()
+        return accepted_shares(self.per_position, self.drafts) or ()
+
+    def positions(self, depth: int) -> tuple[PositionAcceptance, ...] | None:
+        """Each position up to `depth` (the configured one) over the drafts that reached it. Those are known
+        only when drafted tokens = drafts x depth; otherwise they are bounded: non-increasing with the
+        position, at most the drafts, at least the accepted tokens, summing to the drafted tokens; so position
+        k was reached by at least max(accepted_k, (drafted - (k-1) x drafts) / (depth - k + 1)) drafts (the
+        positions before it full, the ones after as long as it). None when the counters contradict the depth
+        (more drafted tokens than drafts x depth, or tokens accepted past it)."""
+        d, drafted = self.drafts, self.draft_tokens
+        if depth < 1 or d <= 0 or drafted > d * depth + 0.5 or any(a > 0 for a in self.per_position[depth:]):
+            return None
+        accepted = (*self.per_position[:depth], *(0.0,) * (depth - len(self.per_position)))
+        exact = abs(drafted - d * depth) < 0.5
+        out = []
+        for k, a in enumerate(accepted, start=1):
+            reached = d if exact else max(a, (drafted - (k - 1) * d) / (depth - k + 1), 0.0)
+            out.append(PositionAcceptance(k, a, min(reached, d), exact))
+        return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +160,9 @@ class StartMemory:
     oom_evidence: str | None = None  # where that was read, or why it cannot be told
     ram_used_at_end_bytes: int | None = None  # the host's when it ended (a kill)
     swap_used_at_end_bytes: int | None = None
+    # The tree's proportional set size at the peak (the pages its processes share counted once, as a sum of
+    # RSS does not): None where it could not be read for every process of the tree
+    peak_pss_bytes: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

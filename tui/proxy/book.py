@@ -85,6 +85,17 @@ class TrafficBook:
             self._judged.append((now, self.slo.met(figures(record))))
         return self.total
 
+    @property
+    def holds_evidence(self) -> bool:
+        """Requests of the engine's current run are kept for the findings."""
+        return bool(self._facts)
+
+    def new_run(self) -> None:
+        """The engine restarted (or went down): the findings' evidence was of its last run. The last requests'
+        facts go, and the most in flight at once counts again from those in flight now."""
+        self._facts.clear()
+        self.max_in_flight = self.in_flight
+
     def shared(self, seq: int, tokens: int | None) -> None:
         """How many of request `seq`'s prompt tokens an earlier prompt began with (None: not known)."""
         if (facts := self._facts.get(seq)) is not None:

@@ -28,6 +28,7 @@ class PromptTokens:
         self.trace = trace
         self.prefixes: dict[str, SharedPrefixes] = {}
         self.cannot: dict[str, int] = {}  # engine -> tokenize failures in a row
+        self.run_from: dict[str, int] = {}  # engine -> the first request (seq) of its current run
         self._queue: asyncio.Queue[TraceItem | None] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
 
@@ -35,6 +36,14 @@ class PromptTokens:
         if self.trace is not None:
             self.trace.start()
         self._task = asyncio.create_task(self._run(), name="prompt tokens")
+
+    def new_run(self, engine: str, first_seq: int) -> None:
+        """The engine restarted: its cache holds none of the prompts before, so they are forgotten, and a
+        prompt of a request before `first_seq` still queued is not remembered as one the next may share. It
+        is asked to tokenise again."""
+        self.prefixes.pop(engine, None)
+        self.cannot.pop(engine, None)
+        self.run_from[engine] = first_seq
 
     def submit(self, item: TraceItem) -> None:
         if self.trace is not None:
@@ -58,7 +67,7 @@ class PromptTokens:
             tokens = await self.tokenize(item)
             self.cannot[engine] = 0 if tokens is not None else self.cannot.get(engine, 0) + 1
         shared = None
-        if tokens is not None:
+        if tokens is not None and item.seq >= self.run_from.get(engine, 0):
             shared = self.prefixes.setdefault(engine, SharedPrefixes()).tokens(tokens)
         self.on_shared(engine, item.seq, shared)
         if self.trace is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, replace
@@ -36,9 +37,13 @@ from tui.proxy.book import TrafficBook
 from tui.proxy.headroom import load_capacities
 from tui.proxy.metrics import METRICS_PATH, TRAFFIC_PATH, ProxyMetrics
 from tui.proxy.prompts import PromptTokens
+from tui.proxy.runs import CHECK_S, RunWatch
 from tui.proxy.stream import StreamReading, StreamRelay
 from tui.proxy.trace import SESSION_HEADERS, TraceItem, TraceWriter
 from tui.proxy.upstream import SpareConnector
+from tui.sources.metrics import parse_reading
+
+log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
 CONNECT_TIMEOUT_S = 10.0
@@ -112,6 +117,11 @@ class TrafficProxy:
         self._capacity_mtime: float | None = None
         self._tokens_http: httpx.AsyncClient | None = None  # the tokenize calls, off the request path
         self.prompts: PromptTokens | None = None  # each prompt's tokens: its shared prefix, its trace line
+        # Each engine's runs (tui.proxy.runs): a restart makes what the books kept for the findings stale
+        self.runs = {r.engine: RunWatch() for r in self.routes}
+        self._auth: dict[str, str] = {}  # engine -> the last client's Authorization, to read its /metrics
+        self._watching: asyncio.Task[None] | None = None
+        self._checking: dict[str, asyncio.Task[None]] = {}  # engine -> its first check of a run, under way
 
     # --- lifecycle --------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -139,11 +149,20 @@ class TrafficProxy:
                     raise ListenError(bind_message(route.listen, exc, flag)) from None
             self.prompts = PromptTokens(self.tokenize, self._shared, self.trace)
             self.prompts.start()
+            self._watching = asyncio.create_task(self._watch_runs(), name="engine runs")
         except BaseException:
             await self.stop()
             raise
 
     async def stop(self) -> None:
+        if self._watching is not None:
+            self._watching.cancel()
+            await asyncio.gather(self._watching, return_exceptions=True)
+            self._watching = None
+        for task in list(self._checking.values()):
+            task.cancel()
+        await asyncio.gather(*self._checking.values(), return_exceptions=True)
+        self._checking.clear()
         for runner in self._runners:
             await runner.cleanup()
         self._runners.clear()
@@ -212,6 +231,8 @@ class TrafficProxy:
             body, exchange = self._measured(route, request.path, body, started, started_wall)
         if exchange is None:
             return await self._forward(route, request, body, headers, None)
+        if (auth := request.headers.get("Authorization")) is not None:
+            self._auth[route.engine] = auth
         book = self.books[route.engine]
         in_flight = self.metrics.in_flight.labels(route.engine, str(exchange.request.get("model") or ""))
         in_flight.inc()
@@ -304,6 +325,8 @@ class TrafficProxy:
         except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError,
                 aiohttp.ServerTimeoutError, aiohttp.ClientPayloadError) as exc:
             why = f"engine {route.engine!r} at {route.upstream}: {_connect_words(exc)}"
+            if isinstance(exc, aiohttp.ClientConnectorError) and self.runs[route.engine].unreachable():
+                self.new_run(route.engine)  # the engine is down: its run is over
             if exchange is not None:
                 exchange.outcome, exchange.error = "error", why
             if response is not None and response.prepared:
@@ -354,6 +377,8 @@ class TrafficProxy:
                                                 record.started_wall + (record.e2e_s or 0.0))
             record = replace(record, session_id=session)
         seq = self.books[record.engine].add(record, gaps, now)
+        if self.books[record.engine].holds_evidence:
+            self._baseline(exchange.route)
         if self.prompts is not None and record.outcome == "ok":
             keep = reply if self.trace is not None and self.trace.capture_content else ""
             self.prompts.submit(TraceItem(record, exchange.route.upstream, exchange.path, exchange.request,
@@ -362,6 +387,61 @@ class TrafficProxy:
         self.metrics.observe(record, gaps)
         for listener in self.listeners:
             listener(record)
+
+    # --- the engine's runs ----------------------------------------------------------------------------------
+    def new_run(self, engine: str) -> None:
+        """The engine restarted, or went down: the evidence kept of its last run goes."""
+        book = self.books[engine]
+        book.new_run()
+        if self.prompts is not None:
+            self.prompts.new_run(engine, book.total + 1)
+
+    async def _watch_runs(self) -> None:
+        """Every CHECK_S, each engine the proxy keeps evidence of (one it keeps none of is not asked)."""
+        while True:
+            await asyncio.sleep(CHECK_S)
+            for route in self.routes:
+                if self.books[route.engine].holds_evidence:
+                    await self._check_quietly(route)
+
+    def _baseline(self, route: Route) -> None:
+        """The first evidence of a run: the engine's counters now, which a restart will go back from."""
+        watch = self.runs[route.engine]
+        if watch.last is None and not watch.gave_up and route.engine not in self._checking:
+            self._checking[route.engine] = asyncio.create_task(self._check_quietly(route))
+
+    async def _check_quietly(self, route: Route) -> None:
+        try:
+            await self.check_run(route)
+        except Exception:  # a bug here must not stop the relay or the next check
+            log.exception("reading %s's /metrics for a restart failed", route.engine)
+        finally:
+            if self._checking.get(route.engine) is asyncio.current_task():
+                del self._checking[route.engine]
+
+    async def check_run(self, route: Route) -> None:
+        """Read the engine's /metrics: a counter gone back is a restart the proxy saw no request fail for."""
+        watch = self.runs[route.engine]
+        if self._tokens_http is None or watch.gave_up:
+            return
+        auth = self._auth.get(route.engine)
+        try:
+            reply = await self._tokens_http.get(route.upstream + "/metrics", timeout=5.0,
+                                                headers={"Authorization": auth} if auth else None)
+        except httpx.ConnectError:
+            if watch.unreachable():
+                self.new_run(route.engine)
+            return
+        except httpx.HTTPError:
+            return  # slow or cut: nothing learnt either way
+        try:
+            reading = parse_reading(reply.text) if reply.status_code == 200 else None
+        except ValueError:
+            reading = None
+        if reading is None or reading.dialect == "unknown":
+            watch.not_metrics()
+        elif watch.reading(reading):
+            self.new_run(route.engine)
 
     def _shared(self, engine: str, seq: int, shared: int | None) -> None:
         """A prompt's tokens compared with the earlier ones (tui.proxy.prompts): its book learns its share."""

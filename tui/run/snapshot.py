@@ -32,7 +32,7 @@ def engine_json(state: EngineState) -> dict[str, Any]:
     out: dict[str, Any] = {
         "url": sample.url,
         "dialect": reading.dialect if reading else None,
-        # where the figures came from when not the engine's /metrics ("/slots": llama-server without --metrics)
+        # where the figures came from when not /metrics ("/slots": a llama-server without --metrics)
         "origin": reading.origin if reading else None,
         "health": sample.health,
         "health_reason": sample.health_reason,

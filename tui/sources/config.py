@@ -164,7 +164,8 @@ def llama_config(props: dict[str, Any] | None, slots: SlotsReading | None,
         raw, env = command
         argv = mask_argv(raw, llamacpp.OPTIONS, secrets)
         sources.append(f"argv (PID {pid})" if pid is not None else "argv")
-        fields["defaults"] = _llama_argv(raw, env, fields, slots)
+        # read from the masked argv: a value that held a secret must not come back as a setting
+        fields["defaults"] = _llama_argv(list(argv), env, fields, slots)
     return EngineConfig(engine="llama.cpp", read_wall=time.time(), argv=argv, pid=pid if argv else None,
                         sources=tuple(sources), lacks=tuple(lacks), **fields)
 
@@ -296,7 +297,7 @@ def vllm_config(labels: dict[str, str] | None, models: Any, version: str | None,
         raw = command[0]
         argv = mask_argv(raw, vllm.OPTIONS, secrets)
         sources.append(f"argv (PID {pid})" if pid is not None else "argv")
-        opts = parse(raw, vllm.OPTIONS).options
+        opts = parse(argv, vllm.OPTIONS).options  # the masked argv: no secret comes back as a setting
         if (seqs := _int(opts.get("--max-num-seqs"))) is not None:
             fields["slots"] = seqs
         fields["dtype"] = opts.get("--dtype")

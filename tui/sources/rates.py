@@ -16,6 +16,12 @@ import operator
 from collections.abc import Sequence
 from itertools import compress
 
+from tui.model.counters import COUNTERS as _COUNTERS
+from tui.model.counters import HISTOGRAMS as _HISTOGRAMS
+from tui.model.counters import counters as _counters
+from tui.model.counters import positions_went_back, spec_delta
+from tui.model.counters import went_back as went_back  # the store and the config re-read ask it here
+from tui.model.findings import accepted_shares
 from tui.model.samples import Buckets, EngineReading, EngineStats
 
 # Tokens per busy second (llama.cpp's decode time): each request's first token comes from the prompt's last
@@ -29,20 +35,6 @@ MIN_BUSY_S = 0.01
 # this turns one request into a spike several times the real rate.
 MIN_WINDOW_S = 0.25
 
-_COUNTERS = (
-    "prompt_tokens_processed_total",
-    "prompt_tokens_computed_total",
-    "prompt_tokens_cached_total",
-    "generation_tokens_total",
-    "generation_seconds_total",
-    "prefix_cache_queries_total",
-    "prefix_cache_hits_total",
-    "spec_drafts_total",
-    "spec_draft_tokens_total",
-    "spec_accepted_tokens_total",
-    "requests_finished_total",
-)
-_HISTOGRAMS = ("ttft_buckets", "itl_buckets")
 
 
 class _Reset(Exception):
@@ -85,7 +77,6 @@ def histogram_quantile(q: float, buckets_delta: Sequence[tuple[float, float]]) -
     return start + (end - start) * ((rank - below) / in_bucket)
 
 
-_counters = operator.attrgetter(*_COUNTERS)
 _bound = operator.itemgetter(0)
 _count = operator.itemgetter(1)
 _below_zero = (0.0).__gt__
@@ -142,21 +133,10 @@ def _deltas(prev: EngineReading, cur: EngineReading) -> _Deltas:
             raise _Reset
         else:
             d[field] = b - a
+    if positions_went_back(prev.spec_accepted_per_pos, cur.spec_accepted_per_pos):
+        raise _Reset
     hist = {f: _bucket_delta(getattr(prev, f), getattr(cur, f)) for f in _HISTOGRAMS}
     return d, hist
-
-
-def _per_position(prev: tuple[float, ...] | None, cur: tuple[float, ...] | None,
-                  drafts: float | None) -> tuple[float, ...] | None:
-    """Accepted tokens per draft position over the window, as shares of the window's drafts (a position that
-    appeared meanwhile counts from 0)."""
-    if prev is None or cur is None or not drafts or drafts <= 0:
-        return None
-    before = (*prev, *(0.0,) * (len(cur) - len(prev)))
-    deltas = [c - p for c, p in zip(cur, before, strict=False)]
-    if any(d < 0 for d in deltas):
-        return None
-    return tuple(d / drafts for d in deltas)
 
 
 def spec_totals(cur: EngineReading) -> tuple[float | None, float | None, tuple[float, ...] | None]:
@@ -166,26 +146,8 @@ def spec_totals(cur: EngineReading) -> tuple[float | None, float | None, tuple[f
     accepted = cur.spec_accepted_tokens_total
     rate = _ratio(accepted, drafted)
     per_draft = _ratio(accepted, drafts)
-    per_pos = tuple(a / drafts for a in cur.spec_accepted_per_pos) \
-        if cur.spec_accepted_per_pos is not None and drafts else None
-    return rate, None if per_draft is None else 1.0 + per_draft, per_pos
-
-
-def went_back(prev: EngineReading, cur: EngineReading) -> bool:
-    """The engine restarted between two readings: another dialect, or a counter or bucket went down.
-    The test _deltas makes, without building the deltas (the store asks it of every reading)."""
-    if prev.dialect != cur.dialect:
-        return True
-    for a, b in zip(_counters(prev), _counters(cur), strict=True):
-        if a is not None and b is not None and b < a:
-            return True
-    for field in _HISTOGRAMS:
-        p, c = getattr(prev, field), getattr(cur, field)
-        # a count went down, and in the same layout (checked second: counts nearly always rise)
-        if p is not None and c is not None and any(map(operator.lt, map(_count, c), map(_count, p))) \
-                and list(map(_bound, p)) == list(map(_bound, c)):
-            return True
-    return False
+    length = None if per_draft is None else 1.0 + per_draft
+    return rate, length, accepted_shares(cur.spec_accepted_per_pos, drafts)
 
 
 def derive(prev: EngineReading, prev_t: float, cur: EngineReading, cur_t: float,
@@ -234,8 +196,7 @@ def derive(prev: EngineReading, prev_t: float, cur: EngineReading, cur_t: float,
         prefix_cache_hit_rate=hit_rate,
         spec_accept_rate=accept_rate,
         spec_accept_length=accept_length,
-        spec_accept_per_pos=_per_position(prev.spec_accepted_per_pos, cur.spec_accepted_per_pos,
-                                          d["spec_drafts_total"]),
+        spec_accept_per_pos=_window_shares(prev, cur),
         spec_drafts_per_s=rate(d["spec_drafts_total"]),
         spec_accept_rate_total=total_rate,
         spec_accept_length_total=total_length,
@@ -245,6 +206,14 @@ def derive(prev: EngineReading, prev_t: float, cur: EngineReading, cur_t: float,
         itl_p50_s=quantile("itl_buckets", 0.5),
         itl_p90_s=quantile("itl_buckets", 0.9),
     )
+
+
+def _window_shares(prev: EngineReading, cur: EngineReading) -> tuple[float, ...] | None:
+    """Acceptance per draft position over a window in which nothing went back (tui.model.counters)."""
+    if None in (prev.spec_accepted_per_pos, cur.spec_accepted_per_pos, prev.spec_drafts_total):
+        return None
+    spec = spec_delta(prev, cur)
+    return accepted_shares(spec.per_position, spec.drafts) if spec is not None else None
 
 
 def shape(r: EngineReading) -> tuple[object, ...]:
@@ -269,6 +238,8 @@ def went_back_same_shape(prev: EngineReading, cur: EngineReading, has: tuple[boo
     """went_back(prev, cur) for two readings of one shape, `has` = present(that shape): the same test, with
     the comparisons made in C (a replay seek checks every reading of minutes of plots)."""
     if any(map(operator.lt, compress(_counters(cur), has), compress(_counters(prev), has))):
+        return True
+    if positions_went_back(prev.spec_accepted_per_pos, cur.spec_accepted_per_pos):
         return True
     for field in _HISTOGRAMS:
         p, c = getattr(prev, field), getattr(cur, field)

@@ -64,8 +64,8 @@ def request_stats(readings: Sequence[tuple[float, EngineReading]]) -> RequestSta
         ended = hist[-1][1] if hist else 0.0
     steps = _counter(first.iteration_steps_total, last.iteration_steps_total)
     tokens = _counter(first.iteration_tokens_sum, last.iteration_tokens_sum)
-    busy = [r.running is not None and r.running > 0 for _, r in readings[1:]]
-    busy_share = sum(busy) / len(busy) if busy and all(r.running is not None for _, r in readings) else None
+    running = [r.running for _, r in readings]
+    busy_share = None if None in running else sum(1 for n in running[1:] if n and n > 0) / (len(running) - 1)
     generated = _counter(first.generation_tokens_total, last.generation_tokens_total)
     preempted = _counter(first.preemptions_total, last.preemptions_total)
     return RequestStats(

@@ -22,18 +22,22 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from tui.base.stats import median, quantile
+from tui.model.findings import Finding
+from tui.model.samples import EngineSample
 from tui.model.slo import Slo
 from tui.model.targets import EngineTarget
 from tui.model.workload import Workload
 from tui.probe.client import ProbeLimits
 from tui.probe.results import ProbeResult
 from tui.workload.bench import Bench, EngineRun
+from tui.workload.evidence import run_findings
 from tui.workload.prompts import PromptMaker
 from tui.workload.schedule import Planned, ScheduleError, gaps, parse_arrival
 from tui.workload.slo import met
 from tui.workload.workers import WorkerBench, WorkerPool, make_bench
 
 Stop = Literal["cannot pass", "over-saturated", "interrupted"]
+_SEVERITY = {"error": 0, "warning": 1, "info": 2}
 WINDOW_ARRIVALS = 8  # an over-saturation window holds at least this many arrivals at the level's rate
 QUEUE_GROWTH = 3  # requests: how much the queue must grow over three windows to be called growing
 
@@ -221,8 +225,10 @@ class Capacity:
         self.result = CapacityResult(target.name, target.url, str(search.slo), search.attainment,
                                      search.arrival)
         self._prompts: PromptMaker | None = None
-        self.sent: list[tuple[Planned, ProbeResult]] = []  # every level's requests, for the findings
+        self.sent: list[tuple[Planned, ProbeResult]] = []  # every level's requests
         self.max_in_flight = 0
+        # Each level's own evidence, for its findings (`findings`): rate, requests, the most in flight at once
+        self.level_sent: list[tuple[float, list[tuple[Planned, ProbeResult]], int]] = []
 
     async def run(self) -> CapacityResult:
         t0 = time.monotonic()
@@ -291,7 +297,32 @@ class Capacity:
         await asyncio.gather(task, return_exceptions=True)
         self.sent += bench.run.results
         self.max_in_flight = max(self.max_in_flight, bench.max_in_flight)
+        self.level_sent.append((rate, list(bench.run.results), bench.max_in_flight))
         return self._keep(level_of(rate, len(planned), bench.run, self.search, stopped))
+
+    def findings(self, block_size: int | None, before: EngineSample | None,
+                 after: EngineSample | None) -> list[Finding]:
+        """What the run revealed, each level judged on its own requests: its prompts' shared prefixes, its
+        refusals, its TTFT against the engine's own time, its peak in flight. A level replays the workload
+        from its start, so an earlier level's requests are neither its evidence nor the prefixes its prompts
+        share, and what a slow level showed is not what a fast one did. The engine's configuration (read
+        before the run) and its speculative counters (before and after it) are judged once, over the whole
+        run. A finding that held at several levels is kept once: the most severe, at the highest rate; its
+        title says the level, and its figures `level_rps`."""
+        name = self.target.name
+        if before is None:
+            return []
+        kept: dict[str, tuple[Finding, float | None]] = {
+            f.id: (f, None) for f in run_findings(name, [], block_size, before, after)}
+        for rate, sent, peak in self.level_sent:
+            for f in run_findings(name, sent, block_size, before, None, peak):
+                had = kept.get(f.id)
+                if had is not None and (_SEVERITY[had[0].severity], -(had[1] or 0.0)) <= \
+                        (_SEVERITY[f.severity], -rate):
+                    continue
+                kept[f.id] = (replace(f, title=f"at {rate:.3g} req/s: {f.title}",
+                                      figures=(*f.figures, ("level_rps", rate))), rate)
+        return sorted((f for f, _ in kept.values()), key=lambda f: _SEVERITY[f.severity])
 
     def _keep(self, level: Level) -> Level:
         self.result.levels.append(level)
