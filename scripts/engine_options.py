@@ -69,7 +69,12 @@ def llama_table(binary: str) -> dict:
     out = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=60, check=False)
     nargs: dict[str, object] = {}
     aliases: dict[str, str] = {}
+    env: dict[str, str] = {}
+    last: list[str] = []  # the canonical names of the option being described
     for line in (out.stdout + out.stderr).splitlines():
+        for name in re.findall(r"\(env: (LLAMA_[A-Z0-9_]+)\)", line):
+            if last:
+                env[name] = last[0]  # the option's first group: the switch, not its negation
         match = _HELP_LINE.match(re.sub(r",\s+", ", ", line))  # "-c,    --ctx-size N": one column
         if not match:
             continue
@@ -79,15 +84,18 @@ def llama_table(binary: str) -> dict:
             continue
         takes = 1 if any(not w.startswith("-") for w in words) else 0
         # "--cache-prompt, --no-cache-prompt": a switch and its negation, each its own canonical name
+        last = []
         for group in ([s for s in spellings if not s.lstrip("-").startswith("no-")],
                       [s for s in spellings if s.lstrip("-").startswith("no-")]):
             longs = [s for s in group if s.startswith("--")]
             for spelling in group:
                 nargs[spelling] = takes
                 aliases[spelling] = longs[0] if longs else group[0]
+            if group:
+                last.append(longs[0] if longs else group[0])
     if len(nargs) < 50:
         raise SystemExit(f"llama-server --help gave only {len(nargs)} options: is {binary} llama-server?")
-    return {"nargs": nargs, "aliases": aliases}
+    return {"nargs": nargs, "aliases": aliases, "env": env}
 
 
 def vllm_table(python: str) -> dict:
@@ -104,7 +112,10 @@ def _module(engine: str, source: str, table: dict) -> str:
             f'scripts/engine_options.py; checked against the real engine by tests/test_engine_options.py.'
             '"""\n\n'
             f"NARGS: dict[str, int | str] = {pprint.pformat(table['nargs'], width=110, sort_dicts=True)}\n\n"
-            f"ALIASES: dict[str, str] = {pprint.pformat(table['aliases'], width=110, sort_dicts=True)}\n")
+            f"ALIASES: dict[str, str] = {pprint.pformat(table['aliases'], width=110, sort_dicts=True)}\n"
+            + (f"\n# its environment twins (LLAMA_ARG_*), read as the option they stand for\n"
+               f"ENV: dict[str, str] = {pprint.pformat(table['env'], width=110, sort_dicts=True)}\n"
+               if "env" in table else ""))
 
 
 def table(dialect: str) -> tuple[str, str, dict]:

@@ -17,6 +17,16 @@ power, power limit, temperature, SM and memory clocks and the clock-event reason
 difference, and DISAGREE where it exceeds the tolerance; on Hopper and newer also the DRAM bandwidth the
 panel derives from GPM over the last ~1 s beside an independent GPM measurement over the same second.
 
+Energy: over `--energy-seconds` (3) the sampler is read every 0.1 s, and per GPU the change of its energy
+counter (NVML's nvmlDeviceGetTotalEnergyConsumption, the one the panel and J/token use) is printed beside
+power x time integrated from the same readings' power, DISAGREE past 10 % (NVML's power is a 1 s average on
+Ampere and newer, the counter moves every 20-100 ms: a steady load agrees closely, a bursty one less).
+
+AMD and Intel GPUs (the kernel's sysfs, tui.sources.sysfs_gpu) have no nvidia-smi to compare with: what
+the panel reads of each is printed, its energy check included where it has a counter (hwmon energy1_input,
+or amd-smi), so a run on such a card shows what the panel would. Without nvidia-smi and without an AMD or
+Intel GPU the script says so and exits 2 (this machine: no GPU at all).
+
 Exit status: 0 everything agrees, 1 at least one disagreement, 2 the check could not run.
 """
 
@@ -39,7 +49,9 @@ sys.path.insert(0, str(REPO))
 sys.path.append(str(BUNDLE))  # after site-packages: an installed pynvml wins
 
 from tui.model.samples import GpuSample  # noqa: E402
+from tui.sources.energy import Point, over  # noqa: E402
 from tui.sources.gpu import GpuSampler  # noqa: E402
+from tui.sources.sysfs_gpu import SysfsGpus  # noqa: E402
 
 MIB = 1 << 20
 # nvidia-smi renamed clocks_throttle_reasons.* to clocks_event_reasons.* (driver 535); older drivers only
@@ -205,15 +217,114 @@ def compare_gpu(gpu: GpuSample, row: dict[str, str], reasons_field: str, own_gpm
     return disagreements
 
 
+ENERGY_TOLERANCE = 0.10  # counter against power x time
+ENERGY_EVERY_S = 0.1
+
+
+def energy_check(sample: Any, seconds: float, sleep: Any = time.sleep) -> dict[tuple[str, int], tuple]:
+    """Read `sample()` (a GpuReport) every 0.1 s for `seconds`: per GPU (vendor, index) the energy counter's
+    change and power x time over the same readings, in joules, and the seconds they span."""
+    points: dict[tuple[str, int], list[Point]] = {}
+    end = time.monotonic() + seconds
+    while True:
+        for g in sample().gpus:
+            if g.error is None:
+                points.setdefault((g.vendor or "", g.index), []).append(Point(g.t, g.energy_j, g.power_w))
+        if time.monotonic() >= end:
+            break
+        sleep(ENERGY_EVERY_S)
+    out = {}
+    for key, pts in points.items():
+        counted = [p for p in pts if p.energy_j is not None]
+        counter = counted[-1].energy_j - counted[0].energy_j if len(counted) >= 2 else None  # type: ignore[operator]
+        span = counted[-1].t - counted[0].t if len(counted) >= 2 else None
+        powered = over([Point(p.t, None, p.power_w) for p in pts])  # power x time alone
+        out[key] = (counter, powered[0] if powered else None, span or (powered[1] if powered else None))
+    return out
+
+
+def print_energy(key: tuple[str, int], got: tuple | None, power_from_counter: bool = False) -> int:
+    """One GPU's energy line; 1 when counter and power x time disagree past the tolerance. Where the power
+    itself is the counter's change (Intel's hwmon has no power reading), there is nothing to check."""
+    label = f"{'energy over the check [J]':<34}"
+    if got is None:
+        print(f"  {label}not read")
+        return 0
+    counter, power_time, span = got
+    if power_from_counter and counter is not None and span:
+        print(f"  {label}{counter:>14.1f}{'':>14}{'':>10}  ({counter / span:.1f} W over {span:.1f} s; this "
+              "driver's power is the counter's change, so nothing independent to check it against)")
+        return 0
+    if counter is None or power_time is None:
+        why = "no energy counter" if counter is None else "no power reading"
+        print(f"  {label}{_fmt(counter):>14}{_fmt(power_time):>14}{'':>10}  ({why}; over {_fmt(span)} s)")
+        return 0
+    diff = abs(counter - power_time)
+    bad = diff > ENERGY_TOLERANCE * max(abs(counter), abs(power_time), 1e-9)
+    print(f"  {label}{counter:>14.1f}{power_time:>14.1f}{diff:>10.1f}  {'DISAGREE' if bad else 'ok'} "
+          f"(left: the energy counter's change; right: power x time, over {span:.1f} s)")
+    if span:
+        print(f"  {'':<34}that is {counter / span:.1f} W by the counter, {power_time / span:.1f} W by power")
+    return int(bad)
+
+
+def show_sysfs(seconds: float, sysfs: SysfsGpus | None = None) -> int:
+    """AMD and Intel GPUs: what the panel reads of each, and its energy check. The number of GPUs shown."""
+    reader = sysfs or SysfsGpus()
+    first = reader.sample({})
+    if not first:
+        return 0
+    sampler = GpuSampler(nvml=_NoNvml(), sysfs=reader)
+    energy = energy_check(sampler.sample, seconds)
+    for g in sampler.sample().gpus:
+        print(f"\nGPU {g.index}: {g.vendor} {g.name} ({g.driver}, {g.uuid or 'no PCI slot'}): no nvidia-smi "
+              "to compare with; the panel reads")
+        for label, value in (("utilization [%]", g.util_gpu_pct), ("memory busy [%]", g.util_mem_pct),
+                             ("VRAM used [MiB]", _mib(g.vram_used_bytes)),
+                             ("VRAM total [MiB]", _mib(g.vram_total_bytes)), ("power [W]", g.power_w),
+                             ("power limit [W]", g.power_limit_w), ("temperature [C]", g.temp_c),
+                             ("clock [MHz]", g.sm_clock_mhz), ("memory clock [MHz]", g.mem_clock_mhz),
+                             ("fan [RPM]", g.fan_rpm), ("energy counter [J]", g.energy_j)):
+            print(f"  {label:<34}{_fmt(value):>14}")
+        print(f"  {'throttling':<34}{', '.join(g.throttle_reasons) or 'none the driver says'}")
+        print(f"  {'':<34}{'counter':>14}{'power x time':>14}")
+        print_energy((g.vendor or "", g.index), energy.get((g.vendor or "", g.index)),
+                     power_from_counter=g.driver in ("xe", "i915"))
+    return len(first)
+
+
+class _NoNvml:
+    """Stands in for pynvml where only sysfs GPUs are read: its init says there is no NVIDIA driver."""
+
+    class NVMLError(Exception):
+        pass
+
+    class NVMLError_LibraryNotFound(NVMLError):  # pynvml's name
+        pass
+
+    NVMLError_DriverNotLoaded = NVMLError_LibraryNotFound
+
+    def nvmlInit(self) -> None:  # pynvml's name
+        raise self.NVMLError_LibraryNotFound("not looked for")
+
+
 def main(argv: list[str] | None = None, nvml: Any = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--interval", type=float, default=1.0, help="GPM interval in seconds (default 1)")
+    parser.add_argument("--energy-seconds", type=float, default=3.0,
+                        help="how long the energy counter is checked against power x time (default 3)")
     parser.add_argument("--nvidia-smi", default="nvidia-smi", help="the nvidia-smi to compare with")
     args = parser.parse_args(argv)
 
     smi = shutil.which(args.nvidia_smi)
     if smi is None:
-        print(f"gpu_check: {args.nvidia_smi} not found on PATH: nothing to compare with", file=sys.stderr)
+        if show_sysfs(args.energy_seconds):
+            print(f"\ngpu_check: {args.nvidia_smi} not found on PATH: the AMD / Intel GPUs above are what "
+                  "the panel reads (nothing to compare them with)")
+            return 0
+        print(f"gpu_check: {args.nvidia_smi} not found on PATH: nothing to compare with; no AMD or Intel GPU "
+              f"in {SysfsGpus().root / 'class' / 'drm'} either: no GPU to check on this machine",
+              file=sys.stderr)
         return 2
     if nvml is None:
         try:
@@ -222,7 +333,7 @@ def main(argv: list[str] | None = None, nvml: Any = None) -> int:
             print("gpu_check: pynvml not found: install nvidia-ml-py, or run `make gpu-check-bundle` where "
                   f"it is installed (it copies pynvml.py into {BUNDLE.relative_to(REPO)})", file=sys.stderr)
             return 2
-    sampler = GpuSampler(nvml)
+    sampler = GpuSampler(nvml, sysfs=False)  # NVIDIA only here; AMD and Intel are shown after
     try:
         baseline = sampler.sample()  # also the panel's GPM baseline
         if baseline.unavailable:
@@ -238,6 +349,7 @@ def main(argv: list[str] | None = None, nvml: Any = None) -> int:
         except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
             print(f"gpu_check: {exc}", file=sys.stderr)
             return 2
+        energy = energy_check(sampler.sample, args.energy_seconds)
     finally:
         sampler.close()
     reasons_field = fields[-1]
@@ -250,6 +362,8 @@ def main(argv: list[str] | None = None, nvml: Any = None) -> int:
             disagreements += 1
             continue
         disagreements += compare_gpu(gpu, row, reasons_field, own.get(gpu.index))
+        disagreements += print_energy(("NVIDIA", gpu.index), energy.get(("NVIDIA", gpu.index)))
+    show_sysfs(args.energy_seconds)  # a mixed host: its AMD and Intel GPUs too
     verdict = f"{disagreements} disagreement(s)" if disagreements else "everything agrees within tolerance"
     print(f"\n{len(report.gpus)} GPU(s): {verdict}")
     return 1 if disagreements else 0

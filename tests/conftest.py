@@ -182,6 +182,10 @@ def _own_config_and_live_dirs(tmp_path_factory: pytest.TempPathFactory,
     monkeypatch.setenv("XDG_CONFIG_HOME", str(home / "config"))
     monkeypatch.setenv("ENGINETOP_LIVE_DIR", str(home / "live"))
     monkeypatch.setenv("ENGINETOP_STATE_DIR", str(home / "state"))
+    # an empty sysfs: no AMD or Intel GPU, no RAPL, whatever this machine has (a test that wants them builds
+    # a tree in the kernel's layout and points ENGINETOP_SYSFS_ROOT at it)
+    (home / "sys").mkdir()
+    monkeypatch.setenv("ENGINETOP_SYSFS_ROOT", str(home / "sys"))
 
 
 @pytest.fixture(autouse=True)

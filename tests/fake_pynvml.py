@@ -101,6 +101,9 @@ class FakeGpu:
     compute_procs: list[tuple[int, int | None]] = field(default_factory=list)  # (pid, bytes or None)
     graphics_procs: list[tuple[int, int | None]] = field(default_factory=list)
     dram_bw_util_pct: float = 0.0  # what GPM DRAM_BW_UTIL reports over the interval ending at a sample
+    # nvmlDeviceGetTotalEnergyConsumption: mJ since the driver loaded (an unsigned long long); advance()
+    # adds power x time, as the real counter does (it moves every 20-100 ms on real GPUs)
+    energy_mj: int = 123_456_789
     lost: bool = False  # every call on this GPU raises NVMLError_GpuIsLost
     not_supported: set[str] = field(default_factory=set)  # function names raising NVMLError_NotSupported
     no_permission: set[str] = field(default_factory=set)  # function names raising NVMLError_NoPermission
@@ -166,8 +169,13 @@ class FakeNvml:
         driver_version: str = "570.172.08",
         init_error: int | None = None,
         missing_functions: set[str] | None = None,
+        energy_clock: Any = None,
     ) -> None:
         self.gpus: list[FakeGpu] = list(gpus) if gpus is not None else [h200()]
+        # With a clock (time.monotonic), the energy counter runs by itself at each GPU's power since this
+        # fake was made, as the real one does while a test sleeps; without, only advance() moves it
+        self.energy_clock = energy_clock
+        self._energy_t0 = energy_clock() if energy_clock is not None else 0.0
         self.driver_version = driver_version
         self.init_error = init_error  # e.g. NVML_ERROR_LIBRARY_NOT_FOUND: no driver on this machine
         self.missing_functions: set[str] = set(missing_functions or ())
@@ -194,6 +202,12 @@ class FakeNvml:
 
     def lose_gpu(self, index: int) -> None:
         self.gpus[index].lost = True
+
+    def advance(self, seconds: float) -> None:
+        """Time passes at each GPU's current power draw: its energy counter moves by power x time (mW x s =
+        mJ), rounded down to whole mJ as NVML's integer counter is."""
+        for gpu in self.gpus:
+            gpu.energy_mj += int(gpu.power_mw * seconds)
 
     def live_gpm_samples(self) -> int:
         """GPM samples allocated and not yet freed (a leak check)."""
@@ -287,6 +301,12 @@ class FakeNvml:
 
     def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:
         return self._gpu("nvmlDeviceGetPowerUsage", handle).power_mw
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any) -> int:
+        gpu = self._gpu("nvmlDeviceGetTotalEnergyConsumption", handle)
+        if self.energy_clock is None:
+            return gpu.energy_mj
+        return gpu.energy_mj + int(gpu.power_mw * (self.energy_clock() - self._energy_t0))
 
     def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> int:
         return self._gpu("nvmlDeviceGetEnforcedPowerLimit", handle).power_limit_mw

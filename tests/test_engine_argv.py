@@ -118,3 +118,73 @@ def test_parse_reads_the_command_line_as_the_engine_does() -> None:
                   "--no-enable-prefix-caching", "--model", "m"], vllm.OPTIONS)
     assert read.options["--max-num-seqs"] == "8" and "--no-enable-prefix-caching" in read.options
     assert read.positionals == ()
+
+
+def test_what_a_review_found_passing_in_clear_is_masked() -> None:
+    from tui.engines.knowledge import program_name
+
+    # `python -mMODULE`: the program is the module, never the next argument (here a secret)
+    argv = ["python3", "-mvllm.entrypoints.openai.api_server", "--hf-token", S, "--port", "8000"]
+    assert program_name(argv) == "vllm.entrypoints.openai.api_server"
+    assert S not in " ".join(mask_argv(argv, vllm.OPTIONS))
+    assert program_name(["python", "-X", "dev", "-W", "ignore", "-m", "sglang.launch_server"]) == \
+        "sglang.launch_server"
+    # a secret member of a JSON value (vLLM's tensorizer S3 keys), refused on a profile's argv too
+    argv = ["vllm", "serve", "m", "--model-loader-extra-config",
+            f'{{"tensorizer_uri": "s3://b/m", "s3_secret_access_key": "{S}"}}']
+    masked = mask_argv(argv, vllm.OPTIONS)
+    assert S not in " ".join(masked) and "s3://b/m" in masked[-1]
+    assert [i for i, _ in secrets_on_argv(argv, vllm.OPTIONS)] == [4]
+    # names run together or in camelCase, a variable after an option's `=`, a command in one string
+    for name in ("--accessToken", "--authToken", "--clientSecret", "--secretKey", "--hftoken"):
+        assert mask_argv(["prog", name, S]) == ("prog", name, REDACTED), name
+    assert mask_argv(["prog", f"--env=OPENAI_API_KEY={S}"]) == ("prog", "--env=OPENAI_API_KEY=***")
+    assert S not in " ".join(mask_argv(["sh", "-c", f"vllm serve m --api-key {S} --port 8000"]))
+    # llama.cpp's short spelling with its value joined: llama-server refuses it, and it is masked all the same
+    assert mask_argv(["llama-server", f"-hft{S}"], llamacpp.OPTIONS) == ("llama-server", "-hft***")
+    # ...and names that only look alike keep their values
+    argv = ["vllm", "serve", "--max-num-batched-tokens", "8192", "--tokenizer", "t", "--max-tokens", "5"]
+    assert mask_argv(argv) == tuple(argv)
+
+
+def test_a_switch_and_its_negation_the_last_one_wins_and_the_environment_counts() -> None:
+    from tui.sources.config import llama_config
+
+    props = {"default_generation_settings": {"n_ctx": 1024}, "total_slots": 4}
+    split = llama_config(props, None, (["llama-server", "-c", "4096", "-kvu", "-np", "4", "-no-kvu"], {}), [])
+    assert split.kv_unified is False and split.summary().endswith("4 slots × 1,024 split")
+    on = llama_config(props, None, (["llama-server", "--no-cache-prompt", "--cache-prompt"], {}), [])
+    assert on.prefix_caching is True and "prefix_caching" not in on.defaults
+    env = {"LLAMA_ARG_SPEC_TYPE": "ngram-mod", "LLAMA_ARG_CACHE_PROMPT": "0", "LLAMA_API_KEY": S}
+    read = llama_config(props, None, (["llama-server", "-c", "4096"], env), [])
+    assert read.prefix_caching is False and read.spec_type == "ngram-mod"
+    # an n-gram type drafts up to its own option's length: not assumed to be --spec-draft-n-max's 3
+    assert read.spec_n_max is None and "spec_n_max" not in read.defaults
+    assert S not in repr(read)  # the key in the environment is never read
+
+
+def test_a_message_about_a_port_holder_never_quotes_its_command_line() -> None:
+    import subprocess
+    import sys
+
+    import psutil
+
+    from tui.base.process import describe_process
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "--api-key", S])
+    try:
+        said = describe_process(psutil.Process(proc.pid))
+        assert said.startswith(f"PID {proc.pid} (python") and S not in said
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_the_reports_configuration_table_says_a_default_is_one() -> None:
+    from tui.html.config import config_table
+    from tui.sources.config import config_json, llama_config
+
+    props = {"default_generation_settings": {"n_ctx": 4096}, "total_slots": 4}
+    config = llama_config(props, None, (["llama-server", "-c", "16384"], {}), [])
+    html = config_table([("a", config_json(config))])
+    assert "f16 <span class=\"muted\">(default)</span>" in html

@@ -27,4 +27,4 @@ def test_an_engine_killed_by_an_illegal_instruction_is_reported(monkeypatch: pyt
     assert check.main(["--check"]) == 1
     err = capsys.readouterr().err
     assert "llama-server died (exit code -4 (killed by SIGILL)) before its first answer" in err
-    assert "Delete the cached wheel" in err and "make engine" in err
+    assert "delete the cached wheel" in err and "`make engine`" in err  # in a checkout (tui.base.install)

@@ -50,7 +50,7 @@ def test_the_command_line_refuses_what_cannot_work() -> None:
     assert missing.returncode == 2 and "/nonexistent/key does not exist" in missing.stderr
     keyless = run("--prometheus", "http://127.0.0.1:9", "--api-key-file", "*=/nonexistent/engine-key")
     assert keyless.returncode == 2 and "/nonexistent/engine-key does not exist" in keyless.stderr
-    snap = run("snapshot", "--json")
+    snap = run("snapshot", "--json", "--no-discover")  # (without it: the engines running on this machine)
     assert snap.returncode == 2 and "--prometheus URL" in snap.stderr
 
 
@@ -155,19 +155,19 @@ async def test_the_fleet_table_draws_each_row_on_one_line_of_fixed_width_cells()
     from rich.text import Text
     from textual.app import App
 
-    from widgets.fleet_table import COLUMNS, WIDTHS, FleetTable, Row
+    from widgets.fleet_table import COLUMNS, WHY, WIDTHS, FleetTable, Row
 
     def row(name: str, why: str) -> Row:
         cells = [Text("down", style="bold red"), name, "vllm", "Qwen3-8B", "node-1", "12.3", "1.2k", "34 ms",
-                 "120 ms", "8 ms", "2", "0", "45%", "40%", "97%", "700", "71", "8 node", "",
+                 "120 ms", "8 ms", "2", "0", "45%", "40%", "97%", "700", "0.35", "71", "8 node", "",
                  Text(why, style="red")]
-        return Row(name, ("down", name, *[None] * 18), tuple(cells), name)
+        return Row(name, ("down", name, *[None] * 19), tuple(cells), name)
 
     class Bare(App):
         def compose(self):
             yield FleetTable()
 
-    width = 240  # wide enough for the last column to show 40 cells
+    width = 247  # wide enough for the last column to show 40 cells
     long_name = "engine-with-a-name-longer-than-its-column"
     async with Bare().run_test(size=(width, 8)) as pilot:
         table = Bare.query_one(pilot.app, FleetTable)
@@ -182,7 +182,7 @@ async def test_the_fleet_table_draws_each_row_on_one_line_of_fixed_width_cells()
 
     assert texts[0].startswith(cells(*(c.label for c in COLUMNS[:5]), "gen tok/↓"))  # the sorted column
     assert texts[1].startswith(cells("down", "engine-a", "vllm", "Qwen3-8B", "node-1", "12.3", "1.2k"))
-    start = sum(WIDTHS[:19]) + 19  # the "alerts / why" column, cut at the screen's edge
+    start = sum(WIDTHS[:WHY]) + WHY  # the "alerts / why" column, cut at the screen's edge
     assert texts[1][start:] == "connection refused by the host".ljust(width - start - 1) + " "
     assert texts[2][7:7 + WIDTHS[1] + 1] == long_name[:WIDTHS[1] - 1] + "… "
     assert texts[3:] == [" " * width] * 4

@@ -8,6 +8,7 @@ import importlib.util
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -89,8 +90,8 @@ def busy_gpus() -> list[FakeGpu]:
 def test_everything_agrees_side_by_side(fake_smi, capsys: pytest.CaptureFixture[str]) -> None:
     gpus = busy_gpus()
     fake_smi(smi_row(0, gpus[0]), smi_row(1, gpus[1]))
-    nvml = FakeNvml(gpus)
-    status = load_script().main(["--interval", "0.05"], nvml=nvml)
+    nvml = FakeNvml(gpus, energy_clock=time.monotonic)
+    status = load_script().main(["--interval", "0.05", "--energy-seconds", "0.6"], nvml=nvml)
     out = capsys.readouterr().out
     print(out)
     assert status == 0
@@ -115,7 +116,8 @@ def test_disagreements_are_flagged_with_an_old_driver(fake_smi, capsys: pytest.C
     gpus = busy_gpus()
     fake_smi(smi_row(0, gpus[0], **{"temperature.gpu": "70", "clocks_event_reasons.active": f"0x{0x4:016x}"}),
              smi_row(1, gpus[1]), old_driver=True)
-    status = load_script().main(["--interval", "0.05"], nvml=FakeNvml(gpus))
+    status = load_script().main(["--interval", "0.05", "--energy-seconds", "0.3"],
+                                nvml=FakeNvml(gpus, energy_clock=time.monotonic))
     out = capsys.readouterr().out
     print(out)
     assert status == 1
@@ -131,3 +133,30 @@ def test_without_nvidia_smi_it_says_so(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setenv("PATH", str(tmp_path))
     assert load_script().main([], nvml=FakeNvml([h200()])) == 2
     assert "nvidia-smi not found on PATH" in capsys.readouterr().err
+
+
+def test_on_amd_and_intel_it_prints_what_the_panel_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """No nvidia-smi, an amdgpu and an xe card in a sysfs tree (ENGINETOP_SYSFS_ROOT), the xe card's energy
+    counter advancing at 95 W: each card's figures are printed, the xe counter beside power x time; exit 0."""
+    from sysfs_tree import Ticker, amd_card, intel_xe_card
+
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    monkeypatch.setenv("ENGINETOP_SYSFS_ROOT", str(tmp_path / "sys"))
+    amd_card(tmp_path / "sys", 0, throttle=1 << 35)
+    xe = intel_xe_card(tmp_path / "sys", 1)
+    with Ticker([(xe["energy"], 95e6), (xe["idle"], 400.0)]):
+        status = load_script().main(["--energy-seconds", "0.8"])
+    out = capsys.readouterr().out
+    print(out)
+    assert status == 0
+    assert "GPU 0: AMD AMD Radeon RX 7900 XTX (amdgpu, 0000:03:00.0): no nvidia-smi" in out
+    assert "GPU 1: Intel Intel GPU 0xe20b (xe, 0000:05:00.0)" in out
+    amd, xe_rows = table(out, 0), table(out, 1)
+    assert amd["power [W]"] == ["250.0"] and amd["throttling"] == ["thermal", "(edge)"]
+    assert "(no energy counter; over" in " ".join(amd["energy over the check [J]"])
+    counter = float(xe_rows["energy over the check [J]"][0])
+    assert counter == pytest.approx(95 * 0.8, rel=0.25)
+    assert "the counter's change, so nothing independent" in " ".join(xe_rows["energy over the check [J]"])
+    xe_util = out.split("\nGPU 1: ", 1)[1].split("utilization [%]", 1)[1].split()[0]
+    assert float(xe_util) == pytest.approx(60.0, abs=15)  # idle 400 ms a second

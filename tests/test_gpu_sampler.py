@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import threading
 import time
 
@@ -36,6 +37,11 @@ def one(report, index: int = 0) -> GpuSample:
     return report.gpus[index]
 
 
+def _drm() -> str:
+    """Where the sampler looked for AMD and Intel GPUs: the empty sysfs every test gets (conftest)."""
+    return os.path.join(os.environ["ENGINETOP_SYSFS_ROOT"], "class", "drm")
+
+
 def driver_present() -> bool:
     try:
         ctypes.CDLL("libnvidia-ml.so.1")
@@ -56,7 +62,8 @@ def test_real_pynvml_without_driver_gives_one_line_reason() -> None:
         sampler.close()
         return
     assert report.gpus == ()
-    assert report.unavailable == "no NVIDIA driver found (NVML: NVML Shared Library Not Found): GPU panel off"
+    assert report.unavailable == ("no NVIDIA driver found (NVML: NVML Shared Library Not Found); "
+                                  f"no AMD or Intel GPU in {_drm()}: GPU panel off")
     assert "\n" not in report.unavailable
     # the real library raises the class the sampler catches, the fake copies exactly that
     with pytest.raises(pynvml.NVMLError_LibraryNotFound):
@@ -74,14 +81,16 @@ def test_fake_without_driver(code: int, words: str) -> None:
     nvml = FakeNvml(init_error=code)
     report = GpuSampler(nvml).sample()
     assert report.gpus == () and report.driver_version is None
-    assert report.unavailable == f"no NVIDIA driver found (NVML: {words}): GPU panel off"
+    assert report.unavailable == (f"no NVIDIA driver found (NVML: {words}); no AMD or Intel GPU in "
+                                  f"{_drm()}: GPU panel off")
 
 
 def test_other_init_error_is_reported_in_words() -> None:
     nvml = FakeNvml(init_error=pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH)
     report = GpuSampler(nvml).sample()
     assert report.unavailable == (
-        "NVIDIA driver unusable (NVML: RM has detected an NVML/RM version mismatch.): GPU panel off"
+        "NVIDIA driver unusable (NVML: RM has detected an NVML/RM version mismatch.); no AMD or Intel GPU in "
+        f"{_drm()}: GPU panel off"
     )
 
 
@@ -106,7 +115,8 @@ def test_init_is_retried_rarely_and_recovers_when_the_driver_appears() -> None:
 def test_zero_devices_is_unavailable() -> None:
     nvml = FakeNvml([])
     report = GpuSampler(nvml).sample()
-    assert report.unavailable == "no NVIDIA GPU found (NVML sees 0 devices): GPU panel off"
+    assert report.unavailable == ("no NVIDIA GPU found (NVML sees 0 devices); no AMD or Intel GPU in "
+                                  f"{_drm()}: GPU panel off")
     assert nvml.initialized is False  # shut down again
 
 

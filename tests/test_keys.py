@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 
 from textual.app import App
+from textual.containers import VerticalScroll
 from textual.widgets import Footer, Input
 
 from tests.fake_pynvml import FakeNvml, h200
@@ -23,12 +24,14 @@ from tui.sources.gpu import GpuSampler
 from tui.ui.app import AppConfig, EnginetopApp
 from tui.ui.replay import ReplayApp
 from tui.ui.screens.ab import ABScreen
+from tui.ui.screens.engine_detail import EngineDetailScreen
 from tui.ui.screens.fleet import EngineScreen, FleetView, GpusScreen
 from tui.ui.screens.goto import GotoScreen
 from tui.ui.screens.help import HelpScreen
 from tui.ui.screens.logs import LogScreen
 from tui.ui.screens.sweep import SweepScreen
 from tui.ui.screens.switch import ConfirmSwitch, SwitchProgress
+from widgets.engine_panel import EnginePanel
 
 DATA = Path(__file__).parent / "data"
 DEAD = EngineTarget("dead", "http://127.0.0.1:9")  # nothing listens: the dashboard says so and goes on
@@ -73,6 +76,26 @@ async def test_every_dashboard_screen_closes_on_q_and_the_dashboard_quits_on_it(
         await closes_on_q(pilot, LogScreen("log of nothing", None))
         await closes_on_q(pilot, ABScreen(run))
         await closes_on_q(pilot, SweepScreen([DEAD], app.probes, SweepConfig(levels=(1,), duration_s=0.2)))
+        # enter on an engine's column: its every figure, refreshed; q closes it
+        app.query_one(EnginePanel).focus()
+        await pilot.press("enter")
+        await until_async(lambda: isinstance(app.screen, EngineDetailScreen), "enter to open the detail", 5,
+                          pause=pilot.pause)
+        assert "dead: every figure" in str(app.screen.query_one(VerticalScroll).border_title)
+        await closes_on_q(pilot, app.screen)
+        # + and - poll faster and slower, within bounds; r starts the session's figures again
+        source = app.slots[0].source
+        await pilot.press("plus")
+        assert source.interval_s == 0.25
+        await pilot.press("plus")
+        assert source.interval_s == 0.25  # the lower bound
+        for _ in range(8):
+            await pilot.press("minus")
+        assert source.interval_s == 10.0  # the upper bound
+        footer_says(app, "plus,equals_sign", "minus", "r")
+        app.store.engines["dead"].probes.append((1.0, None))
+        await pilot.press("r")
+        assert not app.store.engines["dead"].probes
         answers: list[bool | None] = []
         app.push_screen(ConfirmSwitch("switch dead → other?"), answers.append)
         await pilot.pause()

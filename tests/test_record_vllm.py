@@ -23,3 +23,11 @@ def test_vllm_replay_equals_live_at_every_sample(vllm_server, tmp_path: Path) ->
     assert any(s.ttft_p50_s for s in stats) and any(s.itl_p50_s for s in stats), "no latency measured"
     assert sum(1 for s in stats if s.gen_tps) >= 5
     assert compare_every_instant(path, live, "vllm") == len(live.engine_views) + len(live.gpu_views)
+    # each request's life as vLLM timed it, in the live column's figures and in the recording's report
+    assert any(s.requests is not None and s.requests.ended for s in stats)
+    from tui.record.reader import Recording
+    from tui.record.report import render_recording
+
+    html = render_recording(Recording(path))
+    section = html[html.index("Requests, as the engines timed them"):]
+    assert "<td>vllm</td>" in section[:4000] and "length" in section[:4000]

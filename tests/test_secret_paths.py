@@ -71,7 +71,12 @@ def command_lines(draw: st.DrawFn) -> tuple[str, list[str], str, str]:
     for option in filler:
         args += [option, draw(st.sampled_from(["4096", "v1", "/m/x.gguf", f"pre-{key}-post"]))]
     where = draw(st.integers(0, len(args) // 2))
-    argv = ["/usr/bin/engine", *args[:where * 2], *secret_args, *args[where * 2:], "--port", "8000"]
+    # the engine as a binary, or a module run by Python with the module joined to -m
+    head = draw(st.sampled_from([["/usr/bin/engine"], ["python3", "-mengine.entrypoint"],
+                                 ["/v/bin/python", "-u", "-m", "engine.main"]]))
+    if engine.dialect == "vllm" and draw(st.booleans()):  # a secret member of a JSON-valued option
+        args += ["--model-loader-extra-config", f'{{"s3_secret_access_key": "{secret}", "uri": "s3://b"}}']
+    argv = [*head, *args[:where * 2], *secret_args, *args[where * 2:], "--port", "8000"]
     return engine.dialect, argv, secret, key
 
 

@@ -40,7 +40,8 @@ def test_the_slots_of_this_build_and_of_an_older_server():
     got = (busy.id, busy.processing, busy.prompt_tokens, busy.prompt_cached, busy.decoded, busy.remaining)
     assert got == (0, True, 100, 1, 12, 52)
     assert (idle.processing, idle.prompt_tokens, idle.decoded) == (False, 25, 1)
-    assert now.kv_estimate == pytest.approx((100 + 12 + 25 + 1) / (2 * 4096))
+    # n_prompt_tokens already counts the decoded tokens (llama-server 2026): held = n_prompt_tokens
+    assert now.kv_estimate == pytest.approx((100 + 25) / (2 * 4096))
     old = parse_slots(200, (DATA / "llamacpp_2025.json").read_bytes())
     first = old.slots[0]
     assert first.decoded == 12 and first.prompt_tokens is None and first.prompt_cached is None

@@ -7,14 +7,24 @@ import time
 from typing import TYPE_CHECKING
 
 from rich.text import Text
+from textual.binding import Binding
+from textual.message import Message
 
 from tui.live.store import EngineState
-from tui.model.bench import BenchSample
 from tui.model.config import EngineConfig
 from tui.model.findings import Finding
-from tui.model.samples import RequestStats, RoutedModel
-from tui.model.slots import SlotsReading, SlotState
-from tui.model.traffic import TrafficSample
+from tui.model.samples import RequestStats
+from tui.model.slots import SlotsReading
+from widgets.energy import energy_rows
+from widgets.engine_glance import render_glance, render_row
+from widgets.engine_rows import (
+    HEALTH_STYLE,
+    bench_rows,
+    lifecycle_rows,
+    router_rows,
+    slot_line,
+    traffic_rows,
+)
 from widgets.fmt import IDLE, NA, Rows, mib, ms, num, pct
 from widgets.panel import Panel
 
@@ -22,7 +32,6 @@ if TYPE_CHECKING:  # a type only: widgets never reach into the lifecycle code
     from tui.compare.roofline import Roofline
     from tui.model.status import EngineStatus
 
-HEALTH_STYLE = {"up": "bold green", "loading": "bold yellow", "starting": "bold yellow", "down": "bold red"}
 
 
 def _shown(exposed: bool, value: str) -> str:
@@ -33,128 +42,48 @@ def _shown(exposed: bool, value: str) -> str:
 
 
 class EnginePanel(Panel, can_focus=True):
-    DEFAULT_CSS = """
-    EnginePanel { border: round $primary; padding: 0 1; height: auto; min-height: 16; }
-    EnginePanel:focus { border: double $accent; }
-    """
+    """The engine's column at a glance (widgets.engine_glance); `enter` asks for its detail, every figure
+    (render_engine below), which the app shows on a screen of its own."""
 
-    def __init__(self, name: str, **kwargs) -> None:
+    DEFAULT_CSS = """
+    EnginePanel { border: round $primary; padding: 0 1; height: auto; min-height: 8; }
+    EnginePanel:focus { border: double $accent; }
+    EnginePanel.row { border: none; padding: 0; min-height: 1; height: 1; }
+    EnginePanel.row:focus { background: $accent 30%; }
+    """
+    BINDINGS = [Binding("enter", "detail", "Detail")]
+
+    class DetailAsked(Message):
+        def __init__(self, name: str) -> None:
+            super().__init__()
+            self.name = name
+
+    def __init__(self, name: str, row: bool = False, **kwargs) -> None:
+        """`row`: the engine in one line, for a dashboard of more engines than fit as columns."""
         super().__init__(**kwargs)
+        if row:
+            self.add_class("row")
         self.engine_name = name
         self._shown: tuple[EngineState, EngineStatus | None, Roofline | None] | None = None
         self.border_title = name
 
+    def action_detail(self) -> None:
+        self.post_message(self.DetailAsked(self.engine_name))
+
     def show(self, state: EngineState, status: EngineStatus | None = None,
              roof: Roofline | None = None) -> None:
         self._shown = (state, status, roof)
-        # Before its first layout a panel has no width yet: the findings are then wrapped for a usual column,
+        if self.has_class("row"):
+            self.redraw(render_row(state, self.size.width or 120))
+            return
+        # Before its first layout a panel has no width yet: the findings are then cut for a usual column,
         # and again to its own width once it has one (on_resize)
         width = self.size.width - 4 if self.size.width else 96
-        self.redraw(render_engine(state, status, roof, width=max(40, width)))
+        self.redraw(render_glance(state, status, roof, width=max(36, width)))
 
     def on_resize(self) -> None:
         if self._shown is not None:
             self.show(*self._shown)
-
-
-def _lifecycle_rows(grid: Rows, status: EngineStatus) -> None:
-    """What enginetop knows as the engine's launcher: profile, PID, cold start, or the crash."""
-    line = Text(status.profile or "", style="bold")
-    if status.state == "crashed":
-        line.append(f"  CRASHED: {status.message}", style="bold white on red")
-    elif status.state == "failed":
-        line.append(f"  {status.message}", style="bold red")
-    elif status.state == "switching":
-        line.append(f"  {status.message}", style="yellow")
-    else:
-        line.append(f"  {status.message}")
-        if status.cold_start_s is not None:
-            line.append(f", cold start {status.cold_start_s:.1f} s", style="dim")
-    grid.add_row("profile", line)
-    if status.state == "crashed":
-        for tail in status.log_tail[-6:]:
-            grid.add_row("", Text(tail[-100:], style="red"))
-
-
-def _traffic_rows(grid: Rows, traffic: TrafficSample) -> None:
-    """The user's own requests through the proxy: labelled "traffic" so they are never read as probes."""
-    s = traffic.stats
-    if traffic.error:
-        grid.add_row("traffic", Text(traffic.error, style="bold red"))
-        return
-    head = Text(f"{num(s.requests_per_s, '{:.2f}', IDLE)} req/s, {s.in_flight} in flight", style="bold")
-    if s.errors or s.abandoned:
-        head.append(f", {s.errors} errors, {s.abandoned} abandoned", style="bold red")
-    head.append(f"  (last {s.window_s:.0f} s via {traffic.proxy_url})", style="dim")
-    grid.add_row("traffic", head)
-    grid.add_row("traffic TTFT", f"{ms(s.ttft_p50_s, IDLE)} / {ms(s.ttft_p90_s, IDLE)}  p50/p90")
-    grid.add_row("traffic ITL", f"{ms(s.itl_p50_s, IDLE)} / {ms(s.itl_p90_s, IDLE)}  p50/p90")
-    grid.add_row("traffic decode", f"{num(s.decode_tps_p50, missing=IDLE)} tok/s per request (p50)")
-    grid.add_row("traffic prompt", f"{num(s.prompt_tokens_mean, '{:.0f}', IDLE)} tokens/request, "
-                 f"{pct(s.cached_share, IDLE)} cached")
-    if s.capacity_rps:  # `enginetop capacity` measured this engine: how much of it the traffic uses
-        used = (s.requests_per_s or 0.0) / s.capacity_rps
-        line = Text(f"{num(s.requests_per_s, '{:.2f}', '0')} of {s.capacity_rps:.3g} req/s capacity "
-                    f"({used * 100:.0f}% used)", style="bold red" if used >= 0.9 else "")
-        grid.add_row("headroom", line)
-    if s.slo is not None:
-        met = Text(f"{s.slo}: ", style="")
-        if s.slo_met is None:
-            met.append(f"no streamed request in the last {(s.slo_window_s or 0) / 60:.0f} min", style="dim")
-        else:
-            met.append(f"{s.slo_met * 100:.1f}% met", style="bold" if s.slo_met >= 0.95 else "bold red")
-            met.append(f" of {s.slo_requests} requests (last {(s.slo_window_s or 0) / 60:.0f} min)",
-                       style="dim")
-        grid.add_row("traffic SLO", met)
-
-
-_UP = ("loaded", "ready")  # llama-server router, llama-swap
-_COMING = ("loading", "downloading", "starting", "stopping")
-
-
-def _router_rows(grid: Rows, state: EngineState, models: tuple[RoutedModel, ...]) -> None:
-    """A llama-server in router mode or llama-swap: a row per model, its status in their words; the figures
-    of the loaded ones (read without ever loading one)."""
-    summary = state.sample.model if state.sample and state.sample.model else "router: "
-    kind, _, words = summary.partition(": ")
-    grid.add_row(kind, Text(words, style="bold"))
-    now = state.sample.wall if state.sample else None
-    for model in models:
-        line = _model_line(state, model)
-        since = state.model_status_since.get(model.id, (model.status, now))[1]
-        if model.progress is not None:
-            line.append(f" {model.progress:.0%}")
-        if now is not None and since is not None and model.status in _COMING:
-            line.append(f" for {now - since:.0f} s")
-        used = state.model_used.get(model.id)
-        if model.status in _UP and now is not None:
-            line.append(f"  last used {now - used:.0f} s ago" if used is not None else
-                        "  not used while watched", style="dim")
-        grid.add_row(model.id, line)
-        if model.slots is not None and model.slots.error is None:
-            for slot in model.slots.slots:
-                grid.add_row(f"  slot {slot.id}", _slot_line(slot))
-
-
-def _model_line(state: EngineState, model: RoutedModel) -> Text:
-    if model.failed:
-        code = f" (exit code {model.exit_code})" if model.exit_code is not None else ""
-        return Text(f"failed to load{code}", style="bold red")
-    style = "bold green" if model.status in _UP else "yellow" if model.status in _COMING else "dim"
-    line = Text(model.status, style=style)
-    if model.in_flight:
-        oldest = f", oldest {model.oldest_ms / 1000:.1f} s" if model.oldest_ms is not None else ""
-        line.append(f"  {model.in_flight} in flight{oldest}")
-    if model.reading is not None:
-        r = model.reading
-        line.append(f"  {num(r.running, '{:.0f}')} running, {num(r.waiting, '{:.0f}')} waiting, "
-                    f"{num(state.model_gen_tps.get(model.id), missing=IDLE)} gen tok/s")
-    if model.slots is not None and model.slots.error is None:
-        busy = sum(s.processing for s in model.slots.slots)
-        line.append(f", slots {busy}/{len(model.slots.slots)} busy, KV ≈ {pct(model.slots.kv_estimate)}")
-    if model.error:
-        line.append(f"  {model.error}", style="red")
-    return line
 
 
 def _prefill_row(grid: Rows, state: EngineState) -> None:
@@ -174,60 +103,9 @@ def _slot_rows(grid: Rows, slots: SlotsReading) -> None:
     busy = sum(s.processing for s in slots.slots)
     grid.add_row("slots", f"{busy} of {len(slots.slots)} processing")
     grid.add_row("KV (estimate)", Text(f"{pct(slots.kv_estimate)} of the slots' context held "
-                                       "(prompt + decoded tokens / n_ctx)", style="dim"))
+                                       "(tokens in the slots / n_ctx)", style="dim"))
     for slot in slots.slots:
-        grid.add_row(f"slot {slot.id}", _slot_line(slot))
-
-
-def _slot_line(slot: SlotState) -> Text:
-    if not slot.processing:
-        line = Text("idle", style="dim")
-        if slot.task is not None and slot.prompt_tokens is not None:
-            # llama-server zeroes an ended task's counters; what it keeps is the tokens in the slot's cache
-            line.append(f"  last task: {slot.prompt_tokens} tokens in its cache", style="dim")
-        return line
-    line = Text("processing", style="bold green")
-    if slot.prompt_tokens is not None:  # while decoding, n_prompt_tokens counts the decoded ones too
-        line.append(f"  prompt {slot.prompt_tokens - (slot.decoded or 0)}")
-        if slot.prompt_cached:
-            line.append(f" ({slot.prompt_cached} cached)")
-    if not slot.decoded and slot.prompt_tokens:
-        line.append(f"  prefill {slot.prompt_processed or 0}/{slot.prompt_tokens}", style="yellow")
-    else:
-        line.append(f"  decoding {slot.decoded or 0}")
-        if slot.remaining is not None and slot.remaining >= 0:
-            line.append(f", {slot.remaining} left")
-    if slot.speculative:
-        line.append("  speculative", style="dim")
-    return line
-
-
-def _bench_rows(grid: Rows, bench: BenchSample) -> None:
-    """A bench or capacity run on this engine, as it goes (another process's, read from its live file)."""
-    p = bench.progress
-    what = p.workload.rsplit("/", 1)[-1]
-    if p.command == "capacity":
-        head = Text(f"capacity, level {p.level or 0}"
-                    + (f" at {p.level_rate:.3g} req/s" if p.level_rate else ""), style="bold")
-        if p.capacity_rps:
-            head.append(f", highest passed {p.capacity_rps:.3g} req/s")
-    else:
-        head = Text("bench", style="bold")
-    head.append(f"  {p.state}: {p.sent}/{p.planned} sent, {p.in_flight} in flight")
-    if p.errors:
-        head.append(f", {p.errors} errors", style="bold red")
-    head.append(f"  ({what}, PID {p.pid})", style="dim")
-    grid.add_row(p.command, head)
-    if p.error:
-        grid.add_row("", Text(p.error, style="bold red"))
-    if p.note:
-        grid.add_row("", Text(p.note, style="yellow"))
-    grid.add_row(f"{p.command} TTFT", f"{ms(p.ttft_p50_s, IDLE)} / {ms(p.ttft_p90_s, IDLE)}  p50/p90 "
-                 f"(last {p.window_s:.0f} s)")
-    grid.add_row(f"{p.command} ITL", f"{ms(p.itl_p50_s, IDLE)} / {ms(p.itl_p90_s, IDLE)}  p50/p90")
-    if p.slo is not None:
-        grid.add_row(f"{p.command} SLO", Text(f"{p.slo}: {pct(p.attainment, IDLE)} met so far",
-                                              style="bold" if (p.attainment or 0) >= 0.95 else "bold red"))
+        grid.add_row(f"slot {slot.id}", slot_line(slot))
 
 
 SEVERITY_STYLE = {"error": "bold white on red", "warning": "bold yellow", "info": "bold cyan"}
@@ -250,6 +128,9 @@ def _config_rows(grid: Rows, config: EngineConfig | None, width: int) -> None:
     if facts := config.facts():
         _wrapped(grid, "facts", facts, width)
     _wrapped(grid, "config", config.summary(), width)
+    if config.sampling:
+        _wrapped(grid, "sampling", "  ".join(f"{k} {v}" for k, v in config.sampling) + " (the engine's "
+                 "defaults)", width)
     if config.lacks:
         more = f" (+{len(config.lacks) - 1} more)" if len(config.lacks) > 1 else ""
         _wrapped(grid, "", f"not published: {config.lacks[0]}{more}", width, style="dim")
@@ -342,7 +223,7 @@ def render_engine(state: EngineState, status: EngineStatus | None = None,
     reading = sample.reading if sample else None
     grid = Rows()
     if status is not None:
-        _lifecycle_rows(grid, status)
+        lifecycle_rows(grid, status)
 
     if sample is None:
         grid.add_row("health", Text("waiting for first poll", style="dim"))
@@ -368,14 +249,14 @@ def render_engine(state: EngineState, status: EngineStatus | None = None,
     _finding_rows(grid, state.findings, width)
     if reading is None:
         if state.traffic is not None:  # the engine's own metrics failing does not stop its traffic
-            _traffic_rows(grid, state.traffic)
+            traffic_rows(grid, state.traffic)
         if sample.models is not None:
-            _router_rows(grid, state, sample.models)
+            router_rows(grid, state, sample.models)
         if sample.slots is not None:
             _slot_rows(grid, sample.slots)
         _prefill_row(grid, state)
         if state.bench is not None:
-            _bench_rows(grid, state.bench)
+            bench_rows(grid, state.bench)
         return grid.text()
 
     def has(attr: str) -> bool:
@@ -412,15 +293,16 @@ def render_engine(state: EngineState, status: EngineStatus | None = None,
         _slot_rows(grid, sample.slots)
     _prefill_row(grid, state)
     if state.traffic is not None:
-        _traffic_rows(grid, state.traffic)
+        traffic_rows(grid, state.traffic)
     if state.bench is not None:
-        _bench_rows(grid, state.bench)
+        bench_rows(grid, state.bench)
     if roof is not None:
         line = f"ceiling {roof.ceiling_tps:.0f} tok/s ({roof.bytes_per_token / 1e9:.2f} GB/token at " \
                f"{roof.bandwidth_bps / 1e9:.0f} GB/s {roof.bandwidth_source})"
         if roof.pct_of_ceiling is not None:
             line += f", {roof.pct_of_ceiling:.0f}% reached"
         grid.add_row("roofline", line)
+    energy_rows(grid, stats)
     if stats.counter_reset:
         grid.add_row("", Text("counters reset: engine restarted", style="yellow"))
     return grid.text()

@@ -86,6 +86,9 @@ COLUMNS = (
     Column("GPU util", _gpu_mean("util_gpu_pct"), lambda v: num(v, "{:.0f}%")),
     Column("GPU W", lambda s, st, g: sum(x.power_w for x in g if x.power_w is not None) if g else None,
            lambda v: num(v, "{:.0f}")),
+    # joules per generated token from the GPUs' energy (dcgm's counter, field 156, or power x time) over
+    # the window; a node's GPUs shared by several engines: the node's joules over all their tokens
+    Column("J/tok", lambda s, st, g: None, lambda v: num(v, "{:.2f}")),
     Column("GPU °C", _gpu_max("temp_c"), lambda v: num(v, "{:.0f}")),
     # whose the three GPU figures are: the engine's own GPUs, or its node's, shared with the engines there
     Column("GPUs", lambda s, st, g: "", str),
@@ -93,8 +96,8 @@ COLUMNS = (
     Column("alerts / why", lambda s, st, g: "; ".join(s.alerts) or (s.health_reason or "") or (
         s.metrics_error or ""), str),
 )
-GPUS, THROTTLE, WHY = (next(i for i, c in enumerate(COLUMNS) if c.label == label)
-                       for label in ("GPUs", "throttle", "alerts / why"))
+GPUS, THROTTLE, WHY, JPT = (next(i for i, c in enumerate(COLUMNS) if c.label == label)
+                            for label in ("GPUs", "throttle", "alerts / why", "J/tok"))
 STATUS_STYLE = {**HEALTH_STYLE, "stale": "bold yellow", "alert": "bold white on red"}
 
 
@@ -106,15 +109,35 @@ class Row:
     haystack: str  # what a typed filter matches, lower case
 
 
+def _watts(gpus: Sequence[GpuSample]) -> float | None:
+    """The GPUs' energy over the window as watts, when every one of them has it."""
+    if not gpus or any(g.energy is None for g in gpus):
+        return None
+    return sum(g.energy.watts for g in gpus if g.energy is not None)
+
+
 def build_rows(engines: dict[str, EngineState], gpus: Iterable[GpuSample]) -> list[Row]:
     matcher = GpuMatcher(gpus)  # by pod, or GPU labels, else by node (tui.fleet.match)
     rows = []
+    shares = {name: matcher.share(state.sample) for name, state in engines.items()
+              if state.sample is not None}
+    # GPUs shared by several engines (a node's): their joules go over the tokens of every engine on them
+    tokens: dict[frozenset[int], float | None] = {}
+    for name, share in shares.items():
+        key = frozenset(id(g) for g in share.gpus)
+        rate = engines[name].stats.gen_tps
+        before = tokens.get(key, 0.0)
+        tokens[key] = None if before is None or rate is None else before + rate
     for name, state in engines.items():
         s = state.sample
         if s is None:
             continue
-        share = matcher.share(s)
+        share = shares[name]
         values = tuple(c.value(s, state, share.gpus) for c in COLUMNS)
+        watts = _watts(share.gpus)
+        rate = state.stats.gen_tps if share.own else tokens.get(frozenset(id(g) for g in share.gpus))
+        per_token = watts / rate if watts is not None and rate else None
+        values = (*values[:JPT], per_token, *values[JPT + 1:])
         if share.gpus:
             whose = f"{len(share.gpus)} {'own' if share.own else 'node'}"
             values = (*values[:GPUS], whose, *values[GPUS + 1:])
@@ -122,7 +145,7 @@ def build_rows(engines: dict[str, EngineState], gpus: Iterable[GpuSample]) -> li
         status = values[0]
         cells[0] = Text(str(status), style=STATUS_STYLE.get(str(status), ""))
         if share.gpus and not share.own:  # the node's figures, not this engine's: said, and dimmed
-            for i in range(GPUS - 3, GPUS + 1):
+            for i in range(GPUS - 4, GPUS + 1):
                 cells[i] = Text(str(cells[i]), style="dim")
         if values[THROTTLE]:
             cells[THROTTLE] = Text(str(cells[THROTTLE]), style="bold red")
@@ -146,7 +169,7 @@ def order(rows: list[Row], column: int, reverse: bool, text: str) -> list[Row]:
     return present + sorted(missing, key=lambda r: r.name)
 
 
-WIDTHS = (6, 24, 8, 14, 18, 9, 12, 8, 8, 8, 4, 4, 6, 10, 8, 6, 6, 7, 22, 200)
+WIDTHS = (6, 24, 8, 14, 18, 9, 12, 8, 8, 8, 4, 4, 6, 10, 8, 6, 6, 6, 7, 22, 200)
 TEXT_COLUMNS = frozenset((0, 1, 2, 3, 4, GPUS, THROTTLE, WHY))  # sorted A to Z first; figures highest first
 
 

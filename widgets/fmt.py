@@ -37,21 +37,40 @@ def bar(fraction: float | None, width: int = 10) -> str:
     return "█" * filled + "░" * (width - filled)
 
 
+_TICKS = "▁▂▃▄▅▆▇█"
+
+
+def spark(values: list[float], width: int) -> str:
+    """The last `width` values as a sparkline (the lowest bar is 0, the highest the largest value): a rate's
+    last minutes at a glance, as htop and nvtop draw them. Fewer values than the width are right-aligned."""
+    values = values[-width:]
+    if not values:
+        return " " * width
+    top = max(values)
+    ticks = "".join(_TICKS[min(7, int(v / top * 7.999))] if top > 0 else _TICKS[0] for v in values)
+    return ticks.rjust(width)
+
+
 class Rows:
     """Label/value lines. Panels redraw every second, and one Text renders far cheaper than a Table."""
 
     def __init__(self) -> None:
-        self._rows: list[tuple[str, str | Text]] = []
+        self._rows: list[tuple[str | None, str | Text]] = []
 
     def add_row(self, label: str, value: str | Text) -> None:
         self._rows.append((label, value))
 
+    def add_line(self, value: str | Text) -> None:
+        """A line of the whole width, with no label column."""
+        self._rows.append((None, value))
+
     def text(self) -> Text:
-        width = max((len(label) for label, _ in self._rows), default=0) + 1
+        width = max((len(label) for label, _ in self._rows if label is not None), default=0) + 1
         out = Text(no_wrap=True, overflow="ellipsis")
         for i, (label, value) in enumerate(self._rows):
             if i:
                 out.append("\n")
-            out.append(label.ljust(width), style="dim")
+            if label is not None:
+                out.append(label.ljust(width), style="dim")
             out.append(value if isinstance(value, Text) else Text(value))
         return out

@@ -1,4 +1,5 @@
-"""GPU panel: utilisation, bandwidth, power, heat, clocks, VRAM, throttling and who holds VRAM."""
+"""GPU panel: every GPU (NVIDIA, AMD, Intel, each with its vendor) with utilisation, bandwidth, power, energy
+over the window and idle power, heat, clocks, VRAM, throttling and who holds VRAM."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from rich.console import Group, RenderableType
 from rich.text import Text
 
 from tui.model.samples import GpuReport, GpuSample
+from widgets.energy import window_text
 from widgets.fmt import NA, Rows, bar, gib, num
 from widgets.panel import Panel
 
@@ -25,11 +27,11 @@ class GpuPanel(Panel):
 
 def render_gpus(report: GpuReport | None) -> Group | Text:
     if report is None:
-        return Text("reading NVML…", style="dim")
+        return Text("reading GPUs…", style="dim")
     if report.unavailable:
         return Text(report.unavailable, style="dim")
     if not report.gpus:
-        return Text("NVML found no GPU", style="dim")
+        return Text("no GPU found", style="dim")
     parts: list[RenderableType] = []
     if report.error:
         parts.append(Text(report.error, style="bold yellow"))
@@ -42,7 +44,12 @@ def render_gpus(report: GpuReport | None) -> Group | Text:
 def _render_gpu(g: GpuSample) -> Group:
     grid = Rows()
     where = f"{g.host} " if g.host else ""
-    title = Text(f"{where}[{g.index}] {g.name or 'GPU'}", style="bold")
+    name = g.name or "GPU"
+    if g.vendor and not name.lower().startswith(g.vendor.lower()):
+        name = f"{g.vendor} {name}"
+    title = Text(f"{where}[{g.index}] {name}", style="bold")
+    if g.driver and g.driver not in ("nvml", "dcgm"):  # read from sysfs: which driver's files
+        title.append(f" ({g.driver})", style="dim")
     if g.stale:
         title.append("  stale", style="bold yellow")
     if g.error:
@@ -63,8 +70,12 @@ def _render_gpu(g: GpuSample) -> Group:
     if g.mem_bw_gbps is None and g.mem_bw_pct is not None:  # dcgm: the share of cycles DRAM was busy
         bw = f"DRAM active {g.mem_bw_pct:.0f}% ({g.mem_bw_source})"
     grid.add_row("mem bw", bw)
+    fan = f"   fan {g.fan_rpm:.0f} RPM" if g.fan_rpm is not None else ""
     grid.add_row("power", f"{num(g.power_w, '{:.0f}')} / {num(g.power_limit_w, '{:.0f} W')}"
-                 f"   temp {num(g.temp_c, '{:.0f} °C')}")
+                 f"   temp {num(g.temp_c, '{:.0f} °C')}{fan}")
+    energy = window_text(g.energy)
+    if energy is not None:
+        grid.add_row("energy", energy)
     grid.add_row("clocks", f"SM {num(g.sm_clock_mhz, '{:.0f}')} MHz"
                  f"  mem {num(g.mem_clock_mhz, '{:.0f}')} MHz")
     used, total = g.vram_used_bytes, g.vram_total_bytes

@@ -1,10 +1,12 @@
-"""Host panel: CPU, RAM, swap and each local engine's process-tree RSS (host RAM kills engines too)."""
+"""Host panel: CPU, its package energy (RAPL), RAM, swap and each local engine's process-tree RSS (host RAM
+kills engines too)."""
 
 from __future__ import annotations
 
 from rich.text import Text
 
 from tui.model.samples import HostSample
+from widgets.energy import window_text
 from widgets.fmt import Rows, bar, gib, num
 from widgets.panel import Panel
 
@@ -31,6 +33,11 @@ def render_host(h: HostSample | None) -> Text:
     cpu = h.cpu_pct
     grid.add_row("CPU", f"{bar(None if cpu is None else cpu / 100)} {num(cpu, '{:.0f}%')}"
                  f" of {num(h.cpu_count, '{:.0f}')} cores")
+    energy = window_text(h.cpu_energy)
+    if energy is not None:
+        grid.add_row("CPU energy", energy)
+    elif h.cpu_energy_error:
+        grid.add_row("CPU energy", Text(h.cpu_energy_error, style="dim"))
     ram_frac = None
     if h.ram_used_bytes is not None and h.ram_total_bytes:
         ram_frac = h.ram_used_bytes / h.ram_total_bytes

@@ -16,6 +16,7 @@ from rich.text import Text
 
 from tui.base.stats import median
 from tui.probe.results import DEFAULT_TTFT_GAP_FACTOR, ProbeResult
+from widgets.energy import joules
 from widgets.fmt import NA, ms, num
 from widgets.panel import Panel
 
@@ -69,16 +70,19 @@ def render_probes(results: Sequence[ProbeResult],
     shown = list(results)[-SHOWN:]
     # Speculative engines: each request's accepted / drafted tokens (llama.cpp's timings)
     drafting = any(r.server is not None and r.server.draft_n is not None for r in shown)
+    # the energy each probe's span cost, where the store could read it (tui.live.store)
+    energy = any(r.energy_j is not None or r.energy_note is not None for r in shown)
     table = Table(box=None, padding=(0, 1), show_edge=False, header_style="dim")
     for col in ("#", "TTFT", "engine", "decode", "prefill", "tokens/chunks", "cached",
-                *(("accepted/drafted",) if drafting else ())):
+                *(("accepted/drafted",) if drafting else ()), *(("energy",) if energy else ())):
         table.add_column(col, no_wrap=True, justify="right" if col != "#" else "left")
     for r in shown:
         label = f"{r.workload}{'' if r.turn is None else f' t{r.turn}'}"
         if not r.ok:
             # short here (a long reason would squeeze every column); the latest one's reason is below whole
             short = f"failed: HTTP {r.status}" if r.status else f"failed: {r.failure or 'error'}"
-            table.add_row(label, Text(short, style="red"), "", "", "", "", "", *([""] if drafting else []))
+            table.add_row(label, Text(short, style="red"), "", "", "", "", "", *([""] if drafting else []),
+                          *([""] if energy else []))
             continue
         prefill = num(r.prefill_tps, "{:.0f}")
         if r.prefill_source == "client-lower-bound":
@@ -96,8 +100,17 @@ def render_probes(results: Sequence[ProbeResult],
             t = r.server
             draft = [NA if t is None or t.draft_n is None else f"{t.draft_n_accepted or 0}/{t.draft_n}"]
         table.add_row(label, ttft, ms(r.server_ttft_s), num(r.decode_tps), prefill, tokens, cached_cell,
-                      *draft)
+                      *draft, *([_energy_cell(r)] if energy else []))
     return Group(head, table, *_warnings(shown[-1], ttft_gap_factor))
+
+
+def _energy_cell(r: ProbeResult) -> Text:
+    if r.energy_j is not None:
+        per = r.joules_per_token
+        return Text(joules(r.energy_j) + (f" {joules(per)}/tok" if per is not None else ""))
+    if r.energy_note is not None and r.energy_note.startswith("too short"):
+        return Text("too short to read", style="dim")
+    return Text(NA, style="dim")
 
 
 def _warnings(latest: ProbeResult, ttft_gap_factor: float) -> list[Text]:

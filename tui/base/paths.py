@@ -39,3 +39,9 @@ def live_dir() -> Path:
     path = Path(os.environ.get("ENGINETOP_LIVE_DIR") or runs_dir() / "live")
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def sysfs_root() -> Path:
+    """Where the kernel's sysfs is read from: /sys, or ENGINETOP_SYSFS_ROOT (a container with the host's /sys
+    mounted elsewhere, a test's tree in the kernel's layout). Read at each use, so a test may move it."""
+    return Path(os.environ.get("ENGINETOP_SYSFS_ROOT") or "/sys")

@@ -299,13 +299,12 @@ def port_listeners(port: int) -> list[psutil.Process | None]:
 
 
 def describe_process(proc: psutil.Process | None) -> str:
-    """'PID 123 (python3 -m http.server 8080)' for a message; never raises."""
+    """'PID 123 (python3)' for a message; never raises. The program's name only: its command line may hold
+    secrets, and a message is shown, logged and kept in results."""
     if proc is None:
         return "a process this user may not inspect"
     try:
-        cmd = " ".join(proc.cmdline()) or proc.name()
+        name = proc.name()
     except psutil.Error:
-        cmd = "command unknown"
-    if len(cmd) > 160:
-        cmd = cmd[:157] + "..."
-    return f"PID {proc.pid} ({cmd})"
+        name = "name unknown"
+    return f"PID {proc.pid} ({name})"

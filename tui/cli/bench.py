@@ -31,7 +31,9 @@ from tui.probe.results import ProbeResult
 from tui.proxy.headroom import MeasuredCapacity, save_capacities
 from tui.run.targets import build_targets
 from tui.sources.config import config_json
-from tui.sources.engine_source import read_once
+from tui.sources.energy_meter import EnergyMeter
+from tui.sources.engine_source import is_local, read_once
+from tui.sources.gpu import GpuSampler
 from tui.workload.bench import Bench, EngineRun, engine_json, summarize, table
 from tui.workload.capacity import Capacity, CapacityResult, Search, curve_table
 from tui.workload.evidence import run_findings
@@ -267,6 +269,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     runs = {p.name: EngineRun(p.name, "") for p in parts}
     benches: dict[str, Bench | WorkerBench] = {}
     states: dict[str, RunState] = {p.name: "preparing" for p in parts}
+    gpus = GpuSampler()  # the machine's energy over each engine's part (EnergyMeter)
 
     async def work(part: Part, target: EngineTarget) -> None:
         pool = WorkerPool(workers) if workers > 1 else None
@@ -274,13 +277,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
                            block_size=workload.block_size, limits=ProbeLimits(read_s=args.timeout),
                            prompt_seed=workload.prompt_seed, tokenizer=args.tokenizer)
         runs[part.name], benches[part.name], states[part.name] = bench.run, bench, "running"
+        meter = EnergyMeter(gpus.sample)
         try:
-            await bench.go()
+            with meter:
+                await bench.go()
         except Exception as exc:  # this engine's part ends with what it measured; the others go on
             bench.run.error = f"{type(exc).__name__}: {exc}"
         finally:
             if pool is not None:
                 await asyncio.to_thread(pool.close)
+        together = tuple(p.name for p in parts if p is not part) if args.parallel_engines else ()
+        bench.run.energy = meter.result(sum(r.completion_tokens or 0 for _, r in bench.run.results if r.ok),
+                                        is_local(target.url), together)
         states[part.name] = "failed" if bench.run.error else "done"
 
     def snapshot() -> dict[str, Shown]:
@@ -336,13 +344,15 @@ def cmd_capacity(args: argparse.Namespace) -> int:
 
     levels: dict[str, tuple[Bench | WorkerBench, float]] = {}  # each engine's current level: bench, rate
     states: dict[str, RunState] = {p.name: "preparing" for p in parts}
+    gpus = GpuSampler()  # the machine's energy over each level (EnergyMeter)
 
     async def work(part: Part, target: EngineTarget) -> None:
         def level_started(bench: Bench | WorkerBench, rate: float) -> None:
             levels[part.name] = (bench, rate)
 
         found = Capacity(target, workload, search, model=args.model, limits=ProbeLimits(read_s=args.timeout),
-                         tokenizer=args.tokenizer, workers=workers, on_level=told, on_bench=level_started)
+                         tokenizer=args.tokenizer, workers=workers, on_level=told, on_bench=level_started,
+                         meter=lambda: EnergyMeter(gpus.sample))
         results[part.name], searches[part.name], states[part.name] = found.result, found, "running"
         await found.run()
         states[part.name] = "failed" if found.result.error else "done"

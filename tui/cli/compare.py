@@ -333,12 +333,14 @@ def _print_summary(result: dict[str, Any]) -> None:
     arms = result["analysis"]["arms"]
     drafting = any(a.get("spec") for a in arms.values())
     spec_head = f" {'accept':>7} {'mean len':>8}  per position" if drafting else ""
-    print(f"{'arm':<36} {'decode tok/s':>12} {'CV':>9} {'min-max':>15} {'TTFT ms':>8}  "
+    print(f"{'arm':<36} {'decode tok/s':>12} {'J/token':>9} {'CV':>9} {'min-max':>15} {'TTFT ms':>8}  "
           f"{'verdict':<18}{spec_head}")
     for name, a in arms.items():
         d = a["decode_tps"]
         ttft = a["ttft_s"]["median"]
-        line = (f"{name:<36} {f(d['median']):>12} {f(a['instance_cv_pct']) + '%':>9} "
+        jpt = (a.get("joules_per_token") or {}).get("median")
+        line = (f"{name:<36} {f(d['median']):>12} {'n/a' if jpt is None else f'{jpt:.3g}':>9} "
+                f"{f(a['instance_cv_pct']) + '%':>9} "
                 f"{f(d['min']) + '-' + f(d['max']):>15} {f(ttft * 1000 if ttft else None, 0):>8}  "
                 f"{verdict_words(a):<18}")
         if drafting:
@@ -349,6 +351,13 @@ def _print_summary(result: dict[str, Any]) -> None:
             length = "" if not spec else f(spec.get("mean_accepted_length"), 2)
             line += f" {accept:>7} {length:>8}  {per_pos}"
         print(line.rstrip())
+    scopes = sorted({a["energy_scope"] for a in arms.values() if a.get("energy_scope")})
+    if scopes:
+        print(f"J/token: median over blocks of the energy of {', '.join(scopes)} over the tokens generated "
+              "(prefills included)")
+    else:
+        notes = sorted({a["energy_note"] for a in arms.values() if a.get("energy_note")})
+        print("J/token n/a: " + ("; ".join(notes) if notes else "no energy reading"))
     for cmp in result["analysis"]["comparisons"]:
         d = cmp["decode_tps"]
         print(

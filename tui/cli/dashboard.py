@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tui.cli.options import add_fleet, add_retention, add_targets, fleet_options
+from tui.cli.options import EXIT_BAD_INPUT, add_discover, add_fleet, add_retention, add_targets, fleet_options
 from tui.cli.proxy import add_proxy_trace_args, proxy_options
 from tui.probe.results import DEFAULT_TTFT_GAP_FACTOR
 from tui.run.targets import build_targets, keys_by_name
@@ -19,9 +19,10 @@ DEMO_PROFILES = {"llama": ["demo-cpu-threads2"], "both": ["demo-cpu-threads2", "
 def add_dashboard_args(parser: argparse.ArgumentParser) -> None:
     """The dashboard's options; `enginetop web` takes the same ones and hands them to each tab's dashboard."""
     add_targets(parser, profiles=True)
-    parser.add_argument("--demo", choices=sorted(DEMO_PROFILES), default=None,
-                        help="start the bundled demo: llama (llama.cpp only, the default when nothing "
-                             "else is given) or both (llama.cpp and vLLM on the same Gemma 270M)")
+    parser.add_argument("--demo", choices=sorted(DEMO_PROFILES), default=None, nargs="?", const="llama",
+                        help="start the bundled demo: llama (llama.cpp only, the default) or both (llama.cpp "
+                             "and vLLM on the same Gemma 270M)")
+    add_discover(parser)
     parser.add_argument("--keep-engines", action="store_true",
                         help="leave the engines enginetop started running when it quits")
     parser.add_argument("--interval", type=float, default=1.0, help="engine poll interval, seconds")
@@ -87,14 +88,23 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         return 2
     if args.horizon is None:
         args.horizon = 1800.0 if fleet_table else 300.0
-    if args.demo or not (targets or names or fleet):
-        names += DEMO_PROFILES[args.demo or "llama"]
+    notes: list[str] = []
+    if args.demo:
+        names += DEMO_PROFILES[args.demo]
+    elif not (targets or names or fleet):
+        try:
+            targets, notes = _discovered(args.no_discover)
+        except ValueError as exc:  # a bad ENGINETOP_DISCOVER_PORTS
+            print(f"enginetop: {exc}", file=sys.stderr)
+            return EXIT_BAD_INPUT
     loaded = load_profiles()
     try:
         profiles = [loaded.get(name) for name in names]
     except ProfileError as exc:
         print(f"enginetop: {exc}", file=sys.stderr)
         return 2
+    for problem in _cannot_start(profiles):  # said here too: the profile's column says it while the app runs
+        print(f"enginetop: {problem}", file=sys.stderr)
     try:
         if args.horizon <= 0 or args.interval <= 0:
             raise ValueError("--horizon and --interval must be positive numbers of seconds")
@@ -129,7 +139,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         ttft_gap_factor=args.ttft_gap_factor,
         poll_interval_s=args.interval, horizon_s=args.horizon, screenshot_dir=args.screenshots,
         bandwidth_bps=bandwidth, model_bytes=model_bytes, fleet=fleet, proxy=proxy,
-        traffic=list(args.traffic or ()))
+        traffic=list(args.traffic or ()), notes=notes)
     if not args.no_record:
         from tui.cli.record import fleet_meta, open_recorder
         from tui.run.targets import profile_target
@@ -152,6 +162,37 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     return 0
 
 
+def _discovered(off: bool) -> tuple[list[Any], list[str]]:
+    """The engines running on this machine as targets, and what to say of them (also said on stderr now)."""
+    from tui.run.targets import discovered_targets
+    from tui.sources.discover import discover, start_hints
+
+    if off:
+        notes = ["no engine given, and --no-discover: nothing to watch", *start_hints()]
+        targets = []
+    else:
+        found = discover()
+        notes = found.report()
+        targets = discovered_targets(found.engines)
+    for line in notes:
+        print(f"enginetop: {line}", file=sys.stderr, flush=True)
+    return targets, notes
+
+
+def _cannot_start(profiles: list[Any]) -> list[str]:
+    """Why each profile cannot start, found before anything is started (a missing engine or model, a variable
+    not set): the app still runs, and the profile's column says the same."""
+    from tui.lifecycle.profiles import ProfileError, resolve
+
+    problems = []
+    for profile in profiles:
+        try:
+            resolve(profile)
+        except ProfileError as exc:
+            problems.append(str(exc))
+    return problems
+
+
 def _after_dashboard(app: Any, keep: bool) -> None:
     """Stop what the dashboard started (unless --keep-engines) and say so, on stderr and in the log."""
     import logging
@@ -166,7 +207,8 @@ def _after_dashboard(app: Any, keep: bool) -> None:
     why = "quit" if app.quit_reason == "q" else f"{app.quit_reason} received"
     if app.ab_running:
         say(f"{why} during the A/B run: it was interrupted and nothing of it was saved")
-    managed = [slot for slot in app.slots if slot.manager is not None]
+    # (a column whose start failed with nothing running has nothing to stop)
+    managed = [slot for slot in app.slots if slot.manager is not None and slot.given_up is None]
     if not managed:
         return
     if keep:

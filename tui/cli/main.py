@@ -7,12 +7,25 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 
 from tui.base.secrets import SecretError
-from tui.cli import bench, compare, dashboard, exporter, lifecycle, probe, proxy, record, rules, snapshot, web
+from tui.cli import (
+    bench,
+    compare,
+    dashboard,
+    exporter,
+    lifecycle,
+    probe,
+    proxy,
+    record,
+    rules,
+    setup,
+    snapshot,
+    web,
+)
 from tui.cli.options import EXIT_BAD_INPUT, EXIT_INTERRUPTED, exit_code_table
 from tui.run.targets import TargetError
 
 # In the order `enginetop --help` lists them.
-COMMANDS = (snapshot, probe, lifecycle, compare, bench, record, proxy, exporter, rules, web)
+COMMANDS = (snapshot, probe, lifecycle, compare, bench, record, proxy, exporter, rules, web, setup)
 
 
 def _version() -> str:
@@ -25,8 +38,9 @@ def _version() -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="enginetop", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=exit_code_table(),
-        description="Watch LLM inference engines and the GPU under them. With no --engine or --profile, "
-                    "starts the bundled demo (a real llama-server with Gemma 3 270M) and watches it.")
+        description="Watch LLM inference engines and the GPU under them. With no --engine, --profile or "
+                    "--prometheus, finds the engines running on this machine and watches them (unless "
+                    "--no-discover); --demo starts the bundled demo (a real llama-server with Gemma 3 270M).")
     parser.add_argument("--version", action="version", version=f"enginetop {_version()}")
     dashboard.add_dashboard_args(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

@@ -42,6 +42,17 @@ def add_targets(parser: argparse.ArgumentParser, *, profiles: bool = False) -> N
                                  "`enginetop profiles` lists them")
 
 
+def add_discover(parser: argparse.ArgumentParser) -> None:
+    from tui.sources.discover import DEFAULT_PORTS, PORTS_ENV
+
+    ports = ",".join(str(p) for p in DEFAULT_PORTS)
+    parser.add_argument("--no-discover", action="store_true",
+                        help="with no --engine, --profile or --prometheus, do not look for the engines "
+                             "running on this machine (by default: listening processes recognised from their "
+                             f"command line, and OpenAI-compatible servers on loopback ports {ports}, or "
+                             f"those {PORTS_ENV} lists)")
+
+
 def add_fleet(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prometheus", metavar="URL",
                         help="read every engine (vLLM, SGLang, llama.cpp) and dcgm-exporter GPU that this "

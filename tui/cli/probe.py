@@ -26,6 +26,9 @@ from tui.probe.sweep import (
 )
 from tui.probe.workloads import WORKLOADS, WorkloadParams, run_workload
 from tui.run.targets import TargetError, build_targets
+from tui.sources.energy_meter import EnergyMeter
+from tui.sources.engine_source import is_local
+from tui.sources.gpu import GpuSampler
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -192,12 +195,23 @@ def cmd_probe(args: argparse.Namespace) -> int:
             raise ValueError(f"--ttft-gap-factor must be positive, got {args.ttft_gap_factor}")
     except (TargetError, SecretError, ValueError) as exc:
         return _bad_input("probe", exc)
-    results = run_loop(_probe(args, target, params, limits))
+    # this machine's energy over the run (an engine here only): the GPUs', or the CPU package's (tui.sources)
+    meter = EnergyMeter(GpuSampler(sysfs=True).sample, interval_s=0.5)
+    with meter:
+        results = run_loop(_probe(args, target, params, limits))
     summary = ProbeSummary.of(results)
+    energy = meter.result(summary.completion_tokens, is_local(target.url))
     if args.json:
-        print(json.dumps({**summary.to_json(), "engine": target.name, "workload": args.workload}), flush=True)
+        print(json.dumps({**summary.to_json(), "engine": target.name, "workload": args.workload,
+                          "energy": energy}), flush=True)
     else:
         _probe_footer(summary, results, sys.stdout)
+        if energy["energy_j"] is not None:
+            print(f"energy over the run: {energy['energy_j']:.1f} J of {energy['energy_scope']} "
+                  f"({energy['energy_source']}), {energy['joules_per_token'] or 0:.3g} J per output token "
+                  "(prefills and the gaps between requests included)")
+        else:
+            print(f"energy: n/a ({energy['energy_note']})")
     if summary.ok == 0:
         print(f"enginetop probe: all {summary.requests} request(s) failed: {summary.errors[0]}",
               file=sys.stderr)

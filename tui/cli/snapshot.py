@@ -13,6 +13,7 @@ from tui.cli.options import (
     EXIT_ENGINE_DOWN,
     EXIT_FAILED,
     EXIT_OK,
+    add_discover,
     add_fleet,
     add_output,
     add_targets,
@@ -30,6 +31,7 @@ def register(sub: Any) -> None:
                       help="also read the traffic a separate `enginetop proxy` measures, e.g. "
                            "http://127.0.0.1:8081 (repeatable): findings then rest on the real requests too")
     add_fleet(snap)
+    add_discover(snap)
     snap.set_defaults(func=cmd_snapshot)
 
 
@@ -67,11 +69,26 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     from tui.run.targets import build_targets
 
     fleet = fleet_options(args)
-    if not args.engine and fleet is None:
-        print("enginetop snapshot: give at least one --engine NAME=URL, or --prometheus URL / --dcgm URL",
-              file=sys.stderr)
-        return EXIT_BAD_INPUT
     targets = build_targets(args.engine, args.api_key_file, args.api_key_env)
+    if not args.engine and fleet is None:
+        from tui.run.targets import discovered_targets
+        from tui.sources.discover import DiscoverError, discover, start_hints
+
+        try:
+            found = None if args.no_discover else discover()
+        except DiscoverError as exc:
+            print(f"enginetop snapshot: {exc}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        if found is None or not found.engines:
+            lines = found.report("enginetop snapshot") if found is not None else [
+                "no --engine given, and --no-discover: nothing to read", *start_hints("enginetop snapshot")]
+            lines.append("or read a fleet: `enginetop snapshot --prometheus URL` / `--dcgm URL`")
+            for line in lines:
+                print(f"enginetop snapshot: {line}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        for line in found.report():
+            print(f"enginetop snapshot: {line}", file=sys.stderr)
+        targets = discovered_targets(found.engines)
     for url in args.traffic or ():
         if not url.startswith(("http://", "https://")):
             print(f"enginetop snapshot: --traffic: expected the proxy's http(s) URL, got {url!r}",

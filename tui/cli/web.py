@@ -72,8 +72,8 @@ def _check(args: argparse.Namespace) -> Listen:
             raise ValueError(f"--engine {parsed.name}: user:password@ in the URL would be on every browser "
                              "tab's command line; put a key in a file and give --api-key-file NAME=PATH")
     build_targets(args.engine, args.api_key_file, args.api_key_env)  # a missing key file: said once, here
-    watches = args.engine or args.profile or getattr(args, "prometheus", None) or getattr(args, "dcgm", None)
-    if getattr(args, "demo", None) or not watches:  # with nothing to watch, the dashboard starts the demo
+    # with nothing to watch, each tab's dashboard finds the engines running here: it starts none
+    if getattr(args, "demo", None):
         raise ValueError("--demo would start the demo engines once per browser tab: start them once with "
                          "`enginetop up demo-cpu-threads2` (and demo-vllm-gemma), then "
                          "`enginetop web --profile demo-cpu-threads2 ...`")

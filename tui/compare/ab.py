@@ -40,6 +40,8 @@ from tui.compare.stats import (
     summarize,
     verdict,
 )
+from tui.engines.argv import mask_argv
+from tui.engines.known import by_name
 from tui.findings.facts import spec_between
 from tui.findings.judge import judge
 from tui.model.findings import Evidence, SpecFacts, accepted_shares
@@ -51,8 +53,10 @@ from tui.probe.results import ProbeResult, token_source_of
 from tui.probe.sweep import SweepConfig, SweepResult, run_sweep
 from tui.probe.workloads import WORKLOADS, WorkloadParams, request_body, run_workload
 from tui.sources.config import config_from_json, config_json
-from tui.sources.engine_source import read_once
+from tui.sources.energy import run_energy
+from tui.sources.engine_source import is_local, read_once
 from tui.sources.host import CpuMeter
+from tui.sources.rapl import RaplSpan
 
 SCHEMA = "enginetop.compare/1"
 Mode = Literal["switch", "coresident"]
@@ -244,6 +248,7 @@ class _Run:
         seed = self.block_seed(self.seq)
         wall_start = time.time()
         cpu = CpuMeter()  # its own baseline: the dashboard's host panel reads the CPU at the same time
+        cpu_energy = RaplSpan()  # the CPU packages' energy over the block, for an engine on the CPU
         n = self.config.requests_per_block
         with GpuWatch(self.gpu, self.config.gpu_interval_s) as watch:
             if self.source is not None:
@@ -253,6 +258,10 @@ class _Run:
         host_cpu = cpu.percent()
         gpu = watch.summary()
         good = [r for r in results if r.ok]
+        # Joules per generated token over the block (its prefills included): the GPUs' energy, or the CPU
+        # package's for an engine on the CPU; never for an engine on another machine
+        energy = run_energy(gpu, cpu_energy.result(), sum(r.completion_tokens or 0 for r in good),
+                            is_local(started.target.url))
         record: dict[str, Any] = {
             "arm": arm.name,
             "instance": instance,
@@ -270,6 +279,7 @@ class _Run:
             # Whole-host CPU busy % during the block: engines, probes and anything else running. On a CPU
             # engine a busy host is the first suspect for a slow or scattered block.
             "host_cpu_pct": host_cpu,
+            **energy,
         }
         for metric in METRICS:
             record[metric] = median([v for r in good if (v := getattr(r, metric)) is not None])
@@ -277,10 +287,11 @@ class _Run:
         self.seq += 1
         flag = "  THROTTLED" if record["throttled"] else ""
         decode = record["decode_tps"]
+        jpt = record["joules_per_token"]
         self.progress(
             f"{arm.name}: {arm.unit} {instance + 1} block {block + 1}: "
             f"decode {'n/a' if decode is None else f'{decode:.1f}'} tok/s, "
-            f"{record['ok']}/{len(results)} ok{flag}"
+            f"{'' if jpt is None else f'{jpt:.3g} J/token, '}{record['ok']}/{len(results)} ok{flag}"
         )
 
     # ---- concurrency sweep (tui.probe.sweep) -----------------------------------------------------
@@ -341,7 +352,7 @@ def run_comparison(
             {
                 "name": a.name,
                 "engine": a.engine_kind,
-                "argv": a.argv,
+                "argv": _masked(a),
                 "url": a.url,
                 "attached": a.engine.attached,
                 "profile_path": a.profile_path,
@@ -516,6 +527,11 @@ def analyze_arm(result: dict[str, Any], arm: dict[str, Any]) -> dict[str, Any]:
         "temp_c_max": max(temps) if temps else None,
         "host_cpu_pct": _mean_block(used, "host_cpu_pct"),
         "spec": _spec_of(result, arm["name"], all_blocks),
+        # joules per generated token per block (tui.sources.energy.run_energy), over the blocks used
+        "joules_per_token": summarize([b.get("joules_per_token") for b in used]).as_dict(),
+        "energy_scope": _merge_sources(b.get("energy_scope") for b in used),
+        "energy_source": _merge_sources(b.get("energy_source") for b in used),
+        "energy_note": next((b["energy_note"] for b in used if b.get("energy_note")), None),
     }
 
 
@@ -633,3 +649,12 @@ def analyze(result: dict[str, Any]) -> dict[str, Any]:
         "arms": arms,
         "comparisons": comparisons,
     }
+
+
+def _masked(arm: Arm) -> list[str] | None:
+    """What the arm ran, as the result and its report keep it: masked like every argv enginetop keeps, however
+    the arm got it (the profile as written, or what was launched)."""
+    if arm.argv is None:
+        return None
+    known = by_name(arm.engine_kind)
+    return list(mask_argv(arm.argv, known.options if known else None))

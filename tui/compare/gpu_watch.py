@@ -1,4 +1,5 @@
-"""GPU state during one probe block: sampled in a thread while the block runs, then summarised.
+"""GPU state during one probe block: sampled in a thread while the block runs, then summarised, the GPUs'
+energy over the block included (their energy counters' change, or power x time: tui.sources.energy).
 
 A block is flagged `throttled` when any sample showed a real throttle reason (power cap, HW or thermal
 slowdown, power brake, sync boost), not idle or user-set clocks: such a block measured a slowed GPU.
@@ -13,6 +14,7 @@ from types import TracebackType
 from typing import Any
 
 from tui.model.samples import GpuReport
+from tui.sources.energy import span_of_reports
 
 GpuSource = Callable[[], GpuReport]
 
@@ -71,6 +73,7 @@ def summarize_reports(reports: list[GpuReport]) -> dict[str, Any]:
         "vram_used_bytes_max": max(vram) if vram else None,
         "throttle_reasons": reasons,
         "throttled": throttled,
+        **span_of_reports(reports),
     }
 
 

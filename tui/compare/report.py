@@ -402,6 +402,7 @@ def _single_stream(result: dict[str, Any]) -> str:
             [
                 escape(arm["name"]),
                 num(a["decode_tps"]["median"]),
+                _joules_cell(a.get("joules_per_token"), a.get("energy_scope"), a.get("energy_note")),
                 _reproduction(a),
                 num(a["server_decode_tps"]["median"]),
                 ms(a["ttft_s"]["median"]),
@@ -431,6 +432,7 @@ def _single_stream(result: dict[str, Any]) -> str:
         [
             "Arm",
             "decode tok/s",
+            "J / token",
             "Reproduction",
             "server decode tok/s",
             "TTFT",
@@ -440,7 +442,7 @@ def _single_stream(result: dict[str, Any]) -> str:
             "Mem BW",
         ],
         rows,
-        numeric=(1, 3, 4, 5, 6, 7, 8),
+        numeric=(1, 2, 4, 5, 6, 7, 8, 9),
     )
     chart = bar_chart(
         bars,
@@ -459,6 +461,18 @@ def _single_stream(result: dict[str, Any]) -> str:
     )
     body = grid + chart + ttft_chart
     return section("Single-stream decode", "The figure that decides interactive use", body)
+
+
+def _joules_cell(summary: dict[str, Any] | None, scope: str | None, note: str | None) -> str:
+    """Joules per generated token (median over blocks, its range) and whose energy it is; why not, muted."""
+    median_j = (summary or {}).get("median")
+    if median_j is None:
+        return f'<span class="muted">{escape(note or "n/a")}</span>'
+    spread = ""
+    if summary and summary.get("min") is not None and summary.get("max") is not None:
+        spread = f' <span class="muted">{summary["min"]:.3g}–{summary["max"]:.3g}</span>'
+    whose = f' <span class="muted">({escape(scope)})</span>' if scope else ""
+    return f"{median_j:.3g}{spread}{whose}"
 
 
 def _times(v: float | None, k: float) -> float | None:
@@ -485,6 +499,7 @@ def _sweep(result: dict[str, Any]) -> str:
         [
             escape(str(r["value"])) + (" <b>(best)</b>" if best is r else ""),
             num(r["decode_tps"]),
+            _joules_cell({"median": r.get("joules_per_token")}, r.get("energy_scope"), None),
             f'{_verdict_html(r["verdict"])} <span class="muted">CV {num(r["instance_cv_pct"], 1, "%")}, '
             f"{r['instances']} inst., {num(r['decode_min'])}–{num(r['decode_max'])}</span>",  # sweeps restart
             *(_spec_cells(r.get("spec")) if drafting else []),
@@ -497,9 +512,10 @@ def _sweep(result: dict[str, Any]) -> str:
     ]
     spec_head = ["acceptance", "mean accepted length", "accepted per draft position"] if drafting else []
     grid = table(
-        [option, "decode tok/s", "Reproduction", *spec_head, "TTFT", "GPU util", "Power", "Mem BW"],
+        [option, "decode tok/s", "J / token", "Reproduction", *spec_head, "TTFT", "GPU util", "Power",
+         "Mem BW"],
         body_rows,
-        numeric=(1, *((3, 4) if drafting else ()), *(range(6, 10) if drafting else range(3, 7))),
+        numeric=(1, 2, *((4, 5) if drafting else ()), *(range(7, 11) if drafting else range(4, 8))),
     )
     values = ", ".join(str(r["value"]) for r in rows)
     series = [

@@ -55,6 +55,9 @@ def write_result(result: dict[str, Any], json_path: Path) -> list[Path]:
             "mem_bw_pct": a["mem_bw_pct"],
             "temp_c_max": a["temp_c_max"],
             "host_cpu_pct": a.get("host_cpu_pct"),
+            "joules_per_token_median": (a.get("joules_per_token") or {}).get("median"),
+            "energy_scope": a.get("energy_scope"),
+            "energy_source": a.get("energy_source"),
             "argv": arm.get("argv"),
         }
         for metric in ("decode_tps", "server_decode_tps", "ttft_s", "prefill_tps"):

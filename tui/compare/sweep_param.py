@@ -131,6 +131,9 @@ def sweep_table(result: dict[str, Any]) -> list[dict[str, Any]]:
                 "gpu_util_pct": a["gpu_util_pct"],
                 "power_w": a["power_w"],
                 "mem_bw_pct": a["mem_bw_pct"],
+                # joules per generated token (median over blocks) and whose: beside tok/s, per value
+                "joules_per_token": (a.get("joules_per_token") or {}).get("median"),
+                "energy_scope": a.get("energy_scope"),
                 "spec": a.get("spec"),  # acceptance, mean length, per position (None: it did not draft)
             }
         )

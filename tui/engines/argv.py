@@ -21,7 +21,9 @@ What is masked, for any program (an engine, or whatever else listens on a port):
 
 from __future__ import annotations
 
+import json
 import re
+import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -69,11 +71,18 @@ class Options:
         return self.aliases.get(name, name)
 
 
+# A word that ends so is a secret's name run together ("hftoken", "secretkey", "accesstoken")
+_SECRET_ENDS = ("token", "secret", "password", "passwd", "apikey", "credential", "credentials", "secretkey",
+                "accesskey")
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+
+
 def says_secret(name: str) -> bool:
     """An option or variable name that says it holds a key, token, secret, password or credential (and is
-    not a path to one)."""
-    words = _WORD.findall(name.lower())
-    return bool(words) and any(w in _SECRET_WORDS for w in words) and words[-1] not in _PATH_WORDS
+    not a path to one): in any case, `-`, `_`, `.` or camelCase between its words, or run together."""
+    words = _WORD.findall(_CAMEL.sub("-", name).lower())
+    return bool(words) and words[-1] not in _PATH_WORDS and any(
+        w in _SECRET_WORDS or w.endswith(_SECRET_ENDS) or w.startswith(("secret", "passw")) for w in words)
 
 
 def _is_option(arg: str) -> bool:
@@ -87,14 +96,52 @@ def _is_option(arg: str) -> bool:
     return False  # a negative number is a value
 
 
+def _mask_json(value: object) -> tuple[object, bool]:
+    """A JSON value with every member whose name says secret masked (vLLM's --model-loader-extra-config,
+    --kv-transfer-config...); whether any was."""
+    if isinstance(value, dict):
+        out: dict[object, object] = {}
+        hit = False
+        for key, item in value.items():
+            if isinstance(key, str) and says_secret(key) and not isinstance(item, dict | list):
+                out[key], hit = REDACTED, True
+            else:
+                out[key], sub = _mask_json(item)
+                hit = hit or sub
+        return out, hit
+    if isinstance(value, list):
+        items = [_mask_json(item) for item in value]
+        return [item for item, _ in items], any(sub for _, sub in items)
+    return value, False
+
+
 def _mask_text(arg: str, secrets: Sequence[str]) -> str:
+    """One argument: the known secrets, a URL's password, `NAME=VALUE` (also after an option's `=`), secret
+    members of a JSON value, and a command line given as one string (`sh -c "vllm serve --api-key K"`)."""
     for secret in secrets:
         arg = arg.replace(secret, REDACTED)
     arg = _URL_PASSWORD.sub(lambda m: m.group(1) + REDACTED + m.group(3), arg)
-    match = _ASSIGNMENT.match(arg)
-    if match and not arg.startswith("-") and says_secret(match.group(1)):
-        arg = f"{match.group(1)}={REDACTED}"
-    return arg
+    head, eq, rest = arg.partition("=") if arg.startswith("-") else ("", "", arg)
+    match = _ASSIGNMENT.match(rest)
+    if match and says_secret(match.group(1)):
+        rest = f"{match.group(1)}={REDACTED}"
+    if rest.lstrip().startswith(("{", "[")):
+        try:
+            masked, hit = _mask_json(json.loads(rest))
+        except ValueError:
+            hit = False
+        if hit:
+            rest = json.dumps(masked)
+    elif " " in rest.strip() and ("-" in rest or "=" in rest):
+        try:
+            words = shlex.split(rest)
+        except ValueError:
+            words = []
+        if len(words) > 1:
+            masked_words = mask_argv(words, None, secrets)
+            if list(masked_words) != words:
+                rest = shlex.join(masked_words)
+    return head + eq + rest
 
 
 @dataclass(frozen=True)
@@ -139,18 +186,33 @@ def program_start(argv: Sequence[str]) -> int:
     script (`python -u -m vllm.entrypoints.openai.api_server --port 8000`: at --port), else at argv[1]."""
     if not argv or not argv[0].replace("\\", "/").rsplit("/", 1)[-1].startswith("python"):
         return 1
+    return _python_program(argv)[1]
+
+
+def _python_program(argv: Sequence[str]) -> tuple[str | None, int]:
+    """A Python command line's program (`-m MODULE`, `-mMODULE`, the script, or None for `-c`) and where its
+    own arguments start, after the interpreter's options (`-u`, `-X dev`, `-Xdev`, `-W ignore`...)."""
     i = 1
     while i < len(argv):
         arg = argv[i]
         if arg in ("-m", "-c"):  # the module or the command; what follows is the program's
-            return min(i + 2, len(argv))
+            return (argv[i + 1] if arg == "-m" and i + 1 < len(argv) else None), min(i + 2, len(argv))
+        if arg.startswith("-m") and not arg.startswith("--"):
+            return arg[2:], i + 1
+        if arg.startswith("-c") and not arg.startswith("--"):
+            return None, i + 1
         if arg in ("-W", "-X", "--check-hash-based-pycs"):
             i += 2
             continue
         if not arg.startswith("-"):
-            return i + 1  # the script
+            return arg, i + 1  # the script
         i += 1
-    return len(argv)
+    return None, len(argv)
+
+
+def python_program(argv: Sequence[str]) -> str | None:
+    """The program a Python interpreter runs on this command line (see _python_program)."""
+    return _python_program(argv)[0]
 
 
 def _walk(argv: Sequence[str], table: Options | None) -> Iterable[_Option]:
@@ -189,7 +251,11 @@ def parse(argv: Sequence[str], table: Options) -> Parsed:
             unknown.append(opt.name)
             continue
         value = opt.inline if opt.inline is not None else " ".join(argv[k] for k in opt.values)
-        options[table.canonical(opt.name)] = value
+        canonical = table.canonical(opt.name)
+        # a switch and its negation (-kvu / -no-kvu, --cache-prompt / --no-cache-prompt): the last one wins
+        options.pop(canonical[:2] + canonical[5:] if canonical.startswith("--no-") else
+                    canonical[:2] + "no-" + canonical[2:], None)
+        options[canonical] = value
     start = program_start(argv)
     positionals = tuple(arg for k, arg in enumerate(argv) if k >= start and k not in taken)
     return Parsed(options, tuple(unknown), positionals)
@@ -220,8 +286,8 @@ def secrets_on_argv(argv: Sequence[str], table: Options | None = None, secrets: 
             continue
         if any(value in arg for value in values):
             found[i] = "it contains the API key itself"
-        elif (match := _ASSIGNMENT.match(arg)) and not arg.startswith("-") and says_secret(match.group(1)):
-            found[i] = f"{match.group(1)}= holds a secret"
+        elif _mask_text(arg, ()) != arg:  # NAME=VALUE, a URL's password, a JSON member, a command in a string
+            found[i] = "it holds a secret (a key, token or password within it)"
     return sorted(found.items())
 
 
@@ -237,6 +303,11 @@ def mask_argv(argv: Sequence[str], table: Options | None = None, secrets: Iterab
             continue
         if opt.inline is not None:
             out[opt.at] = f"{argv[opt.at].partition('=')[0]}={REDACTED}"
+        elif opt.nargs is None and table is not None:  # "-hftTOKEN": a secret's short spelling and value
+            joined = next((s for s in table.secret if not s.startswith("--") and opt.name.startswith(s)),
+                          None)
+            if joined is not None:
+                out[opt.at] = joined + REDACTED
         for k in opt.values:
             out[k] = REDACTED
     return tuple(out)

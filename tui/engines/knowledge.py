@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from tui.engines.argv import Options
+from tui.engines.argv import Options, python_program
 
 DraftKind = Literal["draft model", "model heads", "n-gram", "unknown"]
 
@@ -31,6 +31,7 @@ class EngineKnowledge:
     # (depth, depth now, speculative type) -> the option that sets that depth
     spec_depth: Callable[[int, int | None, str | None], str]
     spec_off: str  # how to turn speculative decoding off
+    context_option: str  # the option that sets the context one request may use
     draft_kind: Callable[[str | None], DraftKind]  # the speculative type -> what drafts the tokens
 
 
@@ -41,9 +42,6 @@ def program_name(argv: Sequence[str]) -> str:
         return "an unknown process"
     exe = argv[0].replace("\\", "/").rsplit("/", 1)[-1]
     if exe.startswith("python") and len(argv) > 1:
-        if argv[1] == "-m" and len(argv) > 2:
-            return argv[2]
-        rest = [a for a in argv[1:] if not a.startswith("-")]
-        if rest:
-            return rest[0].replace("\\", "/").rsplit("/", 1)[-1]
+        program = python_program(argv)
+        return program.replace("\\", "/").rsplit("/", 1)[-1] if program else exe
     return exe

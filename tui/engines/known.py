@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from tui.engines import llamacpp, sglang, vllm
-from tui.engines.knowledge import EngineKnowledge
+from tui.engines.knowledge import EngineKnowledge, program_name
 
 ENGINES: tuple[EngineKnowledge, ...] = (llamacpp.ENGINE, vllm.ENGINE, sglang.ENGINE)
 
@@ -21,3 +22,16 @@ def by_dialect(dialect: str | None) -> EngineKnowledge | None:
 
 def by_name(name: str | None) -> EngineKnowledge | None:
     return next((e for e in ENGINES if e.name == name or e.dialect == name), None)
+
+
+def is_llama_swap(argv: Sequence[str]) -> bool:
+    """llama-swap: a router in front of llama-servers it starts itself (tui.lifecycle.router reads it)."""
+    return bool(argv) and program_name(argv).removesuffix(".exe") == "llama-swap"
+
+
+def serving_program(argv: Sequence[str]) -> str | None:
+    """What a command line serves, as a user names it: an engine's program ("llama-server", "vLLM",
+    "SGLang"), or "llama-swap"; None for any other process (a proxy, a tunnel, a container's port-forward)."""
+    if is_llama_swap(argv):
+        return "llama-swap"
+    return next((e.program for e in ENGINES if e.is_engine(argv)), None)

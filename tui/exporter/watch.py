@@ -1,7 +1,11 @@
 """The exporter's view of each engine's own figures: polled now and then (tui.sources.engine_source, its
 configuration read as the dashboard reads it), fed to a store, and judged into findings (tui.findings), which
 ProbeMetrics serves as `enginetop_finding{engine,id,severity}` beside the engine's speculative acceptance.
-While an engine is down, or cannot be read, neither is served: they were of a run that is over."""
+While an engine is down, or cannot be read, neither is served: they were of a run that is over.
+
+This machine's GPUs and host (the CPU packages' RAPL counter) are read into the same store at each round, so
+each engine's joules per generated token is served (`enginetop_joules_per_token{engine,scope}`) beside every
+device's energy counter (`enginetop_energy_joules_total{device,vendor}`)."""
 
 from __future__ import annotations
 
@@ -11,21 +15,37 @@ from collections.abc import Sequence
 
 from tui.exporter.metrics import ProbeMetrics
 from tui.live.store import Store
-from tui.model.samples import EngineStats
 from tui.model.targets import EngineTarget
 from tui.net.keepalive import Transports
-from tui.sources.engine_source import EngineSource
+from tui.sources.engine_source import EngineSource, LocalPids
+from tui.sources.gpu import GpuSampler
+from tui.sources.host import HostSampler
 
 log = logging.getLogger(__name__)
 
 
-async def watch_engines(targets: Sequence[EngineTarget], metrics: ProbeMetrics, every_s: float) -> None:
-    """Read every engine each `every_s` seconds, until cancelled."""
+async def watch_engines(targets: Sequence[EngineTarget], metrics: ProbeMetrics, every_s: float,
+                        gpu: GpuSampler | None = None, host: HostSampler | None = None) -> None:
+    """Read every engine (and this machine's GPUs and host) each `every_s` seconds, until cancelled."""
     transports = Transports()
     store = Store()
     sources = [EngineSource(t, transports, interval_s=every_s, timeout_s=5.0) for t in targets]
+    gpu = gpu if gpu is not None else GpuSampler()
+    host = host if host is not None else HostSampler()
+    pids = LocalPids(list(targets))
+
+    def machine() -> None:
+        sample = host.sample(pids())
+        store.add(sample)
+        store.add(gpu.sample({m.engine: set(m.pids) for m in sample.engines}))
+
     try:
         while True:
+            try:
+                await asyncio.to_thread(machine)
+                metrics.devices(store.gpu, store.host)
+            except Exception as exc:  # the machine's figures are extra: the engines' go on without them
+                log.warning("reading this machine's GPUs and host failed: %r", exc)
             read = await asyncio.gather(*(s.read() for s in sources), return_exceptions=True)
             for target, samples in zip(targets, read, strict=True):
                 if isinstance(samples, BaseException):
@@ -38,11 +58,12 @@ async def watch_engines(targets: Sequence[EngineTarget], metrics: ProbeMetrics, 
                 if state is None or state.sample is None:
                     metrics.gone(target.name)
                 elif state.sample.health != "up" or state.sample.reading is None:
-                    # down (the store cleared what its last run showed), or its /metrics not read this time:
-                    # the figures it keeps are of an earlier reading
-                    metrics.engine(target.name, state.findings, EngineStats())
+                    # down, or its /metrics not read this time: what it was last found to be is of an earlier
+                    # reading, so nothing of it is served
+                    metrics.gone(target.name)
                 else:
                     metrics.engine(target.name, state.findings, state.stats)
             await asyncio.sleep(every_s)
     finally:
         await transports.aclose()
+        await asyncio.to_thread(gpu.close)

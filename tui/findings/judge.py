@@ -65,6 +65,11 @@ def _share(fraction: float) -> str:
     return f"{fraction:.0%}" if fraction >= 0.01 else f"{fraction:.2%}"
 
 
+def _context_option(config: EngineConfig) -> str:
+    known = by_name(config.engine)
+    return known.context_option if known else "the context limit"
+
+
 def _finding(ev: Evidence, id: str, severity: str, title: str, suggestion: str, evidence: list[str],
              **figures: Figure) -> Finding:
     return Finding(id, ev.engine, severity, title, suggestion, tuple(evidence),  # type: ignore[arg-type]
@@ -101,7 +106,9 @@ def prefix_cache(ev: Evidence) -> Finding | None:
     evidence = [f"{share} (their prompts' tokens compared block by block)",
                 f"cached tokens the engine reported: {'not said' if cached is None else f'{cached:,}'}"]
     if config is not None and config.prefix_caching is not None:
-        evidence.append(f"prefix caching {'on' if on else 'off'}, read from {', '.join(config.sources)}")
+        how = "the engine's default: its command line does not set it" \
+            if "prefix_caching" in config.defaults else f"read from {', '.join(config.sources)}"
+        evidence.append(f"prefix caching {'on' if on else 'off'} ({how})")
     figures: dict[str, Figure] = dict(requests=t.shared_known, prompt_tokens=t.prompt_tokens,
                                       shared_tokens=t.shared_tokens, cached_tokens=cached)
     if on is False:
@@ -118,7 +125,8 @@ def prefix_cache(ev: Evidence) -> Finding | None:
     words, seconds = _prefill_words(t, missed)
     block = f" (its KV block is {config.block_size} tokens: a shared part shorter than a block is never " \
             "served)" if config is not None and config.block_size else ""
-    state = "is on but" if on else "(its setting is not published)"
+    state = ("is on (its default) but" if "prefix_caching" in config.defaults else "is on but") \
+        if on and config is not None else "(its setting is not published)"
     return _finding(ev, "prefix-cache-missing", "warning",
                     f"the prefix cache of {ev.engine} {state} served only {cached:,} of the "
                     f"{t.shared_tokens:,} prompt tokens the last {t.shared_known} requests shared with "
@@ -155,8 +163,7 @@ def context_below_pool(ev: Evidence) -> Finding | None:
     if needed is None:
         return None
     longest, what = needed
-    flag = {"vLLM": "--max-model-len", "SGLang": "--context-length",
-            "llama.cpp": "-c / --ctx-size"}.get(c.engine, "the context limit")
+    flag = _context_option(c)
     return _finding(ev, "context-below-pool", "warning",
                     f"context {c.context_tokens:,} of a {c.kv_pool_tokens:,}-token KV pool: one request can "
                     f"use at most {_share(c.context_tokens / c.kv_pool_tokens)} of the pool, and the traffic "
@@ -180,8 +187,7 @@ def context_below_traffic(ev: Evidence) -> Finding | None:
     if needed is None:
         return None
     longest, what = needed
-    flag = {"vLLM": "--max-model-len", "SGLang": "--context-length", "llama.cpp": "-c / --ctx-size"}.get(
-        c.engine, "the context limit")
+    flag = _context_option(c)
     # never a value at or below the context in force: the traffic came near it, or was refused at it
     now = c.context_tokens
     raise_to = f"raise {flag} to at least {longest:,} (now {now:,})" if longest > now \
@@ -295,7 +301,8 @@ def spec_depth(ev: Evidence) -> Finding | None:
             f"a draft depth of {keep} (now {depth})"
     evidence = [f"accepted tokens per draft position from the engine's own counters, over {s.drafts:,.0f} "
                 "drafts",
-                f"draft depth {depth} and type {c.spec_type} from the configuration ({', '.join(c.sources)})"]
+                f"draft depth {depth}{' (the engine default)' if 'spec_n_max' in c.defaults else ''} and "
+                f"type {c.spec_type} from the configuration ({', '.join(c.sources)})"]
     if exact:
         evidence.append(f"every draft reached every position: {s.draft_tokens:,.0f} drafted tokens = "
                         f"{s.drafts:,.0f} drafts x depth {depth}")
@@ -355,8 +362,61 @@ def start_memory(ev: Evidence) -> Finding | None:
                     **figures)
 
 
+# Requests, as the engine counted them: enough to say "the context cut them" or "preempted with the pool full"
+MIN_ENDED = 5
+LENGTH_SHARE = 0.5  # of the requests that ended, at least this share ended at the length cap
+KV_FULL = 0.9
+
+
+def length_cap(ev: Evidence) -> Finding | None:
+    """Requests that ended at the length cap because the context ran out, not because the client's max_tokens
+    said so: vLLM refuses a request whose prompt + max_tokens exceeds the context, so one that ends "length"
+    with its prompt and output filling the context had no max_tokens (vLLM then gives it what is left)."""
+    rs, c = ev.requests, ev.config
+    if rs is None or c is None or c.context_tokens is None or not rs.ended or rs.ended < MIN_ENDED:
+        return None
+    length = dict(rs.finish_window).get("length", 0.0)
+    if length / rs.ended < LENGTH_SHARE or rs.prompt_len is None or rs.gen_len is None:
+        return None
+    prompt, gen = rs.prompt_len[0], rs.gen_len[0]
+    if prompt is None or gen is None or prompt + gen < NEAR_CONTEXT * c.context_tokens:
+        return None
+    flag = _context_option(c)
+    return _finding(
+        ev, "length-cap", "warning",
+        f"{length:.0f} of {rs.ended:.0f} requests ended at the length cap with prompt + output averaging "
+        f"{prompt + gen:,.0f} of the {c.context_tokens:,}-token context: the context cut them, not the "
+        "clients' max_tokens",
+        f"raise {flag} (now {c.context_tokens:,}) if the KV pool holds more, or have clients set max_tokens "
+        "to what they need",
+        [f"finish reasons in the window: {', '.join(f'{r} {n:.0f}' for r, n in rs.finish_window)}",
+         f"prompt {prompt:,.0f} + generated {gen:,.0f} tokens on average (the engine's own histograms)"],
+        ended=rs.ended, length=length, context_tokens=c.context_tokens, avg_tokens=prompt + gen)
+
+
+def preemptions(ev: Evidence) -> Finding | None:
+    """Requests preempted while the KV pool was full: each gives its KV blocks back and computes its prompt
+    again later, so the pool's size, not the GPU, sets the pace."""
+    rs = ev.requests
+    if rs is None or not rs.preemptions_per_s or rs.kv_usage_max is None or rs.kv_usage_max < KV_FULL:
+        return None
+    count = rs.preemptions_per_s * rs.window_s
+    pool = ev.config.kv_pool_tokens if ev.config is not None else None
+    where = f" of {pool:,} tokens" if pool else ""
+    return _finding(
+        ev, "preemptions", "warning",
+        f"{count:.0f} preemptions in the last {rs.window_s:.0f} s with the KV pool{where} "
+        f"{rs.kv_usage_max:.0%} full: preempted requests compute their prompt again",
+        "give the KV cache more room (vLLM: --gpu-memory-utilization, a shorter --max-model-len, or KV "
+        "quantization) or admit fewer requests at once (--max-num-seqs)",
+        [f"{rs.preemptions_per_s:.2f} preemptions/s, the pool at most {rs.kv_usage_max:.0%} full (the "
+         "engine's own counters)"],
+        preemptions=count, kv_usage_max=rs.kv_usage_max)
+
+
 JUDGES: tuple[Callable[[Evidence], Finding | None], ...] = (
-    prefix_cache, context_below_pool, context_below_traffic, slots_split, queueing, spec_depth, start_memory)
+    prefix_cache, context_below_pool, context_below_traffic, slots_split, queueing, spec_depth, start_memory,
+    length_cap, preemptions)
 
 
 def judge(ev: Evidence) -> list[Finding]:

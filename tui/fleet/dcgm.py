@@ -33,6 +33,7 @@ FIELDS = {  # dcgm-exporter series -> what it becomes
     "DCGM_FI_PROF_DRAM_ACTIVE": "dram_active",  # ratio 0..1, profiling field (data-centre GPUs)
     "DCGM_FI_DEV_POWER_USAGE": "power_w",
     "DCGM_FI_DEV_POWER_MGMT_LIMIT": "power_limit_w",
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": "energy_mj",  # counter, mJ since the driver loaded (field 156)
     "DCGM_FI_DEV_GPU_TEMP": "temp_c",
     "DCGM_FI_DEV_SM_CLOCK": "sm_clock_mhz",
     "DCGM_FI_DEV_MEM_CLOCK": "mem_clock_mhz",
@@ -99,7 +100,9 @@ def _sample(key: tuple[str, str, str], v: dict, t: float) -> GpuSample:
         vram_total_bytes=int(total * MIB) if total is not None else None,
         clock_event_mask=mask, throttle_reasons=throttle_words(mask) if mask is not None else (),
         throttled=bool(mask is not None and mask & REAL_THROTTLE_MASK),
-        host=host or None, xid_error=int(xid) if xid is not None else None, **pod_of(labels))  # type: ignore[arg-type]  # pod_of gives only namespace and pod, both str | None
+        host=host or None, xid_error=int(xid) if xid is not None else None, vendor="NVIDIA", driver="dcgm",
+        energy_j=energy / 1000 if (energy := v.get("energy_mj")) is not None else None,
+        **pod_of(labels))  # type: ignore[arg-type]  # pod_of gives only namespace and pod, both str | None
 
 
 def pod_of(labels: Labels) -> dict[str, str | None]:

@@ -46,8 +46,12 @@ def config_table(columns: Sequence[tuple[str, dict[str, Any] | None]]) -> str:
             continue
         differ = len(columns) > 1 and len({repr(v) for v in values}) > 1
         mark = " ≠" if differ else ""
+        # a value the command line left to the engine's default is said as one, never as read
+        shown = [_cell(v) + (' <span class="muted">(default)</span>'
+                             if key in ((c or {}).get("defaults") or ()) else "")
+                 for v, (_, c) in zip(values, columns, strict=True)]
         rows.append(f'<tr{" class=diff" if differ else ""}><td>{escape(words)}{mark}</td>'
-                    + "".join(f"<td>{_cell(v)}</td>" for v in values) + "</tr>")
+                    + "".join(f"<td>{cell}</td>" for cell in shown) + "</tr>")
     sources = [", ".join((c or {}).get("sources") or ()) or "n/a" for _, c in columns]
     rows.append("<tr><td>read from</td>" + "".join(f'<td class="muted">{escape(s)}</td>' for s in sources)
                 + "</tr>")

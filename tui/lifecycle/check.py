@@ -12,7 +12,7 @@ import argparse
 import dataclasses
 import sys
 
-from tui.base.paths import cache_dir
+from tui.base.install import how_to
 from tui.base.process import free_port
 from tui.engines.llamacpp import EngineNotInstalled, demo_model_path, llama_server_binary
 from tui.lifecycle.engine import StepError, exit_words, launch_instance, stop_instance, wait_ready
@@ -35,7 +35,7 @@ def smoke_test(timeout: float = 120.0) -> str | None:
             return f"llama-server gave no token within {timeout:g}s: {exc} (log: {instance.log_path})"
         tail = "\n".join(instance.log_tail()[-5:])
         return (f"llama-server died ({exit_words(code)}) before its first answer: this build does not run "
-                f"here. Delete the cached wheel ({cache_dir() / 'wheels'}) and run `make engine` again.\n"
+                f"here: {how_to('rebuild-engine')}.\n"
                 f"{tail}")
     finally:
         stop_instance(instance)

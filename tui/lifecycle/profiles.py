@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from tui.base.paths import config_dir
 from tui.base.secrets import SecretError, read_api_key, read_llama_key_file
+from tui.engines import llamacpp
 from tui.engines.argv import Options, secrets_on_argv
 from tui.engines.known import ENGINES, by_name
 from tui.net.policy import is_loopback_host
@@ -635,11 +636,15 @@ def _hand_over_key(
 def _llama_key_files(argv: tuple[str, ...], launch_env: Mapping[str, str]) -> list[str]:
     """The files llama-server will read keys from: --api-key-file on the argv, else LLAMA_ARG_API_KEY_FILE."""
     files = []
+    table = llamacpp.OPTIONS
     for i, arg in enumerate(argv):
-        if arg == "--api-key-file" and i + 1 < len(argv):
+        name, eq, value = arg.partition("=")
+        if table.canonical(table.resolve(name) or "") != "--api-key-file":  # any spelling: --api_key_file too
+            continue
+        if eq:
+            files.append(value)
+        elif i + 1 < len(argv):
             files.append(argv[i + 1])
-        elif arg.startswith("--api-key-file="):
-            files.append(arg.split("=", 1)[1])
     if not files and launch_env.get("LLAMA_ARG_API_KEY_FILE"):
         files.append(launch_env["LLAMA_ARG_API_KEY_FILE"])
     return files

@@ -23,7 +23,9 @@ class Source(Protocol):
     bug raises (the feed reports it and reads the source again at its next turn)."""
 
     name: str
-    interval_s: float
+
+    @property
+    def interval_s(self) -> float: ...  # read at each turn: a source's interval may change while it runs
 
     async def read(self) -> Iterable[Sample]: ...
 

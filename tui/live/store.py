@@ -9,6 +9,7 @@ poll costs the same whatever the horizon. Nothing here imports Textual.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 import time
 from collections import deque
@@ -24,6 +25,8 @@ from tui.model.events import ProbeEvent
 from tui.model.findings import Evidence, Finding, StartMemory
 from tui.model.samples import EngineReading, EngineSample, EngineStats, GpuReport, HostSample, PromptProgress
 from tui.model.traffic import TrafficSample
+from tui.sources.energy import MIN_SPAN_S, TOO_SHORT, Track, attribute, gpu_key, holders, with_attribution
+from tui.sources.energy import Point as Reading
 from tui.sources.rates import (
     derive,
     gen_tps,
@@ -42,8 +45,14 @@ Sample = EngineSample | GpuReport | HostSample | ProbeEvent | TrafficSample | Be
 Point = tuple[float, float]  # (time.monotonic(), value)
 
 ENGINE_SERIES = ("gen_tps", "ttft_p50_s")  # what the plots draw, from EngineStats (see Store._plotted)
+# what the column's sparklines draw beside the plotted two, from EngineStats as each reading comes (live only:
+# a replay's seek, which adds readings for the plots alone, leaves them to fill from the cursor on)
+GLANCE_SERIES = ("prompt_processed_tps", "prompt_computed_tps", "itl_p50_s")
 BENCH_TTFT = "bench_ttft_p50_s"  # a running bench's live TTFT p50, drawn beside the engine's own
 MIN_PROBES_KEPT = 10  # the probe panel lists and medians the last few, however old they are
+ENERGY_KEEP_S = 180.0  # energy readings kept per device: the window, and a probe's span read after it ended
+REMOTE_ENERGY_WINDOW_S = 60.0  # dcgm-exporter collects every 30 s by default: its counter moves that rarely
+PROBE_ENERGY_WAIT_S = 15.0  # a probe whose span no reading has passed since is given up on
 
 
 class Series:
@@ -98,6 +107,7 @@ class EngineState:
     has: tuple[bool, ...] = ()
     shape_t: float = math.inf
     series: dict[str, Series] = field(default_factory=dict)
+    glance: dict[str, Series] = field(default_factory=dict)  # GLANCE_SERIES, for the sparklines
     probes: deque[tuple[float, Any]] = field(default_factory=deque)  # (t, ProbeResult), oldest first
     rss_bytes: int | None = None
     traffic: TrafficSample | None = None  # the user's own requests, measured by the proxy in front of it
@@ -133,6 +143,14 @@ class Store:
         self.host: HostSample | None = None
         # 1.0 while any GPU reports a real throttle reason
         self.throttle = Series(horizon_s, max_points, peak=True)
+        # Energy readings per GPU and for the CPU package (tui.sources.energy), and the probes whose energy
+        # waits for a reading after their end: (engine, result)
+        self._gpu_energy: dict[tuple[str, int, str], Track] = {}
+        self._cpu_energy = Track(ENERGY_KEEP_S)
+        self._probe_energy: list[tuple[str, Any]] = []
+        # Told (engine, result) when a probe's energy is known, the result then carrying it (a report keeps
+        # every probe; the panel's deque only the last few)
+        self.on_probe_energy: Callable[[str, Any], None] | None = None
         # Called with every sample and probe result the store takes, as it takes it (a recorder listens
         # here, so whatever fed the store is kept, whichever source it came from).
         self.listeners: list[Callable[[Any], None]] = []
@@ -179,11 +197,11 @@ class Store:
 
     def reset(self) -> None:
         """Forget everything (a replay seeking backwards rebuilds from the file); listeners stay."""
-        listeners = self.listeners
+        listeners, on_probe_energy = self.listeners, self.on_probe_energy
         # one place sets every field: __init__, run again (mypy forbids calling it on an instance)
         self.__init__(self.horizon_s, self.rate_window_s, self.latency_window_s,  # type: ignore[misc]
                       self.max_points, self.max_probes)
-        self.listeners = listeners
+        self.listeners, self.on_probe_energy = listeners, on_probe_energy
 
     def _tell(self, item: Any) -> None:
         for listener in self.listeners:
@@ -193,7 +211,8 @@ class Store:
         state = self.engines.get(name)
         if state is None:
             series = {k: Series(self.horizon_s, self.max_points) for k in ENGINE_SERIES}
-            state = EngineState(name=name, url=url, series=series, probes=deque(maxlen=self.max_probes))
+            state = EngineState(name=name, url=url, series=series, probes=deque(maxlen=self.max_probes),
+                                glance={k: Series(self.horizon_s, self.max_points) for k in GLANCE_SERIES})
             self.engines[name] = state
         return state
 
@@ -210,6 +229,8 @@ class Store:
             state.stats = sample.stats
             for key in ENGINE_SERIES:
                 state.series[key].add(t, getattr(sample.stats, key))
+            for key in GLANCE_SERIES:
+                state.glance[key].add(t, getattr(sample.stats, key))
             return state
         if sample.reading is None:
             if sample.health != "up":
@@ -243,11 +264,26 @@ class Store:
             for key, value in zip(ENGINE_SERIES, self._plotted(state), strict=True):
                 state.series[key].add(t, value)
             return state
-        state.stats = self._stats(state, t)
+        state.stats = self._energy(state.name, self._stats(state, t))
         for key in ENGINE_SERIES:
             state.series[key].add(t, getattr(state.stats, key))
+        for key in GLANCE_SERIES:
+            state.glance[key].add(t, getattr(state.stats, key))
         self._judge(state, t, sample.wall)
         return state
+
+    def reset_engine(self, name: str) -> None:
+        """The engine's session figures start again (the `r` key of a top): its readings, plots, probes,
+        peaks and what its findings rest on; what it is and what it is set to stay."""
+        state = self.engines.get(name)
+        if state is None:
+            return
+        state.readings.clear()
+        for series in (*state.series.values(), *state.glance.values()):
+            series.points.clear()
+        state.probes.clear()
+        state.stats = EngineStats()
+        state.watched_t, state.busy_max, state.waiting_max = None, None, None
 
     def engine_start(self, name: str, start: StartMemory | None, wall: float | None = None) -> None:
         """What the engine's start cost the host, as its launcher measured it (tui.lifecycle)."""
@@ -269,7 +305,8 @@ class Store:
                 else None
             evidence = Evidence(state.name, sample.config if sample is not None else None, traffic,
                                 spec_window(None, reading), state.start, state.busy_max, state.waiting_max,
-                                t - state.watched_t if state.watched_t is not None else 0.0)
+                                t - state.watched_t if state.watched_t is not None else 0.0,
+                                state.stats.requests)
         state.findings = state.since.update(judge(evidence), wall)
 
     def _routed(self, state: EngineState, sample: EngineSample, t: float) -> None:
@@ -344,17 +381,123 @@ class Store:
             requests=request_stats(readings),
         )
 
+    def _energy(self, name: str, stats: EngineStats) -> EngineStats:
+        """`stats` with the engine's energy per token (tui.sources.energy.attribute) over the same window."""
+        rates = {n: s.stats.gen_tps for n, s in self.engines.items()}
+        rates[name] = stats.gen_tps
+        local = {m.engine for m in self.host.engines} if self.host is not None else set()
+        return with_attribution(stats, attribute(name, rates, self.gpu, self.host, local))
+
     def add_gpu_report(self, report: GpuReport) -> None:
+        """Recorders get the report as read; the store keeps it with each GPU's energy over the window."""
         self._tell(report)
-        self.gpu = report
+        gpus = []
+        for g in report.gpus:
+            if g.error is None:
+                track = self._gpu_energy.get(key := gpu_key(g))
+                if track is None:
+                    track = self._gpu_energy[key] = Track(ENERGY_KEEP_S)
+                if not g.stale:
+                    track.add(Reading(g.t, g.energy_j, g.power_w), self._idle(holders(g)[0]))
+                window = self.rate_window_s if g.host is None else \
+                    max(self.rate_window_s, REMOTE_ENERGY_WINDOW_S)
+                g = dataclasses.replace(g, energy=track.window(window))
+            gpus.append(g)
+        self.gpu = dataclasses.replace(report, gpus=tuple(gpus))
         self.throttle.add(report.t, 1.0 if any(g.throttled for g in report.gpus) else 0.0)
+        self._probes_energy(report.t)
 
     def add_host_sample(self, sample: HostSample) -> None:
+        """As add_gpu_report: the sample as read to recorders, kept with the CPU package's energy window."""
         self._tell(sample)
-        self.host = sample
         by_engine = {m.engine: m.rss_bytes for m in sample.engines}
         for name, state in self.engines.items():
             state.rss_bytes = by_engine.get(name)
+        if sample.cpu_energy_j is not None:
+            self._cpu_energy.add(Reading(sample.t, sample.cpu_energy_j, None),
+                                 self._idle(self._cpu_engines(sample)))
+        window = self._cpu_energy.window(self.rate_window_s) if sample.cpu_energy_j is not None else None
+        self.host = dataclasses.replace(sample, cpu_energy=window)
+        self._probes_energy(sample.t)
+
+    def _cpu_engines(self, host: HostSample) -> set[str]:
+        on_gpu = {e for g in (self.gpu.gpus if self.gpu else ()) if g.host is None for e in holders(g)[0]}
+        return {m.engine for m in host.engines} - on_gpu
+
+    def _idle(self, engines: set[str]) -> bool | None:
+        """Do all these engines serve nothing now (no request running, no token generated in the window)?
+        None when there are none, or one's figures are not known."""
+        if not engines:
+            return None
+        for name in engines:
+            state = self.engines.get(name)
+            reading = state.sample.reading if state is not None and state.sample is not None else None
+            if state is None or reading is None:
+                return None
+            if (reading.running or 0) > 0 or (state.stats.gen_tps or 0) > 0:
+                return False
+        return True
+
+    # ---- a probe's energy: the readings over its span, once one after its end has come ----------------
+
+    def _probe_scope(self, name: str) -> tuple[list[Track], str] | str:
+        gpus = [g for g in (self.gpu.gpus if self.gpu else ()) if g.host is None and name in holders(g)[0]]
+        if gpus:
+            others = {e for g in gpus for e in holders(g)[0]} - {name}
+            unnamed = any(holders(g)[1] for g in gpus)
+            label = "gpu " + "+".join(str(g.index) for g in gpus)
+            scope = "engine" if not others and not unnamed else f"{label} (shared)"
+            return [self._gpu_energy[gpu_key(g)] for g in gpus if gpu_key(g) in self._gpu_energy], scope
+        host = self.host
+        if host is None or name not in {m.engine for m in host.engines}:
+            return "not on this machine"
+        if host.cpu_energy_j is None:
+            return host.cpu_energy_error or "no CPU energy reading"
+        shared = len(self._cpu_engines(host)) > 1
+        return [self._cpu_energy], "cpu package" + (" (shared)" if shared else "")
+
+    def _probes_energy(self, now: float) -> None:
+        waiting = []
+        for name, result in self._probe_energy:
+            fields = self._probe_fields(name, result, now)
+            if fields is None:
+                waiting.append((name, result))
+                continue
+            done = dataclasses.replace(result, **fields)
+            probes = self.engine(name).probes
+            for i, (t, kept) in enumerate(probes):
+                if kept is result:
+                    probes[i] = (t, done)
+                    break
+            if self.on_probe_energy is not None:
+                self.on_probe_energy(name, done)
+        self._probe_energy = waiting
+
+    def _probe_fields(self, name: str, result: Any, now: float) -> dict[str, Any] | None:
+        """The probe's energy fields, or None while the readings have not passed its end yet."""
+        t0, t1 = result.sent_at, result.ended_at
+        if t1 - t0 < MIN_SPAN_S:
+            return {"energy_note": f"{TOO_SHORT} ({t1 - t0:.2f} s; the counter moves every 20-100 ms)"}
+        scope = self._probe_scope(name)
+        if isinstance(scope, str):
+            return {"energy_note": scope}
+        tracks, words = scope
+        if not tracks:
+            return {"energy_note": "no energy reading"}
+        if any(not tr.points or tr.points[-1].t <= t1 for tr in tracks):
+            if now - t1 < PROBE_ENERGY_WAIT_S:
+                return None
+            return {"energy_note": "no energy reading after the probe ended"}
+        joules = 0.0
+        sources = set()
+        for track in tracks:
+            got = track.between(t0, t1)
+            if isinstance(got, str):
+                return {"energy_note": got}
+            joules += got[0]
+            sources.add(got[1])
+        source = sources.pop() if len(sources) == 1 else "counter + power × time"
+        return {"energy_j": joules, "energy_source": source, "energy_scope": words}
 
     def probe_progress(self, name: str, progress: PromptProgress) -> None:
         """A probe's prompt progress as it streams (not recorded: its result is)."""
@@ -368,6 +511,10 @@ class Store:
         probes.append((t, result))
         while len(probes) > MIN_PROBES_KEPT and probes[0][0] < t - self.horizon_s:
             probes.popleft()
+        if getattr(result, "ok", False) and hasattr(result, "energy_note") and result.sent_at is not None \
+                and result.ended_at is not None:
+            self._probe_energy.append((name, result))
+            self._probes_energy(t)
 
     def throttle_spans(self, t0: float) -> list[tuple[float, float]]:
         """Periods (start, end) since t0 in which a GPU reported a real throttle reason; a span still open

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from tui.model.config import EngineConfig
+from tui.model.samples import RequestStats
 
 FindingSeverity = Literal["info", "warning", "error"]
 Figure = float | int | str | bool | None
@@ -177,3 +178,4 @@ class Evidence:
     concurrency_max: int | None = None  # most requests the engine ran at once while watched
     waiting_max: int | None = None  # most requests waiting at once while watched
     watched_s: float = 0.0  # how long its figures have been read
+    requests: RequestStats | None = None  # each request's life as the engine timed it (vLLM, SGLang)

@@ -90,6 +90,17 @@ class EngineStats:
     itl_p90_s: float | None = None
     counter_reset: bool = False  # the engine restarted (a counter went backwards) within the window
     requests: RequestStats | None = None  # each request's life, where the engine publishes it (vLLM, SGLang)
+    # Energy per generated token over the rate window (tui.sources.energy.attribute): the watts of what the
+    # engine runs on (its GPUs, or the CPU package for an engine on this machine's CPU) over its gen tok/s.
+    energy_w: float | None = None  # average power of `energy_scope` over the window
+    joules_per_token: float | None = None
+    tokens_per_joule: float | None = None
+    energy_source: str | None = None  # "counter" | "power × time" | "counter + power × time" (GPUs differ)
+    # whose energy: "engine" (it alone holds its GPUs), "gpu 0" / "gpu 0+1" (shared: per GPU, over the tokens
+    # of every watched engine on them, `energy_shared_with` says with whom), "cpu package"
+    energy_scope: str | None = None
+    energy_shared_with: tuple[str, ...] = ()
+    energy_note: str | None = None  # why there is no figure, in the one line a user needs (RAPL root-only)
 
 
 Quantiles = tuple[float | None, float | None, float | None]  # p50, p90, p99
@@ -116,6 +127,7 @@ class RequestStats:
     tokens_per_step: float | None = None  # tokens the engine computed per step (prompt + generated)
     busy_share: float | None = None  # share of the window's polls that found a request running
     gen_tps_serving: float | None = None  # generation tok/s over the time it was serving (busy share)
+    kv_usage_max: float | None = None  # the fullest the KV pool was at a poll in the window
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +198,23 @@ THROTTLE_REASON_WORDS: dict[int, str] = {
 REAL_THROTTLE_MASK = 0x004 | 0x008 | 0x010 | 0x020 | 0x040 | 0x080
 
 
+EnergySource = Literal["counter", "power × time"]
+
+
+@dataclass(frozen=True, slots=True)
+class EnergyWindow:
+    """Energy over the store's window for one GPU or the CPU package (tui.sources.energy): the change of the
+    device's own energy counter, or power x time where the counter is missing or did not advance, never the
+    two mixed in one figure. Derived by the store, never recorded (the counter itself is)."""
+
+    seconds: float
+    joules: float
+    watts: float  # joules / seconds
+    source: EnergySource
+    idle_w: float | None = None  # its draw while the engines on it served nothing (the latest such stretch)
+    note: str | None = None  # e.g. why power x time stood in for the counter
+
+
 @dataclass(frozen=True, slots=True)
 class GpuProcess:
     pid: int
@@ -213,7 +242,7 @@ class GpuSample:
     vram_used_bytes: int | None = None
     vram_total_bytes: int | None = None
     clock_event_mask: int | None = None
-    throttle_reasons: tuple[str, ...] = ()  # every active reason, in words
+    throttle_reasons: tuple[str, ...] = ()  # every active reason, in words (AMD's and Intel's from sysfs too)
     throttled: bool = False  # a real throttle reason (not idle / settings) is active
     processes: tuple[GpuProcess, ...] = ()
     error: str | None = None  # e.g. "GPU is lost"
@@ -223,6 +252,13 @@ class GpuSample:
     # the Kubernetes pod using it, as dcgm-exporter labels it there (None elsewhere): tui.fleet.match
     namespace: str | None = None
     pod: str | None = None
+    vendor: str | None = None  # "NVIDIA", "AMD", "Intel": who made it
+    driver: str | None = None  # what read it: "nvml", "dcgm", "amdgpu", "xe", "i915"
+    # The GPU's own energy counter in joules (NVML's total energy since the driver loaded, dcgm's field 156,
+    # hwmon's energy1_input): a counter, never reset here; the store turns its change into `energy`
+    energy_j: float | None = None
+    fan_rpm: float | None = None
+    energy: EnergyWindow | None = None  # over the store's window (tui.live.store): derived, never recorded
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,6 +291,12 @@ class HostSample:
     swap_used_bytes: int | None = None
     swap_total_bytes: int | None = None
     engines: tuple[ProcessTreeMemory, ...] = field(default_factory=tuple)
+    # The CPU packages' RAPL energy counter (tui.sources.rapl), joules summed over packages, its wraps undone
+    # since enginetop first read it: a counter that only rises
+    cpu_energy_j: float | None = None
+    cpu_energy_domains: tuple[str, ...] = ()  # what was read: "intel-rapl:0 package-0", ...
+    cpu_energy_error: str | None = None  # why not, in the one line a user needs (root-only: the chmod)
+    cpu_energy: EnergyWindow | None = None  # over the store's window (tui.live.store): derived, not recorded
 
 
 @dataclass(frozen=True, slots=True)

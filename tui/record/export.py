@@ -59,6 +59,8 @@ def points(rec: Recording, job: str = "enginetop") -> Iterator[Point]:
                     if value is not None:
                         yield family, "gauge", labels, float(value), row.wall
                 yield "enginetop_gpu_throttled", "gauge", labels, float(gpu.throttled), row.wall
+                if gpu.energy_j is not None:  # the GPU's own counter (NVML since the driver loaded, hwmon)
+                    yield "enginetop_gpu_energy_joules", "counter", labels, gpu.energy_j, row.wall
         elif isinstance(item, HostSample):
             labels = {"job": job, "instance": rec.meta.get("host", "")}
             for field, family in HOST_GAUGES.items():
@@ -68,6 +70,8 @@ def points(rec: Recording, job: str = "enginetop") -> Iterator[Point]:
             for tree in item.engines:
                 yield ("enginetop_engine_rss_bytes", "gauge", {**labels, "engine": tree.engine},
                        float(tree.rss_bytes), row.wall)
+            if item.cpu_energy_j is not None:  # RAPL, every package, wraps undone since enginetop read it
+                yield "enginetop_host_cpu_energy_joules", "counter", labels, item.cpu_energy_j, row.wall
         elif isinstance(item, ProbeEvent):
             yield from _probe(item.result, item.engine, row.wall, job)
 

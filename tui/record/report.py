@@ -17,10 +17,12 @@ from tui.html.page import document, ms, num, section, table
 from tui.html.svg import PALETTE, frame, nice_max, tick_label
 from tui.live.store import Store
 from tui.model.events import Event, ProbeEvent
-from tui.model.samples import EngineSample, GpuReport
+from tui.model.samples import EngineReading, EngineSample, GpuReport, HostSample
 from tui.model.traffic import TrafficSample
 from tui.probe.results import ProbeResult
 from tui.record.reader import Recording
+from tui.sources.rates import went_back
+from tui.sources.requests import request_stats
 
 MAX_POINTS = 600  # per line: a day at 1 Hz is drawn from means over 2.4 min buckets
 
@@ -36,18 +38,34 @@ class Summary:
     alerts: list[tuple[float, str]] = field(default_factory=list)
     health: dict[str, dict[str, int]] = field(default_factory=dict)
     traffic: dict[str, TrafficSample] = field(default_factory=dict)  # the proxy's last figures per engine
+    # each engine's first and last reading of its last run: its requests as it counted them in between
+    runs: dict[str, list[tuple[float, EngineReading]]] = field(default_factory=dict)
+    # energy: each engine's (J/token, W, scope, source) whenever the store had them; each device's counter
+    # at its first and last reading (GPU by label, "cpu package"); each probe's energy once it was known
+    energy: dict[str, list[tuple[float, float | None, float, str | None, str | None]]] = field(
+        default_factory=dict)
+    counters: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # device -> first, last
+    probe_energy: dict[tuple[str, float | None], ProbeResult] = field(default_factory=dict)  # (engine, sent)
 
 
 def summarize(rec: Recording) -> Summary:
     out = Summary()
     store = Store(horizon_s=60.0, max_points=60)  # only its stats are read: the windows, not the plots
+    store.on_probe_energy = lambda engine, r: out.probe_energy.__setitem__((engine, r.sent_at), r)
     span_start: float | None = None
     last_wall = None
     for row in rec.rows():
         item = row.item
+        if isinstance(item, GpuReport | HostSample):
+            store.add(item)  # the GPUs' and the CPU package's energy windows, for each engine's J/token
+            _counters(out, item, row.wall)
         if isinstance(item, EngineSample):
             store.add(item)
             stats = store.engines[item.name].stats
+            if stats.energy_w is not None:
+                out.energy.setdefault(item.name, []).append(
+                    (row.wall, stats.joules_per_token, stats.energy_w, stats.energy_scope,
+                     stats.energy_source))
             series = out.engines.setdefault(item.name, {"gen_tps": [], "ttft_p50_s": []})
             for key in series:
                 value = getattr(stats, key)
@@ -55,6 +73,11 @@ def summarize(rec: Recording) -> Summary:
                     series[key].append((row.wall, value))
             counts = out.health.setdefault(item.name, {})
             counts[item.health] = counts.get(item.health, 0) + 1
+            if item.reading is not None:
+                run = out.runs.setdefault(item.name, [])
+                if run and went_back(run[-1][1], item.reading):
+                    run.clear()  # it restarted: the requests of its last run
+                run[1:] = [(row.t, item.reading)]
         elif isinstance(item, GpuReport):
             throttled = any(g.throttled for g in item.gpus)
             if throttled and span_start is None:
@@ -66,6 +89,7 @@ def summarize(rec: Recording) -> Summary:
         elif isinstance(item, TrafficSample):
             out.traffic[item.name] = item
         elif isinstance(item, ProbeEvent):
+            store.add(item)  # its energy, once the readings after it are in
             out.probes.append((row.wall, item.engine, item.result))
         elif isinstance(item, Event):
             data = item.data
@@ -86,6 +110,21 @@ def summarize(rec: Recording) -> Summary:
     if span_start is not None and last_wall is not None:
         out.throttle.append((span_start, last_wall))
     return out
+
+
+def _counters(out: Summary, item: GpuReport | HostSample, wall: float) -> None:
+    """Each device's energy counter at its first and last reading in the recording."""
+    if isinstance(item, HostSample):
+        pairs = [("cpu package", item.cpu_energy_j)]
+    else:
+        pairs = [(f"{g.host + ' ' if g.host else ''}gpu {g.index} {g.name or ''}".strip(), g.energy_j)
+                 for g in item.gpus]
+    for device, value in pairs:
+        if value is not None:
+            kept = out.counters.setdefault(device, [])
+            kept[1:] = [(wall, value)]
+            if len(kept) == 1:
+                kept.append((wall, value))
 
 
 def _thin(points: list[tuple[float, float]], t0: float, t1: float) -> list[tuple[float, float]]:
@@ -191,11 +230,13 @@ def render_recording(rec: Recording) -> str:
     body.append(section("Engines", "polls by health", table(["engine", "up", "loading", "starting", "down"],
                                                               rows, numeric=(1, 2, 3, 4))))
     probe_rows = [[_clock(w), escape(e), escape(r.workload), "ok" if r.ok else escape(r.error or "failed"),
-                   ms(r.ttft_s), num(r.decode_tps), num(r.prefill_tps), str(r.completion_tokens or "")]
+                   ms(r.ttft_s), num(r.decode_tps), num(r.prefill_tps), str(r.completion_tokens or ""),
+                   _probe_energy(s.probe_energy.get((e, r.sent_at)))]
                   for w, e, r in s.probes]
     body.append(section("Probes", f"{len(s.probes)} probe request(s)", table(
-        ["time", "engine", "workload", "result", "TTFT", "decode tok/s", "prefill tok/s", "tokens"],
-        probe_rows, numeric=(4, 5, 6, 7))))
+        ["time", "engine", "workload", "result", "TTFT", "decode tok/s", "prefill tok/s", "tokens", "energy"],
+        probe_rows, numeric=(4, 5, 6, 7, 8))))
+    body.append(_energy_section(s))
     events = [[_clock(w), escape(e), escape(what)] for w, e, what in s.marks]
     body.append(section("Switches and crashes", f"{len(events)} event(s)",
                          table(["time", "engine", "what"], events)))
@@ -219,6 +260,21 @@ def render_recording(rec: Recording) -> str:
                         "latencies over the last window of the session)", table(
         ["engine", "requests", "errors", "abandoned", "TTFT p50/p90", "ITL p50/p90", "decode tok/s",
          "prompt tokens", "cached"], traffic_rows, numeric=(1, 2, 3, 6, 7, 8))))
+    request_rows = []
+    for name, run in s.runs.items():
+        rs = request_stats(run)
+        if rs is None:
+            continue
+        finish = " ".join(f"{r} {n:.0f}" for r, n in rs.finish_window)
+        request_rows.append([escape(name), num(rs.ended, 0), num(rs.requests_per_s, 2), escape(finish),
+                             *(" / ".join(ms(v) for v in q) if q else "n/a"
+                               for q in (rs.queue_s, rs.prefill_s, rs.decode_s, rs.e2e_s)),
+                             num(rs.prompt_len[0] if rs.prompt_len else None, 0),
+                             num(rs.gen_len[0] if rs.gen_len else None, 0), num(rs.preemptions_per_s, 2)])
+    body.append(section("Requests, as the engines timed them", "over each engine's last run in the recording "
+                        "(vLLM's per-request histograms and counters; p50 / p90 / p99)", table(
+        ["engine", "ended", "req/s", "finish reasons", "queue", "prefill", "decode", "end to end",
+         "prompt avg", "generated avg", "preemptions/s"], request_rows, numeric=(1, 2, 8, 9, 10))))
     body.append(section("Alerts", f"{len(s.alerts)} warning(s) shown",
                          table(["time", "alert"], [[_clock(w), escape(a)] for w, a in s.alerts])))
     return document(f"enginetop recording · {names}", "".join(body), str(rec.path))
@@ -236,3 +292,34 @@ def is_recording(path: Path) -> bool:
             return f.read(16) == b"SQLite format 3\x00"
     except OSError:
         return False
+
+
+def _probe_energy(r: ProbeResult | None) -> str:
+    if r is None:
+        return ""
+    if r.energy_j is None:
+        return f'<span class="muted">{escape(r.energy_note or "n/a")}</span>'
+    per = f" ({r.joules_per_token:.3g} J/token)" if r.joules_per_token is not None else ""
+    return f"{r.energy_j:.1f} J{per}"
+
+
+def _energy_section(s: Summary) -> str:
+    """Energy per generated token per engine over the session, and each device's energy counter over it."""
+    rows = []
+    for name, points in s.energy.items():
+        generating = sorted(j for _, j, _, _, _ in points if j is not None)
+        median_j = generating[len(generating) // 2] if generating else None
+        watts = sum(w for _, _, w, _, _ in points) / len(points)
+        scopes = ", ".join(sorted({p[3] for p in points if p[3]}))
+        sources = ", ".join(sorted({p[4] for p in points if p[4]}))
+        rows.append([escape(name), num(median_j, 3), num(watts), str(len(generating)), escape(scopes),
+                     escape(sources)])
+    engines = table(["engine", "J/token (median while generating)", "W (mean)", "polls generating", "whose",
+                     "measured by"], rows, numeric=(1, 2, 3))
+    devices = [[escape(d), f"{b[1] - a[1]:,.1f} J", f"{(b[1] - a[1]) / (b[0] - a[0]):.1f} W"
+                if b[0] > a[0] else "n/a"] for d, (a, b) in s.counters.items()]
+    counters = table(["device", "energy counter's change over the recording", "mean power"], devices,
+                     numeric=(1, 2))
+    return section("Energy", "joules per generated token from each engine's GPUs (or the CPU package for an "
+                   "engine on this machine's CPU) over the dashboard's window, and every energy counter "
+                   "recorded", engines + counters)

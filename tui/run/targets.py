@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -9,6 +10,7 @@ from tui.base.secrets import read_api_key
 from tui.lifecycle.profiles import Profile, ProfileError, resolve
 from tui.model.targets import EngineTarget
 from tui.net.policy import split_credentials
+from tui.sources.discover import FoundEngine
 
 
 class TargetError(ValueError):
@@ -90,6 +92,12 @@ def build_targets(engines: list[str] | None, key_files: list[str] | None = None,
     if unknown:
         raise TargetError(f"API key given for unknown engine(s): {', '.join(sorted(unknown))}")
     return targets
+
+
+def discovered_targets(engines: Sequence[FoundEngine]) -> list[EngineTarget]:
+    """The engines discovery found on this machine (tui.sources.discover), watched as --engine NAME=URL would
+    watch them: never started, stopped or loaded."""
+    return [EngineTarget(name=e.name, url=e.url) for e in engines]
 
 
 def profile_target(profile: Profile, *, strict: bool = False) -> EngineTarget:

@@ -31,8 +31,8 @@ from urllib.parse import urlencode
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
-from tui.engines import llamacpp, sglang, vllm
-from tui.engines.argv import mask_argv, parse
+from tui.engines import llamacpp, options_llamacpp, sglang, vllm
+from tui.engines.argv import mask_argv, parse, says_secret
 from tui.engines.knowledge import EngineKnowledge, program_name
 from tui.engines.known import by_dialect
 from tui.model.config import EngineConfig
@@ -42,12 +42,11 @@ Fetch = Callable[[str], Awaitable[tuple[int, bytes]]]  # GET path -> (status, bo
 
 CACHE_INFO = "vllm:cache_config_info"
 _SPEC_DRAFTS = "vllm:spec_decode_num_drafts_total"  # registered only when speculative decoding is configured
-# llama-server's environment twins of its flags (LLAMA_ARG_*): read for the process we look at, never a key
-_LLAMA_ENV = {"LLAMA_ARG_CTX_SIZE": "--ctx-size", "LLAMA_ARG_N_PARALLEL": "--parallel",
-              "LLAMA_ARG_KV_UNIFIED": "--kv-unified", "LLAMA_ARG_CACHE_TYPE_K": "--cache-type-k",
-              "LLAMA_ARG_CACHE_TYPE_V": "--cache-type-v", "LLAMA_ARG_FLASH_ATTN": "--flash-attn",
-              "LLAMA_ARG_N_GPU_LAYERS": "--gpu-layers", "LLAMA_ARG_BATCH": "--batch-size",
-              "LLAMA_ARG_UBATCH": "--ubatch-size"}
+# llama-server's environment twins of its options (LLAMA_ARG_*, from its --help), secrets left out: they are
+# never read, not even to be masked
+_LLAMA_ENV = {name: option for name, option in options_llamacpp.ENV.items()
+              if option not in llamacpp.OPTIONS.secret and not says_secret(option)}
+_OFF = ("0", "false", "off", "no")
 
 Command = tuple[list[str], dict[str, str]]  # a process's argv and its LLAMA_ARG_* environment
 
@@ -175,8 +174,20 @@ def _llama_argv(raw: list[str], env: dict[str, str], fields: dict[str, Any],
     """The settings llama-server's command line (and LLAMA_ARG_* environment) gives, into `fields`; returns
     the fields that hold llama-server's default because neither set them."""
     read = parse(raw, llamacpp.OPTIONS)
-    opts = {**{flag: value for key, flag in _LLAMA_ENV.items() if (value := env.get(key)) is not None},
-            **read.options}
+    from_env: dict[str, str] = {}
+    for key, value in env.items():
+        option = _LLAMA_ENV.get(key)
+        if option is None:
+            continue
+        if llamacpp.OPTIONS.nargs.get(option) == 0:  # a switch: LLAMA_ARG_CACHE_PROMPT=0 is its negation
+            negation = "--no-" + option[2:]
+            if value.strip().lower() in _OFF and negation in llamacpp.OPTIONS.nargs:
+                option = negation
+            value = ""
+        from_env[option] = value
+    for option in read.options:  # the command line wins over the environment, as in llama-server
+        from_env.pop(option[:2] + option[5:] if option.startswith("--no-") else "--no-" + option[2:], None)
+    opts = {**from_env, **read.options}
     defaults: list[str] = []
     total = _int(opts.get("--ctx-size"))
     parallel = _int(opts.get("--parallel"))
@@ -203,7 +214,7 @@ def _llama_argv(raw: list[str], env: dict[str, str], fields: dict[str, Any],
         defaults.append("kv_cache_dtype")
     # llama-server caches each slot's prompt unless told not to (a request may still opt out: cache_prompt)
     fields["prefix_caching"] = "--no-cache-prompt" not in opts
-    if fields["prefix_caching"]:
+    if "--no-cache-prompt" not in opts and "--cache-prompt" not in opts:
         defaults.append("prefix_caching")
     fields["flash_attn"] = opts.get("--flash-attn")
     fields["gpu_layers"] = opts.get("--gpu-layers")
@@ -218,11 +229,12 @@ def _llama_argv(raw: list[str], env: dict[str, str], fields: dict[str, Any],
         spec = "off" if not speculates else None
     fields["spec_type"] = spec if spec != "none" else "off"
     if fields["spec_type"] not in (None, "off"):
-        depth = _int(opts.get("--spec-draft-n-max"))
-        if depth is None:
-            depth = 3  # llama-server's default depth
+        option = llamacpp.depth_option(fields["spec_type"])
+        depth = _int(opts.get(option)) if option else None
+        if depth is None and option == "--spec-draft-n-max":
+            depth = 3  # llama-server's default depth of a draft model
             defaults.append("spec_n_max")
-        fields["spec_n_max"] = depth
+        fields["spec_n_max"] = depth  # an n-gram type's own default is not assumed: None, not a guess
         fields["spec_n_min"] = _int(opts.get("--spec-draft-n-min"))
         fields["spec_p_min"] = _float(opts.get("--spec-draft-p-min"))
         fields["spec_draft_model"] = draft.rsplit("/", 1)[-1] if draft else None

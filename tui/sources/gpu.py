@@ -1,4 +1,7 @@
-"""NVIDIA GPU sampler over NVML (nvidia-ml-py's `pynvml`). Never raises: what NVML cannot say is None.
+"""GPU sampler: NVIDIA over NVML (nvidia-ml-py's `pynvml`), AMD and Intel from the kernel's sysfs
+(tui.sources.sysfs_gpu), one GpuReport for all of them, NVML's GPUs first. Never raises: what a GPU cannot
+say is None. The energy counter (NVML's total energy since the driver loaded, in mJ; hwmon's energy1_input,
+in µJ) is reported in joules as `energy_j`; the store turns its change into energy over a window.
 
 Error policy follows nvitop's `nvmlQuery`: NotSupported / NoPermission / other NVML errors make that one
 field None; FunctionNotFound (driver older than the binding) makes the field None, is logged once and the
@@ -22,6 +25,7 @@ from tui.model.samples import (
     GpuReport,
     GpuSample,
 )
+from tui.sources.sysfs_gpu import SysfsGpus
 
 log = logging.getLogger(__name__)
 
@@ -78,13 +82,16 @@ class GpuSampler:
 
     `nvml` is the `pynvml` module (default) or a stand-in exposing the same names (tests).
     `clock` is injectable so the init-retry interval can be checked without sleeping.
+    `sysfs`: the AMD and Intel reader (default: under ENGINETOP_SYSFS_ROOT or /sys); False reads none.
     """
 
     def __init__(
-        self, nvml: ModuleType | Any | None = None, clock: Callable[[], float] = time.monotonic
+        self, nvml: ModuleType | Any | None = None, clock: Callable[[], float] = time.monotonic,
+        sysfs: SysfsGpus | bool = True,
     ) -> None:
         self._nvml: Any = nvml  # pynvml, or a stand-in with the same names: duck-typed
         self._clock = clock
+        self._sysfs: SysfsGpus | None = (SysfsGpus(clock=clock) if sysfs is True else sysfs or None)
         self._initialized = False
         self._unavailable: str | None = None
         self._next_init_try = float("-inf")
@@ -110,16 +117,36 @@ class GpuSampler:
 
     def _sample(self, engine_pids: dict[str, set[int]] | None) -> GpuReport:
         now = self._clock()
+        pids = engine_pids or {}
         try:
-            if not self._ensure_init(now):
-                return GpuReport(t=now, unavailable=self._unavailable)
-            pids = engine_pids or {}
-            gpus = tuple(self._sample_device(i, dev, pids) for i, dev in enumerate(self._devices))
-            return GpuReport(t=now, gpus=gpus, driver_version=self._driver_version)
+            nvidia: tuple[GpuSample, ...] = ()
+            if self._ensure_init(now):
+                nvidia = tuple(self._sample_device(i, dev, pids) for i, dev in enumerate(self._devices))
         except Exception as exc:  # never let a binding surprise take the dashboard down
             log.exception("GPU sampling failed")
-            reason = f"GPU sampling failed ({type(exc).__name__}: {exc}): GPU panel off"
-            return GpuReport(t=now, unavailable=reason)
+            self._unavailable = f"GPU sampling failed ({type(exc).__name__}: {exc}): GPU panel off"
+            nvidia = ()
+        others = self._sample_sysfs(pids, len(nvidia))
+        if not nvidia and not others:
+            return GpuReport(t=now, unavailable=self._none_found())
+        return GpuReport(t=now, gpus=nvidia + others, driver_version=self._driver_version if nvidia else None)
+
+    def _none_found(self) -> str:
+        """NVML's reason, and that no AMD or Intel GPU was found either, in one line."""
+        reason = self._unavailable or "no NVIDIA GPU: GPU panel off"
+        if self._sysfs is None:
+            return reason
+        where = self._sysfs.root / "class" / "drm"
+        return reason.replace(": GPU panel off", f"; no AMD or Intel GPU in {where}: GPU panel off")
+
+    def _sample_sysfs(self, pids: dict[str, set[int]], first: int) -> tuple[GpuSample, ...]:
+        if self._sysfs is None:
+            return ()
+        try:
+            return tuple(self._sysfs.sample(pids, first))
+        except Exception:  # a surprise in sysfs: the NVIDIA GPUs are still shown
+            log.exception("sysfs GPU sampling failed")
+            return ()
 
     def _close(self) -> None:
         if not self._initialized:
@@ -229,11 +256,13 @@ class GpuSampler:
         except _Lost as lost:
             self._drop_gpm(dev)
             dev.handle = None  # a reset GPU may come back under a new handle
-            return GpuSample(index=index, t=t, name=dev.name, uuid=dev.uuid, error=f"GPU lost (NVML: {lost})")
+            return GpuSample(index=index, t=t, name=dev.name, uuid=dev.uuid, error=f"GPU lost (NVML: {lost})",
+                             vendor="NVIDIA", driver="nvml")
         except Exception as exc:
             log.exception("GPU %d sampling failed", index)
             return GpuSample(index=index, t=t, name=dev.name, uuid=dev.uuid,
-                             error=f"GPU sampling failed ({type(exc).__name__}: {exc})")
+                             error=f"GPU sampling failed ({type(exc).__name__}: {exc})", vendor="NVIDIA",
+                             driver="nvml")
 
     def _read_device(self, index: int, dev: _Device, engine_pids: dict[str, set[int]], t: float) -> GpuSample:
         nvml = self._nvml
@@ -252,6 +281,7 @@ class GpuSampler:
         util_gpu = float(util.gpu) if util is not None else None
         util_mem = float(util.memory) if util is not None else None
         power_mw = self._query("nvmlDeviceGetPowerUsage", h)
+        energy_mj = self._query("nvmlDeviceGetTotalEnergyConsumption", h)  # mJ since driver load; Volta+
         limit_mw = self._query("nvmlDeviceGetEnforcedPowerLimit", h)
         temp = self._query_first(
             ("nvmlDeviceGetTemperatureV", h, nvml.NVML_TEMPERATURE_GPU),
@@ -295,6 +325,9 @@ class GpuSampler:
             throttle_reasons=throttle_words(mask) if mask else (),
             throttled=bool(mask and mask & REAL_THROTTLE_MASK),
             processes=self._processes(h, engine_pids),
+            vendor="NVIDIA",
+            driver="nvml",
+            energy_j=energy_mj / 1000 if energy_mj is not None else None,
         )
 
     def _read_static(self, dev: _Device) -> None:

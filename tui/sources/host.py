@@ -1,4 +1,5 @@
-"""Host CPU / RAM / swap and per-engine process-tree memory, via psutil. Never raises."""
+"""Host CPU / RAM / swap and per-engine process-tree memory, via psutil; the CPU packages' energy via RAPL
+(tui.sources.rapl). Never raises."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import time
 import psutil
 
 from tui.model.samples import HostSample, ProcessTreeMemory
+from tui.sources.rapl import RaplReader
 
 log = logging.getLogger(__name__)
 
@@ -124,9 +126,11 @@ class CpuMeter:
 
 
 class HostSampler:
-    """CPU % since the previous sample (its own CpuMeter), memory, swap and engine trees."""
+    """CPU % since the previous sample (its own CpuMeter), memory, swap, engine trees and the CPU packages'
+    energy counter (RAPL; `rapl` injectable, by default read under ENGINETOP_SYSFS_ROOT or /sys)."""
 
-    def __init__(self) -> None:
+    def __init__(self, rapl: RaplReader | None = None) -> None:
+        self._rapl = rapl if rapl is not None else RaplReader()
         self._children_map: dict[int, list[int]] = {}
         self._children_at: float | None = None
         self._trees: dict[int, frozenset[int]] = {}  # each engine root's processes at the last walk
@@ -183,6 +187,12 @@ class HostSampler:
                 continue
             if tree is not None:
                 engines.append(tree)
+        try:
+            energy = self._rapl.read()
+            cpu_j, domains, energy_error = energy.joules, energy.domains, energy.error
+        except Exception as exc:  # never let a reader surprise take the host panel down
+            log.debug("CPU energy unavailable: %s", exc)
+            cpu_j, domains, energy_error = None, (), f"CPU energy (RAPL) failed: {exc}"
         return HostSample(
             t=t,
             cpu_pct=cpu_pct,
@@ -192,6 +202,9 @@ class HostSampler:
             swap_used_bytes=swap_used,
             swap_total_bytes=swap_total,
             engines=tuple(engines),
+            cpu_energy_j=cpu_j,
+            cpu_energy_domains=domains,
+            cpu_energy_error=energy_error,
         )
 
 

@@ -60,16 +60,20 @@ def request_stats(readings: Sequence[tuple[float, EngineReading]]) -> RequestSta
         finish_window = ()  # it restarted within the window
     ended = _counter(first.requests_finished_total, last.requests_finished_total)
     if ended is None and last.e2e_buckets is not None and first.e2e_buckets is not None:
+        # _delta gives None for a window that went back (a restart) or in which nothing ended
+        went_back = any(c < p for (_, c), (_, p) in zip(last.e2e_buckets, first.e2e_buckets, strict=False))
         hist = _delta(first.e2e_buckets, last.e2e_buckets)
-        ended = hist[-1][1] if hist else 0.0
+        ended = hist[-1][1] if hist else None if went_back else 0.0
     steps = _counter(first.iteration_steps_total, last.iteration_steps_total)
     tokens = _counter(first.iteration_tokens_sum, last.iteration_tokens_sum)
     running = [r.running for _, r in readings]
     busy_share = None if None in running else sum(1 for n in running[1:] if n and n > 0) / (len(running) - 1)
     generated = _counter(first.generation_tokens_total, last.generation_tokens_total)
     preempted = _counter(first.preemptions_total, last.preemptions_total)
+    kv = [r.kv_cache_usage for _, r in readings if r.kv_cache_usage is not None]
     return RequestStats(
-        window_s=window, ended=ended, requests_per_s=None if ended is None else ended / window,
+        window_s=window, kv_usage_max=max(kv) if kv else None, ended=ended,
+        requests_per_s=None if ended is None else ended / window,
         queue_s=_quantiles(first.queue_buckets, last.queue_buckets),
         prefill_s=_quantiles(first.prefill_buckets, last.prefill_buckets),
         decode_s=_quantiles(first.decode_buckets, last.decode_buckets),

@@ -38,8 +38,9 @@ from tui.fleet.options import FleetOptions, FleetSources
 from tui.fleet.prometheus import PromError
 from tui.lifecycle.profiles import Profile
 from tui.lifecycle.switch import EngineManager, StateChanges, SwitchResult
-from tui.live.feed import Feed
+from tui.live.feed import Feed, Source
 from tui.live.store import EngineState, Store
+from tui.model.samples import EngineSample
 from tui.model.status import EngineStatus, StepEvent
 from tui.model.targets import EngineTarget
 from tui.net.listen import ListenError
@@ -51,11 +52,13 @@ from tui.proxy.options import ProxyOptions
 from tui.record.writer import Recorder
 from tui.run.sources import RunOptions, build_sources
 from tui.run.targets import profile_target
+from tui.sources.discover import discover, start_hints
 from tui.sources.engine_source import EngineSource
 from tui.sources.gpu import GpuSampler
 from tui.sources.host import HostSampler
 from tui.ui.screens.ab import ABRun, ABScreen, dashboard_arm, start_dashboard_ab
 from tui.ui.screens.dashboard import Column, Dashboard
+from tui.ui.screens.engine_detail import EngineDetailScreen
 from tui.ui.screens.fleet import EngineScreen, FleetStatus, FleetView, GpusScreen
 from tui.ui.screens.help import HelpScreen
 from tui.ui.screens.logs import LogScreen
@@ -79,6 +82,9 @@ class Slot:
     profile: Profile | None = None
     status: EngineStatus | None = None
     failure: str | None = None  # why the last start/switch failed, until the next one succeeds
+    # set when a start or switch left nothing running: the column says why, and its port is not polled (a
+    # refused connection would read "starting" for ever) until the next start
+    given_up: str | None = None
     probe_every_s: float | None = None
 
     @property
@@ -120,10 +126,32 @@ class AppConfig:
     fleet_replay: bool = False  # the fleet table, fed by a replayed recording of a Prometheus (no queries)
     proxy: ProxyOptions | None = None  # a traffic proxy this dashboard runs in front of its engines
     traffic: list[str] = field(default_factory=list)  # separate `enginetop proxy` processes to watch
+    # what the start found or could not (discovery's report, a profile that cannot start): notified at start;
+    # with no engine at all, said where the columns would be
+    notes: list[str] = field(default_factory=list)
 
     @property
     def fleet_table(self) -> bool:
         return self.fleet_replay or (self.fleet is not None and self.fleet.prometheus is not None)
+
+
+class _Gate:
+    """A managed column's source as the feed reads it: not read while its slot has given up (nothing runs
+    there), and an answer that arrives after it gave up is dropped."""
+
+    def __init__(self, slot: Slot) -> None:
+        self.slot = slot
+        self.name = slot.source.name
+
+    @property
+    def interval_s(self) -> float:  # the source's own: `+` and `-` change it while the feed runs
+        return self.slot.source.interval_s
+
+    async def read(self) -> list[EngineSample]:
+        if self.slot.given_up is not None:
+            return []
+        samples = await self.slot.source.read()
+        return [] if self.slot.given_up is not None else samples
 
 
 class EnginetopApp(App[None]):
@@ -137,8 +165,12 @@ class EnginetopApp(App[None]):
         Binding("l", "show_log", "Log"),
         Binding("s", "save_svg", "Screenshot"),
         Binding("question_mark", "help", "Help", key_display="?"),
+        Binding("plus,equals_sign", "poll(0.5)", "Faster", key_display="+"),
+        Binding("minus", "poll(2)", "Slower", key_display="-"),
+        Binding("r", "reset", "Reset"),
         *(Binding(str(n), f"switch({n})", f"switch to profile {n}", show=False) for n in range(1, 10)),
     ]
+    POLL_BOUNDS_S = (0.25, 10.0)  # `+` and `-` halve or double the engines' poll interval within these
 
     def __init__(self, config: AppConfig) -> None:
         super().__init__()
@@ -183,7 +215,7 @@ class EnginetopApp(App[None]):
             yield FleetView(id="fleet")
             yield Footer()
             return
-        yield Dashboard([slot.target.name for slot in self.slots])
+        yield Dashboard([slot.target.name for slot in self.slots], notice="\n".join(self.config.notes))
         yield Footer()
 
     def on_mount(self) -> None:
@@ -199,6 +231,8 @@ class EnginetopApp(App[None]):
                 self.run_worker(self._probe_loop(slot), name=f"probes {slot.index}", group="probe-loop")
             if slot.manager is not None and slot.profile is not None:
                 self._run_lifecycle(slot, slot.profile, progress=None, initial=True)
+        if self.config.notes and self.slots:
+            self.notify("\n".join(self.config.notes), title="engines", timeout=20)
         self.set_interval(self.config.redraw_interval_s, self.redraw)
         self.redraw()
 
@@ -214,11 +248,34 @@ class EnginetopApp(App[None]):
         if self._gpu is not None and self._gpu is not self.run_sources.gpu:
             await asyncio.to_thread(self._gpu.close)
 
+    # ---- keys of a top ----------------------------------------------------------------------
+    def action_poll(self, factor: float) -> None:
+        """Poll the engines faster (`+`) or slower (`-`), within POLL_BOUNDS_S."""
+        low, high = self.POLL_BOUNDS_S
+        for slot in self.slots:
+            slot.source.interval_s = min(high, max(low, slot.source.interval_s * factor))
+        if self.slots:
+            self.notify(f"engines polled every {self.slots[0].source.interval_s:g} s", timeout=3)
+
+    def action_reset(self) -> None:
+        """Start the session's figures again: rates, peaks, plots and probes begin from now."""
+        for slot in self.slots:
+            self.store.reset_engine(slot.target.name)
+        self.notify("session figures reset: they start again from the next poll", timeout=3)
+        self.redraw()
+
+    def on_engine_panel_detail_asked(self, message: EnginePanel.DetailAsked) -> None:
+        name = message.name
+        self.push_screen(EngineDetailScreen(name, lambda: self.store.engines.get(name)))
+
     # ---- polling --------------------------------------------------------------------------
     def _feed(self) -> Feed:
         """The one polling loop (tui.live.feed) over the run's sources (tui.run.sources): each read in its own
         task, so a slow engine delays nobody but itself."""
-        return Feed(self.store, self.run_sources.all(), on_error=self._report_failure)
+        managed = {id(slot.source): slot for slot in self.slots if slot.manager is not None}
+        sources: list[Source] = [_Gate(managed[id(s)]) if id(s) in managed else s
+                                 for s in self.run_sources.all()]
+        return Feed(self.store, sources, on_error=self._report_failure)
 
     async def _sample_loop(self) -> None:
         try:
@@ -386,6 +443,7 @@ class EnginetopApp(App[None]):
         cancel = progress.cancel if progress else threading.Event()
         new_target = profile_target(to)
         slot.profile = to
+        slot.given_up = None
         slot.target = new_target
         self.store.engine(new_target.name, new_target.url)
         self._relabel(slot)
@@ -395,25 +453,54 @@ class EnginetopApp(App[None]):
             if progress is not None:
                 self.call_from_thread(progress.step, event)
 
-        def work() -> SwitchResult:
+        def work() -> tuple[SwitchResult, list[str]]:
             adopted = manager.adopt_recorded(to, on_step=on_step, cancel=cancel) if initial else None
-            return adopted if adopted is not None else manager.switch(to, on_step=on_step, cancel=cancel)
+            result = adopted if adopted is not None else manager.switch(to, on_step=on_step, cancel=cancel)
+            offer = []
+            if not result.ok and manager.current is None and not cancel.is_set():
+                offer = self._what_works()
+            return result, offer
 
-        def done(result: SwitchResult) -> None:
+        def done(result: SwitchResult, offer: list[str]) -> None:
             if progress is not None:
                 progress.finish(result.message, result.ok)
             slot.failure = None if result.ok else f"{result.failed_step} failed: {result.message}"
             self.record_event("switch-result", slot.target.name, {
                 "to": to.name, "ok": result.ok, "failed_step": result.failed_step, "message": result.message})
+            if not result.ok and manager.current is None and not cancel.is_set():
+                self._give_up(slot, f"not running: {to.name} did not start ({result.failed_step} failed)")
             if not result.ok:
-                self.notify(result.message, title=f"{to.name}: {result.failed_step} failed", severity="error",
-                            timeout=15)
+                self.notify("\n".join([result.message, *offer]), severity="error",
+                            title=f"{to.name}: {result.failed_step} failed", timeout=30 if offer else 15)
 
         async def run() -> None:
-            result = await asyncio.to_thread(work)
-            done(result)
+            result, offer = await asyncio.to_thread(work)
+            done(result, offer)
 
         self.run_worker(run(), name=f"lifecycle {to.name}", group="lifecycle")
+
+    def _give_up(self, slot: Slot, why: str) -> None:
+        """Nothing runs in this column and nothing will until the next start: say so where its health is, and
+        stop polling a port nothing listens on."""
+        slot.given_up = why
+        target = slot.target
+        self.store.add(EngineSample(name=target.name, url=target.url, t=time.monotonic(), wall=time.time(),
+                                    health="down", health_reason=why))
+
+    def _what_works(self) -> list[str]:
+        """In a thread, after a start that left nothing running: the engines running on this machine, or how
+        to point enginetop at one."""
+        try:
+            found = discover().engines
+        except Exception as exc:  # discovery is an offer: its failure must not hide the start's
+            log.warning("discovery after a failed start: %r", exc)
+            found = []
+        watched = {slot.target.url for slot in self.slots}
+        found = [e for e in found if e.url not in watched]
+        if found:
+            return ["running on this machine (`enginetop` with no flags watches them):",
+                    *(f"  {e.words()}" for e in found)]
+        return [start_hints()[0]]
 
     def _relabel(self, slot: Slot) -> None:
         if hasattr(self, "_main") and self._main.is_mounted:

@@ -46,7 +46,9 @@ class _Nothing:
 
 
 class ReplayApp(EnginetopApp):
-    BINDINGS = [*EnginetopApp.BINDINGS, *REPLAY_KEYS]
+    # a recording's pace is its own: + and - change the replay's speed, and there is no session to reset
+    BINDINGS = [*(b for b in EnginetopApp.BINDINGS
+                  if isinstance(b, Binding) and not b.action.startswith(("poll(", "reset"))), *REPLAY_KEYS]
 
     def __init__(self, recording: Recording, config: AppConfig | None = None,
                  start: float | None = None) -> None:

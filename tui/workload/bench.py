@@ -48,6 +48,8 @@ class EngineRun:
     prompt_note: str | None = None  # prompts made without the engine's tokens: why, and what is approximate
     workers: list[dict[str, Any]] = field(default_factory=list)  # --workers: each one's share, its figures
     worker_notes: tuple[str, ...] = ()  # the workers that could not keep up, named
+    # the machine's energy over this part and per generated token (tui.sources.energy_meter), when measured
+    energy: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,14 @@ class EngineSummary:
     client_notes: tuple[str, ...] = ()  # when the client may have been the bottleneck, why
     prompt_note: str | None = None  # lengths and block sharing approximate on this engine, and why
     workers: tuple[dict[str, Any], ...] = ()  # --workers: each worker's share (sent, lateness, CPU, lag)
+    # energy over the run (the engine's GPUs, or the CPU package for an engine on this machine's CPU) and per
+    # generated token, prefills included (tui.sources.energy.run_energy)
+    energy_j: float | None = None
+    joules_per_token: float | None = None
+    tokens_per_joule: float | None = None
+    energy_source: str | None = None
+    energy_scope: str | None = None
+    energy_note: str | None = None
 
 
 def summarize(run: EngineRun, slo: Slo | None = None) -> EngineSummary:
@@ -117,6 +127,8 @@ def summarize(run: EngineRun, slo: Slo | None = None) -> EngineSummary:
         first_errors=tuple(dict.fromkeys(r.error or "" for r in results if not r.ok))[:3],
         client_notes=(*(run.client.notes if run.client is not None else ()), *run.worker_notes),
         prompt_note=run.prompt_note, workers=tuple(run.workers),
+        **{k: (run.energy or {}).get(k) for k in ("energy_j", "joules_per_token", "tokens_per_joule",
+                                                  "energy_source", "energy_scope", "energy_note")},
     )
 
 
@@ -328,6 +340,7 @@ def table(summaries: list[EngineSummary]) -> str:
         ("decode tok/s p50", [num(s.decode_tps_p50, "{:.1f}") for s in summaries]),
         ("requests/s", [num(s.requests_per_s) for s in summaries]),
         ("output tok/s", [num(s.output_tokens_per_s, "{:.1f}") for s in summaries]),
+        ("J / output token", [num(s.joules_per_token, "{:.3g}") for s in summaries]),
         ("cached share", ["n/a" if s.cached_share is None else f"{s.cached_share * 100:.1f}%"
                           for s in summaries]),
         ("send lateness ms p50/p99", [f"{ms(s.lateness_s.p50)} / {ms(s.lateness_s.p99)}" for s in summaries]),
@@ -351,4 +364,8 @@ def table(summaries: list[EngineSummary]) -> str:
             lines.append(f"{s.engine}: {note}")
         if s.prompt_note:
             lines.append(f"{s.engine}: {s.prompt_note}")
+        if s.energy_scope:
+            lines.append(f"{s.engine}: energy {s.energy_j:.1f} J of {s.energy_scope} ({s.energy_source})")
+        elif s.energy_note:
+            lines.append(f"{s.engine}: energy n/a: {s.energy_note}")
     return "\n".join(lines)

@@ -29,6 +29,8 @@ from tui.model.targets import EngineTarget
 from tui.model.workload import Workload
 from tui.probe.client import ProbeLimits
 from tui.probe.results import ProbeResult
+from tui.sources.energy_meter import EnergyMeter
+from tui.sources.engine_source import is_local
 from tui.workload.bench import Bench, EngineRun
 from tui.workload.evidence import run_findings
 from tui.workload.prompts import PromptMaker
@@ -86,6 +88,12 @@ class Level:
     passed: bool
     stopped: Stop | None = None  # why the level ended before its plan did
     why: str | None = None
+    # the machine's energy over the level and per generated token (tui.sources.energy.run_energy)
+    energy_j: float | None = None
+    joules_per_token: float | None = None
+    energy_source: str | None = None
+    energy_scope: str | None = None
+    energy_note: str | None = None
 
 
 @dataclass
@@ -212,7 +220,7 @@ class Capacity:
                  limits: ProbeLimits | None = None, tokenizer: str | None = None,
                  on_level: Callable[[str, Level], None] | None = None,
                  on_bench: Callable[[Bench | WorkerBench, float], None] | None = None,
-                 workers: int = 1) -> None:
+                 workers: int = 1, meter: Callable[[], EnergyMeter] | None = None) -> None:
         self.target = target
         self.workload = workload
         self.search = search
@@ -222,6 +230,7 @@ class Capacity:
         self.pool = WorkerPool(workers) if workers > 1 else None  # --workers: one pool for every level
         self.on_level = on_level
         self.on_bench = on_bench  # told of each level's bench as it starts (the live view follows it)
+        self.meter = meter  # the machine's energy over each level (None: not measured)
         self.result = CapacityResult(target.name, target.url, str(search.slo), search.attainment,
                                      search.arrival)
         self._prompts: PromptMaker | None = None
@@ -279,6 +288,7 @@ class Capacity:
         watch = Watch(bench, self.search, len(planned), rate)
         if self.on_bench is not None:
             self.on_bench(bench, rate)
+        meter = self.meter().__enter__() if self.meter is not None else None
         task = asyncio.ensure_future(bench.go())
         stopped: tuple[Stop, str] | None = None
         started = time.monotonic()
@@ -292,13 +302,26 @@ class Capacity:
             task.cancel()
             stopped = ("interrupted", "the run was interrupted")
             await asyncio.gather(task, return_exceptions=True)
-            self._keep(level_of(rate, len(planned), bench.run, self.search, stopped))
+            self._keep(self._energy(level_of(rate, len(planned), bench.run, self.search, stopped), meter,
+                                    bench.run))
             raise
         await asyncio.gather(task, return_exceptions=True)
         self.sent += bench.run.results
         self.max_in_flight = max(self.max_in_flight, bench.max_in_flight)
         self.level_sent.append((rate, list(bench.run.results), bench.max_in_flight))
-        return self._keep(level_of(rate, len(planned), bench.run, self.search, stopped))
+        return self._keep(self._energy(level_of(rate, len(planned), bench.run, self.search, stopped), meter,
+                                       bench.run))
+
+    def _energy(self, level: Level, meter: EnergyMeter | None, run: EngineRun) -> Level:
+        """The level with what its generated tokens cost (the meter's energy over the level)."""
+        if meter is None:
+            return level
+        meter.__exit__(None, None, None)
+        tokens = sum(r.completion_tokens or 0 for _, r in run.results if r.ok)
+        got = meter.result(tokens, is_local(self.target.url))
+        return replace(level, energy_j=got["energy_j"], joules_per_token=got["joules_per_token"],
+                       energy_source=got["energy_source"], energy_scope=got["energy_scope"],
+                       energy_note=got["energy_note"])
 
     def findings(self, block_size: int | None, before: EngineSample | None,
                  after: EngineSample | None) -> list[Finding]:
@@ -339,14 +362,19 @@ def curve_table(results: list[CapacityResult]) -> str:
         lines.append(f"{r.engine}: capacity {found} at SLO {r.slo} met by >= {r.attainment * 100:g}% "
                      f"({r.arrival} arrivals)")
         lines.append(f"  {'rate':>8} {'sent':>6} {'achieved':>9} {'attained':>9} {'TTFT p90':>9} "
-                     f"{'goodput':>8}  verdict")
+                     f"{'goodput':>8} {'J/token':>8}  verdict")
         for x in r.levels:
             att = "n/a" if x.attainment is None else f"{x.attainment * 100:.1f}%"
             p90 = "n/a" if x.ttft_p90_s is None else f"{x.ttft_p90_s * 1000:.0f} ms"
             ach = "n/a" if x.achieved_rps is None else f"{x.achieved_rps:.3g}"
             good = "n/a" if x.goodput_rps is None else f"{x.goodput_rps:.3g}"
             verdict = "pass" if x.passed else f"fail ({x.stopped}: {x.why})" if x.stopped else "fail"
-            lines.append(f"  {x.rate:>8.3g} {x.sent:>6} {ach:>9} {att:>9} {p90:>9} {good:>8}  {verdict}")
+            jpt = "n/a" if x.joules_per_token is None else f"{x.joules_per_token:.3g}"
+            lines.append(f"  {x.rate:>8.3g} {x.sent:>6} {ach:>9} {att:>9} {p90:>9} {good:>8} {jpt:>8}  "
+                         f"{verdict}")
+        scopes = sorted({x.energy_scope for x in r.levels if x.energy_scope})
+        if scopes:
+            lines.append(f"  J/token: the energy of {', '.join(scopes)} over each level's generated tokens")
         if r.error:
             lines.append(f"  stopped: {r.error}")
     side = [f"{r.engine} {'n/a' if r.capacity_rps is None else f'{r.capacity_rps:.3g}'}" for r in results]

@@ -62,6 +62,7 @@ def bench_body(result: dict[str, Any]) -> str:
         ("decode tok/s p50", [num(e["decode_tps_p50"]) for e in engines]),
         ("requests/s", [num(e["requests_per_s"], 2) for e in engines]),
         ("output tok/s", [num(e["output_tokens_per_s"]) for e in engines]),
+        ("J / output token", [_joules(e) for e in engines]),
         (
             "cached share",
             [
@@ -158,6 +159,7 @@ def capacity_body(result: dict[str, Any]) -> str:
                 num(x["attainment"] * 100 if x["attainment"] is not None else None, 1, "%"),
                 ms(x["ttft_p90_s"]),
                 num(x["goodput_rps"], 2),
+                _joules(x),
                 "pass"
                 if x["passed"]
                 else escape(f"fail: {x['stopped']}: {x['why']}")
@@ -167,7 +169,8 @@ def capacity_body(result: dict[str, Any]) -> str:
             for x in e["levels"]
         ]
         body += f"<h3>{escape(e['engine'])}</h3>" + table(
-            ["rate", "sent", "SLO met", "TTFT p90", "goodput", "verdict"], level_rows, numeric=(0, 1, 2, 3, 4)
+            ["rate", "sent", "SLO met", "TTFT p90", "goodput", "J / token", "verdict"], level_rows,
+            numeric=(0, 1, 2, 3, 4, 5)
         )
     return (
         f'<p class="kicker">enginetop capacity</p><h1>{escape(result["workload"])}</h1>'
@@ -195,3 +198,13 @@ def write_workload_report(result: dict[str, Any], out: Path, source: str) -> Pat
         document(f"enginetop {result['schema'].split('.')[1].split('/')[0]}", body, source), encoding="utf-8"
     )
     return out
+
+
+def _joules(part: dict[str, Any]) -> str:
+    """Joules per generated token with whose energy it is (a result written before energy was read: n/a)."""
+    value = part.get("joules_per_token")
+    if value is None:
+        note = part.get("energy_note")
+        return f'<span class="muted">{escape(note)}</span>' if note else "n/a"
+    scope = part.get("energy_scope")
+    return f"{value:.3g}" + (f' <span class="muted">({escape(scope)})</span>' if scope else "")

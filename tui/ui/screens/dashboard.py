@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from textual.app import ComposeResult
 from textual.containers import Container, Horizontal, Vertical
+from textual.widgets import Static
 
 from tui.live.store import BENCH_TTFT, EngineState
 from tui.model.samples import GpuReport, HostSample
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
     from tui.compare.roofline import Roofline
     from tui.model.status import EngineStatus
 
+MAX_COLUMNS = 4
+MIN_PLOT_ROWS = 30  # below this many rows the plots give way to the figures
 GEN_TITLE = "generation tok/s: counters (lines), probe decode (x)"
 TTFT_TITLE = "TTFT p50: histograms (lines), probes (x)"
 
@@ -53,24 +56,36 @@ class Dashboard(Vertical):
     Dashboard > #bottom { height: auto; max-height: 30%; overflow-y: auto; }
     Dashboard #bottom > GpuPanel { width: 2fr; }
     Dashboard #bottom > HostPanel { width: 1fr; }
+    Dashboard #no-engines { padding: 1 2; }
     """
 
     def __init__(self, names: Sequence[str], host: bool = True, gen_title: str = GEN_TITLE,
-                 ttft_title: str = TTFT_TITLE, **kwargs) -> None:
+                 ttft_title: str = TTFT_TITLE, notice: str = "", **kwargs) -> None:
+        """`notice`: said where the engine columns would be, when there are none (why, and what to run)."""
         super().__init__(**kwargs)
         self.names = list(names)
+        self.rows = len(self.names) > MAX_COLUMNS  # more engines than fit as columns: a line each
+        self.notice = notice
         self.host = host
         self.titles = {"gen_tps": gen_title, "ttft_p50_s": ttft_title}
 
     def compose(self) -> ComposeResult:
-        # A grid, engines in the first row and their probes below, one column each: no container per column
-        # (every container is one more widget to paint when a panel beside it changes).
+        # A grid, no container per column (every container is one more widget to paint when a panel beside it
+        # changes). The number of engines decides its shape: one engine uses the width (its column and its
+        # probes side by side); two to four are columns with their probes below; more are a line each, as
+        # the fleet table draws them (`enter` opens one's every figure).
+        n = len(self.names)
         with Container(id="engines") as engines:
-            engines.styles.grid_size_columns = max(1, len(self.names))
+            engines.styles.grid_size_columns = 2 if n == 1 else 1 if self.rows else max(1, n)
             for i, name in enumerate(self.names):
-                yield EnginePanel(name, id=f"engine-{i}")
-            for i in range(len(self.names)):
-                yield ProbePanel(id=f"probes-{i}")
+                yield EnginePanel(name, row=self.rows, id=f"engine-{i}")
+                if n == 1:
+                    yield ProbePanel(id="probes-0")
+            if n > 1 and not self.rows:
+                for i in range(n):
+                    yield ProbePanel(id=f"probes-{i}")
+            if not self.names and self.notice:
+                yield Static(self.notice, id="no-engines", markup=False)
         with Horizontal(id="plots"):
             yield TimePlot(id="plot-gen")
             yield TimePlot(id="plot-ttft")
@@ -87,8 +102,11 @@ class Dashboard(Vertical):
         for i, column in enumerate(columns):
             state = column.state
             self.query_one(f"#engine-{i}", EnginePanel).show(state, column.status, column.roof)
-            self.query_one(f"#probes-{i}", ProbePanel).show(
-                [r for _, r in state.probes], column.probing, column.probe_every_s, ttft_gap_factor)
+            if not self.rows:
+                self.query_one(f"#probes-{i}", ProbePanel).show(
+                    [r for _, r in state.probes], column.probing, column.probe_every_s, ttft_gap_factor)
+        plots = self.query_one("#plots")
+        plots.display = (self.app.size.height or MIN_PLOT_ROWS) >= MIN_PLOT_ROWS
         rel_spans = [(a - now, b - now) for a, b in spans]
         # the newest probe's time, not the count: probes older than the horizon are dropped
         events = (len(rel_spans), note, tuple((name, st.probes[-1][0] if st.probes else None)
@@ -97,7 +115,8 @@ class Dashboard(Vertical):
                 ("#plot-gen", "gen_tps", "tok/s", lambda r: (r.decode_at, r.decode_tps)),
                 ("#plot-ttft", "ttft_p50_s", "seconds", lambda r: (r.ttft_at, r.ttft_s))):
             plot = self.query_one(plot_id, TimePlot)
-            if plot.due(now, horizon_s, events):  # a plotext rebuild is the costliest thing here
+            # a plotext rebuild is the costliest thing here; hidden plots are not rebuilt at all
+            if plots.display and plot.due(now, horizon_s, events):
                 title = f"{self.titles[key]} — {note}" if note else self.titles[key]
                 plot.show(plot_data(title, ylabel, key, probe_value, plotted, now, horizon_s, rel_spans), now)
         self.query_one("#gpu", GpuPanel).show(gpu)

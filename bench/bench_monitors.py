@@ -1,0 +1,224 @@
+"""enginetop beside the monitors users install for one engine each, on the same engine and traffic: llamastat
+0.3.0 ("nvtop for llama.cpp") on a llama-server started as its README starts it (no --metrics), vllmstat 0.9.1
+("nvtop for vLLM") on the CPU vLLM. Each monitor runs as a user runs it, its real TUI in a pseudo-terminal of
+160×50, one after the other under the same steady agent traffic; its process tree's CPU and peak RSS are read
+from outside (bench/meter.py). Then what each shows that the other does not, row by row, from each one's
+own JSON (`llamastat --once --json`, `vllmstat --once --json`, `enginetop snapshot --json`).
+
+The peers are installed on first use into their own venv (~/.cache/enginetop/peers-venv), never enginetop's.
+
+    .venv/bin/python bench/bench_monitors.py [--seconds 60] [--sections llama,vllm]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.meter import TreeMeter  # noqa: E402
+from bench.tools import ensure_tool  # noqa: E402
+from tests.conftest import start_engine, wait_openai_ready  # noqa: E402
+from tui.base.paths import cache_dir, runs_dir  # noqa: E402
+from tui.base.process import free_port, launch, stop_group  # noqa: E402
+from tui.engines.llamacpp import demo_argv  # noqa: E402
+
+PEERS = cache_dir() / "peers-venv"
+ENGINETOP = [sys.executable, "-m", "tui"]
+TERM = {"TERM": "xterm-256color", "COLUMNS": "160", "LINES": "50"}
+
+
+def peer(name: str) -> Path:
+    python = ensure_tool(PEERS, "llamastat==0.3.0", "llamastat", "~40 MB")
+    if name == "vllmstat" and not (PEERS / "bin" / "vllmstat").exists():
+        subprocess.run([str(python.parent / "python"), "-m", "pip", "install", "-q", "vllmstat==0.9.1"],
+                       check=True)
+    return PEERS / "bin" / name
+
+
+class Traffic:
+    """Agents in a loop until stopped: a request, its answer, a think time; the tokens answers reported."""
+
+    def __init__(self, url: str, model: str | None, agents: int = 2, tokens: int = 48,
+                 think_s: float = 0.5) -> None:
+        self.url, self.model, self.agents, self.tokens, self.think_s = url, model, agents, tokens, think_s
+        self.stop = threading.Event()
+        self.told = 0
+        self.threads = [threading.Thread(target=self._agent, args=(n,), daemon=True) for n in range(agents)]
+
+    def _agent(self, n: int) -> None:
+        with httpx.Client(timeout=120) as client:
+            turn = 0
+            while not self.stop.is_set():
+                body = {"messages": [{"role": "user", "content": f"agent {n} step {turn}: list fruit"}],
+                        "max_tokens": self.tokens, **({"model": self.model} if self.model else {})}
+                with_reply = client.post(f"{self.url}/v1/chat/completions", json=body)
+                if with_reply.status_code == 200:
+                    self.told += with_reply.json()["usage"]["completion_tokens"]
+                turn += 1
+                self.stop.wait(self.think_s)
+
+    def __enter__(self) -> Traffic:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=120)
+
+
+def cost(argv: list[str], seconds: float, warmup: float, log: Path) -> tuple[float, int]:
+    """The monitor's real TUI in a pseudo-terminal (`script`), its tree's CPU share and peak RSS."""
+    cmd = ["script", "-qfec", " ".join(argv), "/dev/null"]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, **TERM}, start_new_session=True)
+        try:
+            time.sleep(warmup)
+            if proc.poll() is not None:
+                raise SystemExit(f"{argv[0]} exited at once: see {log}")
+            with TreeMeter(proc.pid) as meter:
+                time.sleep(seconds)
+        finally:
+            os.killpg(proc.pid, 15)
+            proc.wait(timeout=30)
+    return meter.cpu_s / seconds * 100, meter.peak
+
+
+def once_json(argv: list[str]) -> dict:
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    if out.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} failed: {out.stderr[-800:]}")
+    return json.loads(out.stdout)
+
+
+def present(data: object, *keys: str) -> bool:
+    """Any of `keys` anywhere in the JSON with a value that is not null, empty or zero-length."""
+    if isinstance(data, dict):
+        return any(data.get(k) not in (None, [], {}, "") for k in keys) or \
+            any(present(v, *keys) for v in data.values())
+    if isinstance(data, list):
+        return any(present(v, *keys) for v in data)
+    return False
+
+
+def side_by_side(rows: list[tuple[str, tuple[str, ...], tuple[str, ...]]], ours: dict, theirs: dict,
+                 peer_name: str) -> None:
+    print(f"  {'figure':<44} {'enginetop':>9} {peer_name:>9}")
+    for label, our_keys, their_keys in rows:
+        mark = ("yes" if present(ours, *our_keys) else "–", "yes" if present(theirs, *their_keys) else "–")
+        print(f"  {label:<44} {mark[0]:>9} {mark[1]:>9}")
+
+
+LLAMA_ROWS = [
+    ("slots: phase, task, prompt progress, generated", ("slots",), ("slots",)),
+    ("per-slot context used / n_ctx", ("slots",), ("ctx_used",)),
+    ("generation tok/s (from /slots without --metrics)", ("gen_tps",), ("gen_rate", "gen_tps")),
+    ("prompt tok/s", ("prompt_processed_tps",), ("prompt_rate", "prompt_tps")),
+    ("quantization", ("quantization",), ("model_ftype",)),
+    ("parameters", ("params",), ("n_params",)),
+    ("file size", ("model_bytes",), ("model_size_bytes",)),
+    ("training context", ("train_context",), ("n_ctx_train",)),
+    ("build", ("version",), ("build_info",)),
+    ("slots × context", ("slots", "context_tokens"), ("total_slots",)),
+    ("sampling defaults", ("sampling",), ("temperature",)),
+    ("configuration: KV pool, unified/split, KV dtype, cache", ("summary",), ("kv_unified",)),
+    ("findings with evidence", ("findings",), ("findings", "advice")),
+    ("where each figure came from", ("origin", "sources"), ("source",)),
+    ("requests completed", ("requests_finished_total",), ("tasks_completed",)),
+    ("session peaks and totals", ("peak_gen_tps", "gen_tokens_session"), ("peak_gen_rate",)),
+    ("host power / energy per token", ("joules_per_token", "energy"), ("host",)),
+]
+# vllmstat's names: its Snapshot dataclass (vllmstat/core/state.py), as `--once --json` dumps it
+VLLM_ROWS = [
+    ("running / waiting, session peaks", ("running",), ("peak_running",)),
+    ("gen / prompt tok/s", ("gen_tps",), ("gen_tps",)),
+    ("requests/s", ("requests_per_s",), ("req_rate",)),
+    ("TTFT quantiles", ("ttft_p50_s",), ("ttft",)),
+    ("queue / prefill / decode quantiles", ("queue_s", "prefill_s"), ("queue", "prefill")),
+    ("end-to-end quantiles", ("e2e_s",), ("e2e",)),
+    ("prompt / generation lengths", ("prompt_len",), ("prompt_len",)),
+    ("finish reasons", ("finish_window", "finish_total"), ("finish_reasons",)),
+    ("preemptions/s", ("preemptions_per_s",), ("preempt_rate",)),
+    ("tokens per iteration", ("tokens_per_step",), ("tokens_per_iter",)),
+    ("busy share / averages while serving", ("busy_share",), ("session_active_frac",)),
+    ("KV pool in tokens (as vLLM says)", ("kv_pool_tokens",), ("kv_capacity_tokens",)),
+    ("prefix cache hit", ("prefix_cache_hit_rate",), ("prefix_hit_window",)),
+    ("goodput against SLOs", ("goodput",), ("goodput_ttft",)),
+    ("configuration read from the engine", ("summary",), ("max_model_len",)),
+    ("findings with evidence", ("findings",), ("advice",)),
+    ("where each figure came from", ("sources",), ("source",)),
+]
+
+
+def section(name: str, url: str, model: str | None, peer_argv: list[str], peer_json: list[str],
+            rows: list, seconds: float, work: Path) -> None:
+    print(f"\n== {name}: {url}")
+    ours_argv = [*ENGINETOP, "--engine", f"{name}={url}", "--no-record", "--no-discover"]
+    with Traffic(url, model) as traffic:
+        time.sleep(3)
+        results = {}
+        for label, argv in (("enginetop", ours_argv), (peer_argv[0].rsplit("/", 1)[-1], peer_argv)):
+            cpu, rss = cost(argv, seconds, 6.0, work / f"{label}.log")
+            results[label] = (cpu, rss)
+            print(f"  {label:<10} {cpu:5.2f} % of a core, peak RSS {rss / 2**20:5.0f} MiB "
+                  f"({seconds:.0f} s, its tree, in a 160×50 pseudo-terminal)", flush=True)
+        ours = once_json([*ENGINETOP, "snapshot", "--engine", f"{name}={url}", "--json", "--interval", "1"])
+        theirs = once_json(peer_json)
+    (label_a, (cpu_a, rss_a)), (label_b, (cpu_b, rss_b)) = results.items()
+    print(f"  ratio {label_a}/{label_b}: CPU {cpu_a / cpu_b:.2f}x, RSS {rss_a / rss_b:.2f}x; "
+          f"{traffic.told} tokens generated meanwhile")
+    side_by_side(rows, ours, theirs, label_b)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--sections", default="llama,vllm")
+    args = ap.parse_args()
+    work = runs_dir() / "bench-monitors"
+    work.mkdir(parents=True, exist_ok=True)
+    sections = args.sections.split(",")
+    if "llama" in sections:
+        llamastat = peer("llamastat")
+        engine = start_engine("plain", "llama-server", lambda port: [
+            a for a in demo_argv(port, "--parallel", "4") if a != "--metrics"])
+        try:
+            section("llama", engine.url, None, [str(llamastat), "-u", engine.url],
+                    [str(llamastat), "-u", engine.url, "--once", "--json"], LLAMA_ROWS, args.seconds, work)
+        finally:
+            stop_group(engine.launched)
+    if "vllm" in sections:
+        vllmstat = peer("vllmstat")
+        from tui.lifecycle.profiles import load_profiles, repo_profiles_dir, resolve
+
+        port = free_port()
+        profile = dataclasses.replace(load_profiles([repo_profiles_dir()]).get("demo-vllm-tiny"), port=port)
+        resolved = resolve(profile)
+        assert resolved.argv is not None
+        launched = launch(list(resolved.argv), runs_dir() / f"bench-vllm-{port}.log", env=resolved.env)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            wait_openai_ready("vLLM", url, launched, timeout=300)
+            section("vllm", url, "enginetop-tiny-llama", [str(vllmstat), "-u", url, "--no-gpu"],
+                    [str(vllmstat), "-u", url, "--no-gpu", "--once", "--json"], VLLM_ROWS, args.seconds,
+                    work)
+        finally:
+            stop_group(launched)
+
+
+if __name__ == "__main__":
+    main()

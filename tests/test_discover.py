@@ -1,0 +1,145 @@
+"""Discovery (tui.sources.discover): the engines on this machine found without flags, from their command lines
+or on a usual port, each confirmed by its answer, and nothing else; `enginetop snapshot` with no --engine
+watches what it found."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import start_engine
+from waiting import until
+
+from tui.base.process import free_port, launch, stop_group
+from tui.engines.known import serving_program
+from tui.engines.llamacpp import demo_argv
+from tui.sources.discover import (
+    DEFAULT_PORTS,
+    DiscoverError,
+    FoundEngine,
+    _named,
+    _url_host,
+    discover,
+    usual_ports,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize(("argv", "program"), [
+    (["/opt/llama.cpp/build/bin/llama-server", "-m", "x.gguf", "--port", "8080"], "llama-server"),
+    (["llama-swap", "--config", "swap.yaml", "--listen", ":8080"], "llama-swap"),
+    (["/venv/bin/vllm", "serve", "Qwen/Qwen3-8B"], "vLLM"),
+    (["/venv/bin/python3", "-m", "vllm.entrypoints.openai.api_server", "--model", "m"], "vLLM"),
+    (["python", "-m", "sglang.launch_server", "--model-path", "m"], "SGLang"),
+    (["python3", "-m", "http.server", "8000"], None),
+    (["ssh", "-L", "8080:gpu-box:8080", "gpu-box"], None),
+    (["/usr/bin/docker-proxy", "-host-port", "8000"], None),
+])
+def test_an_engine_is_told_from_its_command_line(argv: list[str], program: str | None) -> None:
+    assert serving_program(argv) == program
+
+
+def test_the_usual_ports_can_be_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert usual_ports({}) == DEFAULT_PORTS == (8080, 8000, 30000, 1234, 11434)
+    assert usual_ports({"ENGINETOP_DISCOVER_PORTS": "9000, 9001,9000"}) == (9000, 9001)
+    assert usual_ports({"ENGINETOP_DISCOVER_PORTS": ""}) == ()
+    with pytest.raises(DiscoverError, match="ENGINETOP_DISCOVER_PORTS"):
+        usual_ports({"ENGINETOP_DISCOVER_PORTS": "80a"})
+
+
+def test_only_loopback_reaches_a_listener() -> None:
+    assert _url_host("0.0.0.0") == "127.0.0.1" and _url_host("::") == "127.0.0.1"
+    assert _url_host("127.0.0.1") == "127.0.0.1" and _url_host("::1") == "[::1]"
+    assert _url_host("10.1.2.3") is None and _url_host("192.168.0.9") is None
+
+
+def test_names_say_the_model_or_the_program_and_never_twice() -> None:
+    found = _named([
+        FoundEngine("", "http://127.0.0.1:8080", 8080, 42, "llama-server", "command line",
+                    ("/models/gemma-3-270m-q4_k_m.gguf",)),
+        FoundEngine("", "http://127.0.0.1:8081", 8081, 43, "llama-server", "command line",
+                    ("/models/gemma-3-270m-q4_k_m.gguf",)),
+        FoundEngine("", "http://127.0.0.1:9292", 9292, 44, "llama-swap", "command line", ("a", "b")),
+        FoundEngine("", "http://127.0.0.1:11434", 11434, None, "a process whose command line cannot be read",
+                    "usual port"),
+    ])
+    assert [e.name for e in found] == ["gemma-3-270m-q4_k_m", "gemma-3-270m-q4_k_m:8081", "llama-swap",
+                                       "server-11434"]
+    assert found[0].words() == "gemma-3-270m-q4_k_m: llama-server pid 42 on :8080, from its command line"
+    assert found[2].words().endswith("from its command line, serving 2 models")
+    assert "answering as an OpenAI-compatible server on a usual port" in found[3].words()
+
+
+def test_a_server_that_is_not_openai_compatible_is_not_an_engine(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    port = free_port()
+    server = launch([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+                    tmp_path / "http.log", cwd=tmp_path)
+    try:
+        until(lambda: any(c.laddr and c.laddr.port == port for c in psutil.net_connections("tcp")),
+              "the HTTP server listening")
+        found = discover(ports=(port,))
+        assert all(e.port != port for e in found.engines)
+    finally:
+        stop_group(server)
+
+
+def enginetop(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tui", *args], capture_output=True, text=True, timeout=60,
+                          cwd=REPO, env={**os.environ, **(env or {})})
+
+
+def test_snapshot_with_nothing_to_read_says_how_to_go_on() -> None:
+    proc = enginetop("snapshot", "--no-discover")
+    assert proc.returncode == 2
+    assert "--no-discover: nothing to read" in proc.stderr
+    assert "`enginetop snapshot --engine NAME=http://HOST:PORT`" in proc.stderr
+    assert "start the demo: `make demo-llama`" in proc.stderr  # this suite runs in a checkout
+    bad = enginetop("snapshot", env={"ENGINETOP_DISCOVER_PORTS": "eighty"})
+    assert bad.returncode == 2 and "ENGINETOP_DISCOVER_PORTS" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.engine
+def test_finds_real_engines_from_their_command_line_and_on_a_usual_port(llama_server, tmp_path: Path) -> None:
+    """The session's llama-server is found from its command line; a llama-server run under another name (its
+    command line says nothing) only because its port is listed as usual and it answers /v1/models. Both on
+    unusual free ports; `enginetop snapshot` with no --engine reads them both."""
+    renamed = tmp_path / "my-openai-server"
+    renamed.symlink_to(demo_argv(0)[0])
+    other = start_engine("renamed", "my-openai-server",
+                         lambda port: [str(renamed), *demo_argv(port, "--threads", "1")[1:]])
+    env = {"ENGINETOP_DISCOVER_PORTS": str(other.port)}
+    try:
+        os.environ.update(env)
+        try:
+            found = {e.port: e for e in discover().engines}
+        finally:
+            del os.environ["ENGINETOP_DISCOVER_PORTS"]
+        by_line = found[llama_server.port]
+        assert (by_line.how, by_line.program, by_line.pid) == ("command line", "llama-server",
+                                                               llama_server.launched.proc.pid)
+        assert by_line.url == llama_server.url and by_line.name.startswith("gemma-3-270m-q4_k_m")
+        assert f"llama-server pid {by_line.pid} on :{llama_server.port}, from its command line" \
+            in by_line.words()
+        by_port = found[other.port]
+        assert (by_port.how, by_port.program, by_port.pid) == ("usual port", "my-openai-server",
+                                                               other.launched.proc.pid)
+        assert by_port.name != by_line.name  # the same model twice: the second one's port makes it unique
+
+        proc = enginetop("snapshot", "--json", "--interval", "0.2", env=env)
+        assert proc.returncode in (0, 3), proc.stderr  # 3: some other engine on this machine was down
+        health = {e["url"]: e["health"] for e in json.loads(proc.stdout)["engines"].values()}
+        assert health[llama_server.url] == "up" and health[other.url] == "up"
+        said = [line for line in proc.stderr.splitlines() if line.startswith("enginetop snapshot: found ")]
+        assert any(f"llama-server pid {by_line.pid} on :{llama_server.port}, from its command line" in line
+                   for line in said), proc.stderr
+        assert any(f"my-openai-server pid {by_port.pid} on :{other.port}, answering as an OpenAI-compatible "
+                   "server on a usual port" in line for line in said), proc.stderr
+    finally:
+        stop_group(other.launched)

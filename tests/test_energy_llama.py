@@ -1,0 +1,93 @@
+"""Joules per token on the real llama-server under load: a RAPL tree under ENGINETOP_SYSFS_ROOT whose package
+counter a thread advances at a known 30 W, the engine polled and the host sampled as the dashboard does (its
+EngineSource, its HostSampler reading RAPL there and the engine's process tree), all into one Store. The
+engine runs on this machine's CPU and holds no GPU, so its energy is the CPU package's: J/token must be
+30 W over the engine's own generation rate (its llamacpp:tokens_predicted_total) over the same window, within
+5 %. What this checks is the energy side (the counter's change read at the host sampler's moments, the
+window, the attribution); the rate side is the engine's counter itself, as every other figure is."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from sysfs_tree import Ticker, rapl_package
+
+from tui.live.store import Store
+from tui.model.targets import EngineTarget
+from tui.net.keepalive import Transports
+from tui.sources.engine_source import EngineSource
+from tui.sources.host import HostSampler
+from widgets.energy import energy_rows
+from widgets.fmt import Rows
+
+WATTS = 30.0
+WINDOW_S = 8.0
+
+
+async def _traffic(url: str, stop: asyncio.Event) -> int:
+    """One stream after another until stopped: short completions, so the engine's counter (which moves as
+    each request ends) steps often."""
+    sent = 0
+    async with httpx.AsyncClient(timeout=60) as client:
+        while not stop.is_set():
+            body = {"messages": [{"role": "user", "content": f"Count from {sent} upwards, in words."}],
+                    "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+            reply = await client.post(f"{url}/v1/chat/completions", json=body)
+            assert reply.status_code == 200, reply.text
+            sent += 1
+    return sent
+
+
+async def test_joules_per_token_on_llama_server_is_the_package_watts_over_its_generation_rate(
+        llama_server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ENGINETOP_SYSFS_ROOT", str(tmp_path))
+    package = rapl_package(tmp_path, 0, energy_uj=123_000_000)
+    store = Store(rate_window_s=WINDOW_S)
+    host = HostSampler()
+    transports = Transports()
+    source = EngineSource(EngineTarget("llama", llama_server.url), transports, interval_s=0.5)
+    pid = llama_server.launched.pid
+    polled: list[tuple[float, float]] = []  # (t, the engine's own generated-token counter)
+    stop = asyncio.Event()
+    with Ticker([(package, WATTS * 1e6)], every_s=0.02):
+        streams = [asyncio.create_task(_traffic(llama_server.url, stop)) for _ in range(2)]
+        try:
+            end = time.monotonic() + WINDOW_S + 2.5
+            next_host = 0.0
+            while time.monotonic() < end:
+                now = time.monotonic()
+                if now >= next_host:
+                    store.add(await asyncio.to_thread(host.sample, {"llama": pid}))
+                    next_host = now + 1.0
+                for sample in await source.read():
+                    store.add(sample)
+                    if sample.reading is not None and sample.reading.generation_tokens_total is not None:
+                        polled.append((sample.t, sample.reading.generation_tokens_total))
+                await asyncio.sleep(0.5)
+        finally:
+            stop.set()
+            sent = sum(await asyncio.gather(*streams))
+            await transports.aclose()
+    stats = store.engines["llama"].stats
+    assert sent >= 2 and store.host is not None and store.host.cpu_energy is not None
+    assert store.host.cpu_energy.source == "counter"
+    assert store.host.cpu_energy.watts == pytest.approx(WATTS, rel=0.03)
+    assert stats.energy_scope == "cpu package" and stats.energy_source == "counter"
+    # the engine's own rate over the same window: its counter at the first poll at or after the window's start
+    # (the store's rule: the oldest reading within the window) and at the last poll
+    t1, n1 = polled[-1]
+    t0, n0 = next((t, n) for t, n in polled if t >= t1 - WINDOW_S)
+    rate = (n1 - n0) / (t1 - t0)
+    assert rate > 1.0, polled
+    expected = WATTS / rate
+    print(f"gen {rate:.1f} tok/s over {t1 - t0:.1f} s, {sent} requests: J/token {stats.joules_per_token:.4f} "
+          f"against {expected:.4f} (30 W / rate); package window {store.host.cpu_energy.watts:.2f} W")
+    assert stats.joules_per_token == pytest.approx(expected, rel=0.05)
+    assert stats.tokens_per_joule == pytest.approx(1 / expected, rel=0.05)
+    grid = Rows()
+    energy_rows(grid, stats)
+    assert grid.text().plain.startswith("energy ") and "cpu package, counter" in grid.text().plain

@@ -1,0 +1,317 @@
+"""Energy from counters: per GPU and for the CPU package over a window, per engine per generated token, and
+over a span between two readings (a probe, an A/B block, a bench run). Pure arithmetic over samples; nothing
+here reads a device.
+
+The one rule: a device's own energy counter (NVML's total energy, hwmon's energy1_input, dcgm's field 156,
+RAPL's energy_uj with its wraps undone) over the span when it is there and moved; power x time (trapezoids
+between the power readings) where it is missing or did not move, and the figure says which
+(`source`). A figure never adds a counter's joules to power x time joules without saying so.
+
+Attribution to an engine (`attribute`): the engine's GPUs are those its process tree holds VRAM on (NVML's
+per-process memory, the DRM fdinfo on AMD and Intel). Alone on them: the GPUs' energy is the engine's
+(scope "engine"). Shared with another watched engine or a process enginetop cannot name: the figure is the
+GPUs' (scope "gpu 0+1") over the tokens of every watched engine on them, and says with whom. An engine on
+this machine that holds no GPU runs on the CPU: the CPU package's RAPL energy, shared the same way with the
+other CPU engines here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tui.model.samples import EnergySource, EnergyWindow, EngineStats, GpuReport, GpuSample, HostSample
+
+COUNTER: EnergySource = "counter"
+POWER_TIME: EnergySource = "power × time"
+MIXED = "counter + power × time"
+# NVML's counter moves every 20-100 ms; a span shorter than this, or with fewer than two readings inside it,
+# is too short to read (what a probe says instead of a figure)
+MIN_SPAN_S = 1.0
+IDLE_KEPT = 30  # intervals of an idle stretch averaged into idle power
+TOO_SHORT = "too short to read"
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    t: float
+    energy_j: float | None  # the counter
+    power_w: float | None
+
+
+def merge_sources(sources: Iterable[str]) -> str | None:
+    found = sorted(set(sources))
+    if not found:
+        return None
+    return found[0] if len(found) == 1 else MIXED
+
+
+def _trapezoid(points: Sequence[Point]) -> float | None:
+    powered = [p for p in points if p.power_w is not None]
+    if len(powered) < 2:
+        return None
+    return sum((b.t - a.t) * ((a.power_w or 0.0) + (b.power_w or 0.0)) / 2
+               for a, b in itertools.pairwise(powered))
+
+
+def over(points: Sequence[Point]) -> tuple[float, float, EnergySource, str | None] | None:
+    """(joules, seconds, source, note) over `points` (time order): the counter's change, else power x time."""
+    counted = [p for p in points if p.energy_j is not None]
+    note = None
+    if len(counted) >= 2:
+        first, last = counted[0], counted[-1]
+        seconds = last.t - first.t
+        moved = last.energy_j - first.energy_j  # type: ignore[operator]
+        if seconds > 0 and moved > 0:
+            return moved, seconds, COUNTER, None
+        if moved < 0:
+            note = "the energy counter went back (driver reloaded): power × time"
+        elif seconds > 0:
+            note = f"the energy counter did not move in {seconds:.0f} s: power × time"
+    elif any(p.power_w is not None for p in points):
+        note = "no energy counter: power × time"
+    joules = _trapezoid(points)
+    powered = [p for p in points if p.power_w is not None]
+    if joules is None or powered[-1].t <= powered[0].t:
+        return None
+    return joules, powered[-1].t - powered[0].t, POWER_TIME, note
+
+
+class Track:
+    """One device's readings over the last `keep_s` seconds, and its idle power."""
+
+    def __init__(self, keep_s: float) -> None:
+        self.keep_s = keep_s
+        self.points: deque[Point] = deque()
+        self._idle: deque[float] = deque(maxlen=IDLE_KEPT)
+        self._last_idle: bool | None = None
+
+    def add(self, point: Point, idle: bool | None) -> None:
+        """`idle`: every engine on the device served nothing at this reading (None: unknown). An interval
+        between two idle readings adds to the idle power; a new idle stretch starts it again."""
+        previous = self.points[-1] if self.points else None
+        if previous is not None and point.t <= previous.t:
+            return  # a replayed or repeated report
+        if idle and not self._last_idle:
+            self._idle.clear()
+        elif idle and previous is not None:
+            interval = over([previous, point])
+            if interval is not None:
+                self._idle.append(interval[0] / interval[1])
+        self._last_idle = idle
+        self.points.append(point)
+        while len(self.points) > 2 and point.t - self.points[1].t >= self.keep_s:
+            self.points.popleft()
+
+    @property
+    def idle_w(self) -> float | None:
+        return sum(self._idle) / len(self._idle) if self._idle else None
+
+    def window(self, window_s: float) -> EnergyWindow | None:
+        """Energy over the last `window_s` seconds: from the oldest reading at or after its start (never the
+        newest alone: two readings at least, however far apart)."""
+        if len(self.points) < 2:
+            return None
+        end = self.points[-1].t
+        inside = [p for p in self.points if p.t >= end - window_s]
+        if len(inside) < 2:
+            inside = list(self.points)[-2:]
+        got = over(inside)
+        if got is None:
+            return None
+        joules, seconds, source, note = got
+        return EnergyWindow(seconds=seconds, joules=joules, watts=joules / seconds, source=source,
+                            idle_w=self.idle_w, note=note)
+
+    def between(self, t0: float, t1: float) -> tuple[float, EnergySource] | str:
+        """Energy from t0 to t1 by linear interpolation of the counter (or of power x time) between readings;
+        a reason in words when the span cannot be read: shorter than MIN_SPAN_S, or fewer than two readings
+        inside it."""
+        if t1 - t0 < MIN_SPAN_S:
+            return f"{TOO_SHORT} ({t1 - t0:.2f} s; the counter moves every 20-100 ms)"
+        pts = list(self.points)
+        inside = [p for p in pts if t0 <= p.t <= t1]
+        if len(inside) < 2:
+            gap = pts[-1].t - pts[-2].t if len(pts) >= 2 else None
+            every = f"read every {gap:.1f} s" if gap else "read too rarely"
+            return f"{TOO_SHORT} ({t1 - t0:.1f} s: under two energy readings in it, {every})"
+        before = [p for p in pts if p.t < t0][-1:]
+        after = [p for p in pts if p.t > t1][:1]
+        got = over(inside)
+        if got is None:
+            return "no energy reading"
+        joules, seconds, source, _ = got
+        inner_w = joules / seconds
+
+        def rate(pair: list[Point]) -> float:
+            edge = over(pair)
+            return edge[0] / edge[1] if edge is not None else inner_w
+
+        # the edges outside the readings, at the power of the interval around each (linear interpolation)
+        if inside[0].t > t0:
+            joules += (inside[0].t - t0) * (rate([before[0], inside[0]]) if before else inner_w)
+        if t1 > inside[-1].t:
+            joules += (t1 - inside[-1].t) * (rate([inside[-1], after[0]]) if after else inner_w)
+        return joules, source
+
+
+# ---- who holds what -----------------------------------------------------------------------------------
+
+
+def gpu_key(g: GpuSample) -> tuple[str, int, str]:
+    return g.host or "", g.index, g.uuid or ""
+
+
+def holders(g: GpuSample) -> tuple[set[str], bool]:
+    """The watched engines holding the GPU, and whether a process enginetop cannot name holds it too."""
+    named = {p.engine for p in g.processes if p.engine is not None}
+    return named, any(p.engine is None for p in g.processes)
+
+
+def gpu_label(gpus: Sequence[GpuSample]) -> str:
+    where = gpus[0].host + " " if gpus and gpus[0].host else ""
+    return f"{where}gpu " + "+".join(str(g.index) for g in gpus)
+
+
+@dataclass(frozen=True, slots=True)
+class Attribution:
+    energy_w: float | None = None
+    joules_per_token: float | None = None
+    tokens_per_joule: float | None = None
+    energy_source: str | None = None
+    energy_scope: str | None = None
+    energy_shared_with: tuple[str, ...] = ()
+    energy_note: str | None = None
+
+
+def per_token(watts: float, tokens_per_s: float | None) -> tuple[float | None, float | None]:
+    if tokens_per_s is None or tokens_per_s <= 0:
+        return None, None
+    return watts / tokens_per_s, tokens_per_s / watts if watts > 0 else None
+
+
+def attribute(name: str, gen_tps: dict[str, float | None], gpu: GpuReport | None, host: HostSample | None,
+              local: set[str]) -> Attribution:
+    """Energy per generated token for engine `name` over the window, from the GPU report and host sample the
+    store enriched with their windows (`energy`, `cpu_energy`). `gen_tps`: every watched engine's generation
+    rate over the same window; `local`: the engines whose processes run on this machine."""
+    gpus = [g for g in (gpu.gpus if gpu is not None else ()) if g.host is None and not g.error]
+    mine = [g for g in gpus if name in holders(g)[0]]
+    if mine:
+        sharing: set[str] = set()
+        unnamed = False
+        for g in mine:
+            named, other = holders(g)
+            sharing |= named
+            unnamed = unnamed or other
+        windows = [g.energy for g in mine]
+        if any(w is None for w in windows):
+            return Attribution(energy_note="GPU energy not read yet (two readings needed)")
+        watts = sum(w.watts for w in windows if w is not None)
+        source = merge_sources(w.source for w in windows if w is not None)
+        others = tuple(sorted(sharing - {name})) + (("a process enginetop does not watch",) if unnamed
+                                                      else ())
+        scope = "engine" if not others else gpu_label(mine)
+        tokens = _sum_rates(gen_tps, sharing)
+        jpt, tpj = per_token(watts, tokens)
+        return Attribution(watts, jpt, tpj, source, scope, others)
+    if name not in local:
+        return Attribution()  # not on this machine (or its process was not found): nothing here is its energy
+    unnamed_gpus = [g for g in gpus if holders(g)[1]]
+    if unnamed_gpus:
+        return Attribution(energy_note="not attributed: its processes hold no GPU, but "
+                           f"{gpu_label(unnamed_gpus)} "
+                           "has processes enginetop cannot name (a container?): see the GPU panel")
+    cpu = host.cpu_energy if host is not None else None
+    if cpu is None:
+        why = host.cpu_energy_error if host is not None and host.cpu_energy_error else \
+            "CPU energy not read yet (two readings needed)"
+        return Attribution(energy_note=why)
+    on_gpu = {e for g in gpus for e in holders(g)[0]}
+    cpu_engines = {e for e in local if e not in on_gpu}
+    tokens = _sum_rates(gen_tps, cpu_engines)
+    jpt, tpj = per_token(cpu.watts, tokens)
+    return Attribution(cpu.watts, jpt, tpj, cpu.source, "cpu package", tuple(sorted(cpu_engines - {name})))
+
+
+def _sum_rates(gen_tps: dict[str, float | None], engines: set[str]) -> float | None:
+    rates = [gen_tps.get(e) for e in engines]
+    if any(r is None for r in rates):
+        return None  # an engine on it whose rate is not known: no honest share
+    return sum(r for r in rates if r is not None)
+
+
+def with_attribution(stats: EngineStats, a: Attribution) -> EngineStats:
+    """`stats` with `a`'s fields."""
+    return dataclasses.replace(stats, **{f.name: getattr(a, f.name) for f in dataclasses.fields(a)})
+
+
+# ---- a span between readings (A/B blocks, bench runs) ---------------------------------------------------
+
+
+def span_of_reports(reports: Sequence[GpuReport]) -> dict[str, Any]:
+    """Every GPU's energy over the reports (the first to the last), summed: joules, seconds, source (and
+    "gpus" that held a compute process meanwhile, by index)."""
+    tracks: dict[tuple[str, int, str], list[Point]] = {}
+    busy: set[int] = set()
+    for report in reports:
+        for g in report.gpus:
+            if g.error:
+                continue
+            tracks.setdefault(gpu_key(g), []).append(Point(g.t, g.energy_j, g.power_w))
+            if g.processes:
+                busy.add(g.index)
+    joules = 0.0
+    seconds = 0.0
+    sources = []
+    notes = []
+    for points in tracks.values():
+        got = over(points)
+        if got is None:
+            continue
+        joules += got[0]
+        seconds = max(seconds, got[1])
+        sources.append(got[2])
+        if got[3]:
+            notes.append(got[3])
+    if not sources:
+        return {"energy_j": None, "energy_s": None, "energy_source": None, "energy_note": None,
+                "energy_gpus_busy": sorted(busy)}
+    return {"energy_j": joules, "energy_s": seconds, "energy_source": merge_sources(sources),
+            "energy_note": "; ".join(dict.fromkeys(notes)) or None, "energy_gpus_busy": sorted(busy)}
+
+
+def run_energy(gpu: dict[str, Any] | None, cpu: dict[str, Any] | None, tokens: int | None,
+               local: bool) -> dict[str, Any]:
+    """What a run (an A/B block, a bench run) cost per generated token: the GPUs' energy over it when a GPU
+    held a compute process meanwhile (span_of_reports), else the CPU package's (RaplSpan.result), for an
+    engine on this machine only. JSON-ready: energy_j, energy_s, energy_source, energy_scope, energy_note,
+    joules_per_token, tokens_per_joule."""
+    out: dict[str, Any] = {"energy_j": None, "energy_s": None, "energy_source": None, "energy_scope": None,
+                              "energy_note": None, "joules_per_token": None, "tokens_per_joule": None}
+    if not local:
+        out["energy_note"] = "the engine is not on this machine: its energy is not read here"
+        return out
+    gpu = gpu or {}
+    cpu = cpu or {}
+    if gpu.get("energy_j") is not None and gpu.get("energy_gpus_busy"):
+        busy = gpu["energy_gpus_busy"]
+        out.update(energy_j=gpu["energy_j"], energy_s=gpu.get("energy_s"),
+                   energy_source=gpu.get("energy_source"),
+                   energy_scope="gpu " + "+".join(str(i) for i in busy) + " (every GPU here, over the run)",
+                   energy_note=gpu.get("energy_note"))
+    elif cpu.get("cpu_energy_j") is not None:
+        out.update(energy_j=cpu["cpu_energy_j"], energy_s=cpu.get("cpu_energy_s"), energy_source=COUNTER,
+                   energy_scope="cpu package")
+    else:
+        out["energy_note"] = cpu.get("cpu_energy_error") or gpu.get("energy_note") or "no energy reading"
+        return out
+    joules = float(out["energy_j"])
+    if tokens:
+        out["joules_per_token"] = joules / tokens
+        out["tokens_per_joule"] = tokens / joules if joules > 0 else None
+    return out
