@@ -88,7 +88,8 @@ async def test_llama_and_vllm_side_by_side_on_gemma(tmp_path):
             assert vllm_stats.ttft_p50_s is not None and 0 < vllm_stats.ttft_p50_s < 30  # from histograms
             assert engines[0].stats.ttft_p50_s is None  # llama.cpp has no histogram: n/a, not 0
             text = screen_text(app)
-            assert "llamacpp" in text and "vllm" in text
+            # each column at a glance: llama.cpp's from its slots' estimate, vLLM's with its TTFT and KV pool
+            assert "of the slots' context (estimate)" in text and re.search(r"TTFT p50/p90\s+\d+ ms", text)
 
             # running rises with concurrent requests, as the dashboard polls it, and falls back when the
             # clients hang up: vLLM aborts a request whose client is gone

@@ -55,5 +55,5 @@ async def test_dashboard_shows_vllm_values(vllm_server, tmp_path):
                        what="the TTFT quantile drawn")
         text = screen_text(app)
         assert "vllm" in text and "enginetop-tiny-llama" in text
-        assert re.search(r"KV cache\s*\d+\.\d%", text)  # vLLM exposes it: a value, not n/a
+        assert re.search(r"KV\s+\S*\s*\d+% of [\d,]+ tokens", text)  # vLLM exposes it: a bar and its pool
         assert re.search(r"TTFT p50/p90\s*\d+ ms", text)

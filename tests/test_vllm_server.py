@@ -162,7 +162,9 @@ async def test_the_poller_asks_vllm_for_the_series_it_reads_alone(vllm_server) -
         return (full, alone) if parse_reading(after) == parse_reading(full) else None
 
     full, alone = until(around, "two equal readings of /metrics around the filtered one")
-    assert len(alone) < len(full) / 5, (len(alone), len(full))
+    # the series read include vLLM's per-request histograms (phase times, lengths: ~20 buckets each), so the
+    # filtered body is about a third of the whole one on this small server (9x smaller on a busy real one)
+    assert len(alone) < len(full) / 2.5, (len(alone), len(full))
     assert parse_reading(alone) == parse_reading(full)
     transports = Transports()
     source = EngineSource(EngineTarget("vllm", url), transports)

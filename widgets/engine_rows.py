@@ -3,6 +3,7 @@ router's models, a bench run on the engine."""
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 from rich.text import Text
@@ -26,7 +27,9 @@ def lifecycle_rows(grid: Rows, status: EngineStatus) -> None:
     if status.state == "crashed":
         line.append(f"  CRASHED: {status.message}", style="bold white on red")
     elif status.state == "failed":
-        line.append(f"  {status.message}", style="bold red")
+        # what to do first: a profile's file and line are in the log and on stderr, not in the column
+        line.append("  " + re.sub(r"\S+\.toml:\d+: error: (?:argv\[\d+\]: )?", "", status.message),
+                    style="bold red")
     elif status.state == "switching":
         line.append(f"  {status.message}", style="yellow")
     else:
