@@ -78,7 +78,8 @@ async def test_a_profile_that_cannot_start_says_why_and_stops_trying(tmp_path: P
         assert state.sample.t == given_up_at and state.sample.health == "down"
         text = screen_text(app)
         assert "not accepting connections" not in text and "starting" not in text
-        assert "engines are off here" in text  # why, in the profile's column
+        # why, in the profile's column (wrapped within it; its probes panel stands beside it on the screen)
+        assert "llama-server: engines are off" in text and "(ENGINETOP_ENGINES=off;" in text
         assert any("enginetop --engine NAME=http://HOST:PORT" in m or "running on this machine" in m
                    for m in said), said
         assert app.is_running  # the app goes on
