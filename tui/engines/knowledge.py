@@ -32,6 +32,8 @@ class EngineKnowledge:
     spec_depth: Callable[[int, int | None, str | None], str]
     spec_off: str  # how to turn speculative decoding off
     context_option: str  # the option that sets the context one request may use
+    slots_option: str  # the option that sets how many requests run at once
+    memory_options: str  # what lowers what its start and its KV cache take
     draft_kind: Callable[[str | None], DraftKind]  # the speculative type -> what drafts the tokens
 
 

@@ -137,5 +137,7 @@ ENGINE = EngineKnowledge(
     spec_depth=_spec_depth,
     spec_off="start llama-server without --spec-type and -md (or --spec-type none)",
     context_option="-c / --ctx-size",
+    slots_option="-np",
+    memory_options="-c (a smaller context), -ngl, a quantized KV cache (-ctk q8_0 -ctv q8_0)",
     draft_kind=_draft_kind,
 )

@@ -64,5 +64,7 @@ ENGINE = EngineKnowledge(
     spec_depth=_spec_depth,
     spec_off="restart SGLang without --speculative-algorithm",
     context_option="--context-length",
+    slots_option="--max-running-requests",
+    memory_options="--mem-fraction-static, a shorter --context-length",
     draft_kind=_draft_kind,
 )

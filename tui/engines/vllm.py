@@ -155,6 +155,9 @@ ENGINE = EngineKnowledge(
     spec_depth=_spec_depth,
     spec_off="restart vLLM without --speculative-config",
     context_option="--max-model-len",
+    slots_option="--max-num-seqs",
+    memory_options="--gpu-memory-utilization, a shorter --max-model-len, --kv-cache-dtype fp8, "
+                   "--enforce-eager",
     draft_kind=_draft_kind,
 )
 

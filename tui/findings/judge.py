@@ -65,6 +65,12 @@ def _share(fraction: float) -> str:
     return f"{fraction:.0%}" if fraction >= 0.01 else f"{fraction:.2%}"
 
 
+def _knows(config: EngineConfig | None, field: str, otherwise: str) -> str:
+    """What the engine's own knowledge (tui.engines) names for `field`: its option, in its words."""
+    known = by_name(config.engine) if config is not None else None
+    return str(getattr(known, field)) if known is not None else otherwise
+
+
 def _context_option(config: EngineConfig) -> str:
     known = by_name(config.engine)
     return known.context_option if known else "the context limit"
@@ -246,7 +252,8 @@ def queueing(ev: Evidence) -> Finding | None:
                     f"{t.ttft_p50_s * 1000:.0f} ms against the engine's own prompt time p50 "
                     f"{t.engine_prompt_p50_s * 1000:.0f} ms (over {t.timed_requests} requests), with up to "
                     f"{max(waiting, 0)} waiting",
-                    "more slots (llama.cpp -np, vLLM --max-num-seqs) or less load; `enginetop capacity` "
+                    f"more slots ({_knows(ev.config, 'slots_option', 'its slots')}) or less load; "
+                    "`enginetop capacity` "
                     "finds the arrival rate it holds within an SLO",
                     ["TTFT measured at the proxy; the engine's prompt time from its own timings",
                      "waiting requests from the engine's own gauge"],
@@ -353,8 +360,8 @@ def start_memory(ev: Evidence) -> Finding | None:
             signal, _, rest = m.ended.removeprefix("killed by ").partition(" ")
             what = f"killed by the out-of-memory killer ({signal})" + (f" {rest}" if rest else "")
         return _finding(ev, "engine-killed", "error", f"{ev.engine} was {what}, at {peak}{host}",
-                        "give it more RAM or swap, or lower what its start needs (vLLM: --max-model-len, "
-                        "--gpu-memory-utilization, --enforce-eager; fewer CPU threads compiling)",
+                        "give it more RAM or swap, or lower what its start needs "
+                        f"({_knows(ev.config, 'memory_options', 'a smaller context or KV cache')})",
                         [e for e in evidence if e], oom=m.oom, ended=m.ended, **figures)
     return _finding(ev, "start-memory", "warning",
                     f"{ev.engine}'s start took its process tree to {peak}",
@@ -407,8 +414,8 @@ def preemptions(ev: Evidence) -> Finding | None:
         ev, "preemptions", "warning",
         f"{count:.0f} preemptions in the last {rs.window_s:.0f} s with the KV pool{where} "
         f"{rs.kv_usage_max:.0%} full: preempted requests compute their prompt again",
-        "give the KV cache more room (vLLM: --gpu-memory-utilization, a shorter --max-model-len, or KV "
-        "quantization) or admit fewer requests at once (--max-num-seqs)",
+        f"give the KV cache more room ({_knows(ev.config, 'memory_options', 'a larger KV cache')}) or admit "
+        f"fewer requests at once ({_knows(ev.config, 'slots_option', 'fewer slots')})",
         [f"{rs.preemptions_per_s:.2f} preemptions/s, the pool at most {rs.kv_usage_max:.0%} full (the "
          "engine's own counters)"],
         preemptions=count, kv_usage_max=rs.kv_usage_max)
