@@ -26,8 +26,10 @@ from tui.base.process import free_port, stop_group
 from tui.model.targets import EngineTarget
 from tui.net.listen import Listen
 from tui.proxy.options import ProxyOptions, build_proxy
+from tui.proxy.source import RemoteTraffic
 from tui.proxy.stream import event_json
 from tui.record.reader import Recording
+from tui.record.report import render_recording
 from tui.record.schema import SUFFIX
 from tui.record.writer import Recorder
 from tui.ui.replay import ReplayApp
@@ -285,10 +287,76 @@ async def test_the_dashboard_runs_the_proxy_shows_its_traffic_and_records_it(lla
         await wait_for(pilot, lambda: state.traffic and state.traffic.stats.requests == 3, what="3 requests")
         text = screen_text(app)
         assert "req/s" in text and "tok/s per request" in text
+        # llama.cpp has no per-request series: the column's request line is the proxy's, and says so
+        await wait_for(pilot, lambda: state.stats.requests is not None and state.stats.requests.ended == 3,
+                       what="the proxy's per-request figures in the engine's stats")
+        assert state.stats.requests.origin == "proxy" and state.stats.requests.finish_window == (("length", 3.0),)
+        assert state.stats.requests.gen_len is not None and state.stats.requests.gen_len[0] == 16
+        await wait_for(pilot, lambda: "proxy reqs" in screen_text(app), what="the proxy's request line")
+        assert "length 100%" in screen_text(app)
         await wait_for(pilot, lambda: recorder.rows > 5, what="rows recorded")
     recorder.close()
     rows = [r for r in Recording(path).rows() if r.kind == "traffic"]
     assert rows and rows[-1].source == "llama" and rows[-1].item.stats.total_requests == 3
+    assert rows[-1].item.stats.per_request.finish_total == (("length", 3.0),)  # recorded and read back
+    page = render_recording(Recording(path))  # the report's requests table has llama.cpp's, from the proxy
+    requests_table = page.split("Requests, as the engines timed them", 1)[1].split("</table>", 1)[0]
+    assert "llama" in requests_table and "length 3" in requests_table
     replay = ReplayApp(Recording(path), start=rows[-1].t)  # the replay shows the traffic as it was
     async with replay.run_test(size=(160, 60)) as pilot:
         await wait_for(pilot, lambda: "traffic TTFT" in screen_text(replay), what="traffic in the replay")
+
+
+async def test_each_requests_life_through_the_proxy_is_what_the_answers_said(llama_server, tmp_path):
+    """llama.cpp publishes no per-request series: the proxy's stand in, in the same shape as vLLM's
+    (finish reasons, lengths, prefill and decode from llama.cpp's own timings), equal to what each answer
+    said, over HTTP for a dashboard watching a separate proxy too."""
+    proxy = build_proxy(proxy_options("llama", tmp_path), [EngineTarget("llama", llama_server.url)])
+    await proxy.start()
+    via = proxy.routes[0].proxy_url
+    said: list[tuple[str, int, int, float, float]] = []  # reason, prompt, generated, prompt ms, decode ms
+    try:
+        async with httpx.AsyncClient(timeout=120) as client:
+            asks = [({"messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": n,
+                      "ignore_eos": True}, stream) for n, stream in ((5, False), (9, True), (12, False))]
+            # a stop word every story reaches within the first words: the engine ends it "stop"
+            asks += [({"messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": 200,
+                       "stop": ["e", "a"]}, stream) for stream in (False, True)]
+            for body, stream in asks:
+                if stream:
+                    events = await stream_events(client, via, {**body, "stream": True})
+                    objs = [o for e in events if (o := event_json(e + b"\n\n"))]
+                    reason = next(c["finish_reason"] for o in objs for c in o.get("choices") or ()
+                                  if c.get("finish_reason"))
+                    timings = next(o["timings"] for o in reversed(objs) if "timings" in o)
+                else:
+                    answer = (await client.post(via + "/v1/chat/completions", json=body)).json()
+                    reason, timings = answer["choices"][0]["finish_reason"], answer["timings"]
+                said.append((reason, timings["prompt_n"] + timings.get("cache_n", 0), timings["predicted_n"],
+                             timings["prompt_ms"], timings["predicted_ms"]))
+        lives = proxy.samples()[0].stats.per_request
+        assert lives is not None and lives.origin == "proxy" and lives.ended == 5
+        reasons = sorted({r for r, *_ in said})
+        assert reasons == ["length", "stop"]  # both ways of ending were exercised
+        assert dict(lives.finish_window) == {r: float(sum(1 for x, *_ in said if x == r)) for r in reasons}
+        assert lives.finish_total == lives.finish_window
+        generated = [g for _, _, g, _, _ in said]
+        assert lives.gen_len is not None and lives.gen_len[0] == pytest.approx(sum(generated) / 5)
+        prompts = [p for _, p, *_ in said]
+        assert lives.prompt_len is not None and lives.prompt_len[0] == pytest.approx(sum(prompts) / 5)
+        assert lives.prefill_s is not None and lives.decode_s is not None and lives.e2e_s is not None
+        decode = sorted(d / 1000 for *_, d in said)
+        assert lives.decode_s[0] == pytest.approx(decode[2])  # the median of five is the third
+        assert lives.prefill_s[0] == pytest.approx(sorted(p / 1000 for *_, p, _ in said)[2])
+        assert lives.e2e_s[0] is not None and lives.e2e_s[0] >= decode[2]  # the client waited for all of it
+        # a dashboard reading this proxy from another process gets the same figures
+        remote = RemoteTraffic(via)
+        try:
+            sample = (await remote.read())[0]
+        finally:
+            await remote.aclose()
+        assert sample.error is None and sample.stats.per_request is not None
+        assert sample.stats.per_request.finish_window == lives.finish_window
+        assert sample.stats.per_request.gen_len == lives.gen_len
+    finally:
+        await proxy.stop()

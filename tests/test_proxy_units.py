@@ -192,3 +192,35 @@ async def test_the_proxy_forgets_an_engines_evidence_when_its_counters_go_back_o
 
 async def _no_tokens(item: object) -> None:
     return None
+
+
+def test_how_each_request_ended_in_the_words_of_vllms_finished_reason() -> None:
+    """OpenAI answers' finish_reason, llama.cpp's own /completion stop_type, and the proxy's own outcomes
+    (a failure "error", a client that left "abort"), counted over the window and since the start."""
+    reading = StreamReading(started=0.0)
+    reading.take({"choices": [{"delta": {"content": "hi"}, "finish_reason": None}]}, 1.0)
+    assert reading.finish_reason is None
+    reading.take({"choices": [{"delta": {}, "finish_reason": "length"}]}, 2.0)
+    assert reading.finish_reason == "length"
+    for stop_type, reason in (("eos", "stop"), ("word", "stop"), ("limit", "length"), ("none", None)):
+        own = StreamReading(started=0.0)
+        own.take({"content": "x", "stop": True, "stop_type": stop_type}, 1.0)
+        assert own.finish_reason == reason, stop_type
+    book = TrafficBook("e")
+    base = {"engine": "e", "path": "/v1/chat/completions", "stream": True, "started_wall": 0.0}
+    ends = [RequestRecord(**base, outcome="ok", finish_reason="stop", completion_tokens=10, e2e_s=1.0),
+            RequestRecord(**base, outcome="ok", finish_reason="length", completion_tokens=30, e2e_s=3.0),
+            RequestRecord(**base, outcome="error", status=500),
+            RequestRecord(**base, outcome="abandoned", e2e_s=0.5),
+            RequestRecord(**base, outcome="ok", completion_tokens=20, e2e_s=2.0)]  # no reason given
+    for record in ends:
+        book.add(record)
+    lives = book.stats().per_request
+    assert lives is not None and lives.origin == "proxy" and lives.ended == 5
+    assert dict(lives.finish_window) == {"stop": 1, "length": 1, "error": 1, "abort": 1, "unknown": 1}
+    assert lives.gen_len == (20.0, 20.0, 28.0) and lives.e2e_s is not None and lives.e2e_s[0] == 2.0
+    assert lives.prefill_s is None  # no engine timings were given: none made up
+    book._ended.clear()  # the window emptied; the counts since the start stay
+    lives = book.stats().per_request
+    assert lives is not None and lives.ended == 0 and lives.finish_window == () and len(lives.finish_total) == 5
+    assert TrafficBook("idle").stats().per_request is None

@@ -190,8 +190,8 @@ def _request_lines(grid: Rows, rs: RequestStats, room: int) -> None:
         parts.append(" ".join(f"{reason} {n / total:.0%}" for reason, n in rs.finish_window))
     if rs.preemptions_per_s:
         parts.append(f"{rs.preemptions_per_s:.2f} preempt/s")
-    if parts:
-        grid.add_row("requests", _fit(" · ".join(parts), room))
+    if parts:  # the proxy's figures say so: they are the client's view, not the engine's own series
+        grid.add_row("requests" if rs.origin is None else "proxy reqs", _fit(" · ".join(parts), room))
 
 
 def _slot_lines(grid: Rows, slots: SlotsReading, room: int) -> None:

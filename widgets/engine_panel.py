@@ -152,8 +152,11 @@ def _shares(counts: tuple[tuple[str, float], ...]) -> str:
 
 
 def _request_rows(grid: Rows, rs: RequestStats, width: int) -> None:
-    """Each request's life as the engine timed it, over the latency window (vLLM, SGLang)."""
+    """Each request's life as the engine timed it, over the latency window (vLLM, SGLang), or as the answers
+    relayed by enginetop's proxy said it (an engine without such series: llama.cpp)."""
     ended = NA if rs.ended is None else f"{rs.ended:.0f} ended, {rs.requests_per_s or 0:.2f} req/s"
+    if rs.origin == "proxy":
+        ended += f" (via enginetop's proxy, last {rs.window_s:.0f} s)"
     finish = f"  {_shares(rs.finish_window)}" if rs.finish_window else ""
     since = " · ".join(f"{r} {n:.0f}" for r, n in rs.finish_total)
     _wrapped(grid, "requests", ended + finish + (f" (since start: {since})" if since else ""), width)

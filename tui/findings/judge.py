@@ -389,6 +389,7 @@ def length_cap(ev: Evidence) -> Finding | None:
     if prompt is None or gen is None or prompt + gen < NEAR_CONTEXT * c.context_tokens:
         return None
     flag = _context_option(c)
+    seen = "the engine's own histograms" if rs.origin is None else "the answers relayed by enginetop's proxy"
     return _finding(
         ev, "length-cap", "warning",
         f"{length:.0f} of {rs.ended:.0f} requests ended at the length cap with prompt + output averaging "
@@ -397,7 +398,7 @@ def length_cap(ev: Evidence) -> Finding | None:
         f"raise {flag} (now {c.context_tokens:,}) if the KV pool holds more, or have clients set max_tokens "
         "to what they need",
         [f"finish reasons in the window: {', '.join(f'{r} {n:.0f}' for r, n in rs.finish_window)}",
-         f"prompt {prompt:,.0f} + generated {gen:,.0f} tokens on average (the engine's own histograms)"],
+         f"prompt {prompt:,.0f} + generated {gen:,.0f} tokens on average ({seen})"],
         ended=rs.ended, length=length, context_tokens=c.context_tokens, avg_tokens=prompt + gen)
 
 

@@ -14,7 +14,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tui.findings.judge import judge
@@ -23,7 +23,15 @@ from tui.model.bench import BenchSample
 from tui.model.counters import spec_window
 from tui.model.events import ProbeEvent
 from tui.model.findings import Evidence, Finding, StartMemory
-from tui.model.samples import EngineReading, EngineSample, EngineStats, GpuReport, HostSample, PromptProgress
+from tui.model.samples import (
+    EngineReading,
+    EngineSample,
+    EngineStats,
+    GpuReport,
+    HostSample,
+    PromptProgress,
+    RequestStats,
+)
 from tui.model.traffic import TrafficSample
 from tui.sources.energy import MIN_SPAN_S, TOO_SHORT, Track, attribute, gpu_key, holders, with_attribution
 from tui.sources.energy import Point as Reading
@@ -169,6 +177,8 @@ class Store:
             self._tell(sample)
             state = self.engine(sample.name)
             state.traffic = sample
+            if state.stats.requests is None or state.stats.requests.origin is not None:
+                state.stats = replace(state.stats, requests=relayed(state))
             self._judge(state, sample.t, sample.wall)
         elif isinstance(sample, BenchSample):  # not recorded: the run's own result file keeps it whole
             state = self.engine(sample.name, sample.url)
@@ -378,7 +388,7 @@ class Store:
             itl_p50_s=lat.itl_p50_s,
             itl_p90_s=lat.itl_p90_s,
             counter_reset=reset,
-            requests=request_stats(readings),
+            requests=request_stats(readings) or relayed(state),
         )
 
     def _energy(self, name: str, stats: EngineStats) -> EngineStats:
@@ -537,6 +547,12 @@ def spans(series: Series, t0: float) -> list[tuple[float, float]]:
     if start is not None:
         out.append((start, last_t))
     return out
+
+
+def relayed(state: EngineState) -> RequestStats | None:
+    """The proxy's per-request figures, for an engine that publishes none of its own (llama.cpp)."""
+    traffic = state.traffic
+    return traffic.stats.per_request if traffic is not None and traffic.error is None else None
 
 
 def _oldest_within(readings: deque[tuple[float, EngineReading]], t0: float) -> tuple[float, EngineReading]:

@@ -128,6 +128,10 @@ class RequestStats:
     busy_share: float | None = None  # share of the window's polls that found a request running
     gen_tps_serving: float | None = None  # generation tok/s over the time it was serving (busy share)
     kv_usage_max: float | None = None  # the fullest the KV pool was at a poll in the window
+    # None: the engine's own series; "proxy": the requests relayed by enginetop's proxy (an engine that
+    # publishes no per-request series, as llama.cpp: lengths and finish reasons from its answers, prefill
+    # and decode from its `timings`, end to end as the client saw it)
+    origin: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

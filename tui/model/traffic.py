@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from tui.model.findings import TrafficFacts
+from tui.model.samples import RequestStats
 
 Outcome = Literal["ok", "error", "abandoned"]
 
@@ -44,6 +45,7 @@ class RequestRecord:
     session_id: str | None = None
     refused_for_length: str | None = None  # the engine's own words when it refused the prompt as too long
     refused_prompt_tokens: int | None = None  # how long that prompt was, as the engine said
+    finish_reason: str | None = None  # the engine's own (stop, length, tool_calls...), None: it gave none
 
     @property
     def decode_tps(self) -> float | None:
@@ -83,6 +85,8 @@ class TrafficStats:
     slo_window_s: float | None = None
     # The evidence of the findings (tui.findings) over the last requests: prompts shared, cached, refused...
     facts: TrafficFacts | None = None
+    # Each request's life over the window, in the same shape as an engine's own per-request series
+    per_request: RequestStats | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,7 @@ window, and the window keeps at most `max_records`."""
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -13,6 +13,7 @@ from dataclasses import replace
 from tui.base.stats import quantile
 from tui.findings.facts import summarize
 from tui.model.findings import RequestFacts
+from tui.model.samples import Quantiles, RequestStats
 from tui.model.slo import RequestFigures, Slo, tpot
 from tui.model.traffic import RequestRecord, TrafficStats
 
@@ -30,6 +31,46 @@ def facts_of(record: RequestRecord) -> RequestFacts:
         engine_prompt_s=record.engine_prompt_ms / 1000.0 if record.engine_prompt_ms is not None else (
             record.engine_ttft_ms / 1000.0 if record.engine_ttft_ms is not None else None),
         refused_for_length=record.refused_for_length, refused_prompt_tokens=record.refused_prompt_tokens)
+
+
+def ending(record: RequestRecord) -> str:
+    """How a request ended, in the words vLLM's `request_success_total{finished_reason}` uses: the engine's
+    own reason; "error" where it failed, "abort" where the client left first."""
+    if record.outcome == "abandoned":
+        return "abort"
+    if record.outcome == "error":
+        return "error"
+    return record.finish_reason or "unknown"
+
+
+def _latency(values: list[float]) -> Quantiles | None:
+    return (quantile(values, 0.5), quantile(values, 0.9), quantile(values, 0.99)) if values else None
+
+
+def per_request(records: list[RequestRecord], span_s: float,
+                since_start: Counter[str]) -> RequestStats | None:
+    """The requests that ended over `span_s` in an engine's own per-request shape (tui.sources.requests), from
+    what each answer said: prefill and decode from llama.cpp's `timings`, end to end as the client saw it."""
+    if not records and not since_start:
+        return None
+    ok = [r for r in records if r.outcome == "ok"]
+    e2e = [r.e2e_s for r in ok if r.e2e_s is not None]
+    prefill = [r.engine_prompt_ms / 1000.0 for r in ok if r.engine_prompt_ms is not None]
+    decode = [r.engine_decode_ms / 1000.0 for r in ok if r.engine_decode_ms is not None]
+    prompts = [float(r.prompt_tokens) for r in ok if r.prompt_tokens is not None]
+    generated = [float(r.completion_tokens) for r in ok if r.completion_tokens is not None]
+
+    def lengths(values: list[float]) -> Quantiles | None:  # avg, p50, p90
+        return (sum(values) / len(values), quantile(values, 0.5), quantile(values, 0.9)) if values else None
+
+    window = Counter(ending(r) for r in records)
+    return RequestStats(
+        window_s=span_s, ended=float(len(records)),
+        requests_per_s=len(records) / span_s if span_s > 0 else None,
+        prefill_s=_latency(prefill), decode_s=_latency(decode), e2e_s=_latency(e2e),
+        prompt_len=lengths(prompts), gen_len=lengths(generated),
+        finish_window=tuple(sorted((k, float(n)) for k, n in window.items())),
+        finish_total=tuple(sorted((k, float(n)) for k, n in since_start.items())), origin="proxy")
 
 
 def figures(record: RequestRecord) -> RequestFigures:
@@ -60,6 +101,7 @@ class TrafficBook:
         # shared prefix is filled in once the proxy has tokenised it (tui.proxy.prompts)
         self._facts: dict[int, RequestFacts] = {}
         self.max_in_flight = 0
+        self.endings: Counter[str] = Counter()  # how each request since the start ended (`ending`)
 
     @contextmanager
     def flight(self) -> Iterator[None]:
@@ -80,6 +122,7 @@ class TrafficBook:
                 del self._facts[next(iter(self._facts))]
         self.total_errors += record.outcome == "error"
         self.total_abandoned += record.outcome == "abandoned"
+        self.endings[ending(record)] += 1
         self._ended.append((now, record, gaps))
         if self.slo is not None and record.stream and record.outcome != "abandoned":
             self._judged.append((now, self.slo.met(figures(record))))
@@ -149,4 +192,5 @@ class TrafficBook:
             slo_requests=len(judged),
             slo_window_s=SLO_WINDOW_S if self.slo is not None else None,
             facts=summarize(self._facts.values(), self.max_in_flight),
+            per_request=per_request(records, min(self.window_s, max(now - self.started, 1e-9)), self.endings),
         )

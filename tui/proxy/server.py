@@ -368,7 +368,7 @@ class TrafficProxy:
             engine_prompt_ms=timings.get("prompt_ms"), engine_decode_ms=timings.get("predicted_ms"),
             engine_ttft_ms=metrics.get("time_to_first_token_ms"), refused_for_length=refused,
             refused_prompt_tokens=refused_tokens(reading.error, reading.error_prompt_tokens) if refused
-            else None)
+            else None, finish_reason=reading.finish_reason)
         session = delay = None
         reply = "".join(reading.text)
         if self.trace is not None and record.outcome == "ok":

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Any
 
 import httpx
 
 from tui.model.findings import TrafficFacts
+from tui.model.samples import RequestStats
 from tui.model.traffic import TrafficSample, TrafficStats
 from tui.net.policy import error_text
 from tui.proxy.metrics import TRAFFIC_PATH
@@ -16,6 +18,7 @@ from tui.proxy.server import TrafficProxy
 
 _STATS_FIELDS = {f.name for f in dataclasses.fields(TrafficStats)}
 _FACTS_FIELDS = {f.name for f in dataclasses.fields(TrafficFacts)}
+_REQUEST_FIELDS = {f.name for f in dataclasses.fields(RequestStats)}
 
 
 class ProxyTraffic:
@@ -69,4 +72,12 @@ def _stats(data: dict[str, object]) -> TrafficStats:
     fields = {k: v for k, v in data.items() if k in _STATS_FIELDS}
     if isinstance(facts := fields.get("facts"), dict):
         fields["facts"] = TrafficFacts(**{k: v for k, v in facts.items() if k in _FACTS_FIELDS})
+    if isinstance(lives := fields.get("per_request"), dict):
+        fields["per_request"] = RequestStats(**{k: _tuples(v) for k, v in lives.items()
+                                                 if k in _REQUEST_FIELDS})
     return TrafficStats(**fields)  # type: ignore[arg-type]
+
+
+def _tuples(value: Any) -> Any:
+    """JSON's arrays back into the tuples the samples hold (quantiles, (reason, count) pairs)."""
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value

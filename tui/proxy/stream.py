@@ -93,6 +93,17 @@ def _has_finish(obj: dict[str, Any]) -> bool:
         isinstance(c, dict) and c.get("finish_reason") is not None for c in choices)
 
 
+def _finish_reason(obj: dict[str, Any]) -> str | None:
+    """The OpenAI answers' `choices[].finish_reason`; llama.cpp's own /completion says `stop_type`
+    ("eos", "word", "limit") beside `stop: true`."""
+    for choice in obj.get("choices") or ():
+        if isinstance(choice, dict) and isinstance(reason := choice.get("finish_reason"), str):
+            return reason
+    if obj.get("stop") is True and isinstance(kind := obj.get("stop_type"), str) and kind != "none":
+        return "length" if kind == "limit" else "stop"
+    return None
+
+
 def _is_usage_chunk(obj: dict[str, Any]) -> bool:
     return obj.get("choices") == [] and "usage" in obj
 
@@ -110,9 +121,12 @@ class StreamReading:
     model: str | None = None
     error: str | None = None  # an error event inside a 200 stream, or an error answer's message
     error_prompt_tokens: int | None = None  # llama.cpp's n_prompt_tokens beside a refusal for length
+    finish_reason: str | None = None  # the first choice's, as the engine gave it
 
     def take(self, obj: dict[str, Any], now: float) -> None:
         text = generated_text(obj)
+        if self.finish_reason is None:
+            self.finish_reason = _finish_reason(obj)
         if text is not None:
             self.token_times.append(now)
             self.text.append(text)

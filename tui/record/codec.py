@@ -27,6 +27,7 @@ from tui.model.samples import (
     GpuSample,
     HostSample,
     ProcessTreeMemory,
+    RequestStats,
     RoutedModel,
 )
 from tui.model.slots import SlotsReading, SlotState
@@ -39,7 +40,7 @@ SAMPLE_TYPES: dict[str, type] = {"engine": EngineSample, "gpu": GpuReport, "host
 KIND_OF = {cls: kind for kind, cls in SAMPLE_TYPES.items()}
 _KNOWN = (EngineSample, EngineReading, EngineStats, GpuReport, GpuSample, GpuProcess, HostSample,
           ProcessTreeMemory, ProbeResult, ServerTimings, TrafficSample, TrafficStats, SlotsReading, SlotState,
-          RoutedModel, EngineConfig, TrafficFacts, EnergyWindow)
+          RoutedModel, EngineConfig, TrafficFacts, EnergyWindow, RequestStats)
 # Not recorded: a probe's reply text (large, and it is what the user asked, not what was measured), and its
 # inter-token gaps (a bench's percentiles come from them; a recording keeps the probe's own figures).
 _DROPPED: dict[type, set[str]] = {ProbeResult: {"text", "gaps_s"}}

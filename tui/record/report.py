@@ -262,7 +262,8 @@ def render_recording(rec: Recording) -> str:
          "prompt tokens", "cached"], traffic_rows, numeric=(1, 2, 3, 6, 7, 8))))
     request_rows = []
     for name, run in s.runs.items():
-        rs = request_stats(run)
+        traffic = s.traffic.get(name)
+        rs = request_stats(run) or (traffic.stats.per_request if traffic is not None else None)
         if rs is None:
             continue
         finish = " ".join(f"{r} {n:.0f}" for r, n in rs.finish_window)
@@ -272,7 +273,8 @@ def render_recording(rec: Recording) -> str:
                              num(rs.prompt_len[0] if rs.prompt_len else None, 0),
                              num(rs.gen_len[0] if rs.gen_len else None, 0), num(rs.preemptions_per_s, 2)])
     body.append(section("Requests, as the engines timed them", "over each engine's last run in the recording "
-                        "(vLLM's per-request histograms and counters; p50 / p90 / p99)", table(
+                        "(vLLM's per-request histograms and counters; an engine without them, as llama.cpp: "
+                        "the last window of answers relayed by enginetop's proxy; p50 / p90 / p99)", table(
         ["engine", "ended", "req/s", "finish reasons", "queue", "prefill", "decode", "end to end",
          "prompt avg", "generated avg", "preemptions/s"], request_rows, numeric=(1, 2, 8, 9, 10))))
     body.append(section("Alerts", f"{len(s.alerts)} warning(s) shown",
