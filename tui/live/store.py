@@ -14,7 +14,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from tui.findings.judge import judge
@@ -178,7 +178,7 @@ class Store:
             state = self.engine(sample.name)
             state.traffic = sample
             if state.stats.requests is None or state.stats.requests.origin is not None:
-                state.stats = replace(state.stats, requests=relayed(state))
+                state.stats = dataclasses.replace(state.stats, requests=relayed(state))
             self._judge(state, sample.t, sample.wall)
         elif isinstance(sample, BenchSample):  # not recorded: the run's own result file keeps it whole
             state = self.engine(sample.name, sample.url)
