@@ -279,6 +279,10 @@ async def test_the_dashboard_runs_the_proxy_shows_its_traffic_and_records_it(lla
         await wait_for(pilot, lambda: app.run_sources.proxy and app.run_sources.proxy._runners,
                        what="the proxy listening")
         via = app.run_sources.proxy.routes[0].proxy_url
+        ttft_chart = app.query_one("#plot-ttft")
+        empty = "no TTFT histogram here (llama.cpp): press f to probe, or send traffic through --proxy"
+        await wait_for(pilot, lambda: ttft_chart.shown and empty in ttft_chart.shown[0].title,
+                       what="the empty TTFT chart saying what would fill it")
         async with httpx.AsyncClient(timeout=120) as client:
             for _ in range(3):
                 await stream_events(client, via, body)
@@ -290,9 +294,13 @@ async def test_the_dashboard_runs_the_proxy_shows_its_traffic_and_records_it(lla
         # llama.cpp has no per-request series: the column's request line is the proxy's, and says so
         await wait_for(pilot, lambda: state.stats.requests is not None and state.stats.requests.ended == 3,
                        what="the proxy's per-request figures in the engine's stats")
-        assert state.stats.requests.origin == "proxy" and state.stats.requests.finish_window == (("length", 3.0),)
+        lives = state.stats.requests
+        assert lives.origin == "proxy" and lives.finish_window == (("length", 3.0),)
         assert state.stats.requests.gen_len is not None and state.stats.requests.gen_len[0] == 16
         await wait_for(pilot, lambda: "proxy reqs" in screen_text(app), what="the proxy's request line")
+        await wait_for(pilot, lambda: ttft_chart.shown[0].lines.get("llama traffic", ([], []))[1],
+                       what="the clients' TTFT on the chart")
+        assert "no TTFT" not in ttft_chart.shown[0].title
         assert "length 100%" in screen_text(app)
         await wait_for(pilot, lambda: recorder.rows > 5, what="rows recorded")
     recorder.close()

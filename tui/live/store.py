@@ -57,6 +57,7 @@ ENGINE_SERIES = ("gen_tps", "ttft_p50_s")  # what the plots draw, from EngineSta
 # a replay's seek, which adds readings for the plots alone, leaves them to fill from the cursor on)
 GLANCE_SERIES = ("prompt_processed_tps", "prompt_computed_tps", "itl_p50_s")
 BENCH_TTFT = "bench_ttft_p50_s"  # a running bench's live TTFT p50, drawn beside the engine's own
+TRAFFIC_TTFT = "traffic_ttft_p50_s"  # the clients' TTFT p50 via the proxy (llama.cpp has no TTFT histogram)
 MIN_PROBES_KEPT = 10  # the probe panel lists and medians the last few, however old they are
 ENERGY_KEEP_S = 180.0  # energy readings kept per device: the window, and a probe's span read after it ended
 REMOTE_ENERGY_WINDOW_S = 60.0  # dcgm-exporter collects every 30 s by default: its counter moves that rarely
@@ -177,6 +178,9 @@ class Store:
             self._tell(sample)
             state = self.engine(sample.name)
             state.traffic = sample
+            if sample.error is None:
+                state.series.setdefault(TRAFFIC_TTFT, Series(self.horizon_s, self.max_points)).add(
+                    sample.t, sample.stats.ttft_p50_s)
             if state.stats.requests is None or state.stats.requests.origin is not None:
                 state.stats = dataclasses.replace(state.stats, requests=relayed(state))
             self._judge(state, sample.t, sample.wall)

@@ -16,7 +16,7 @@ from textual.app import ComposeResult
 from textual.containers import Container, Horizontal, Vertical
 from textual.widgets import Static
 
-from tui.live.store import BENCH_TTFT, EngineState
+from tui.live.store import BENCH_TTFT, TRAFFIC_TTFT, EngineState
 from tui.model.samples import GpuReport, HostSample
 from tui.probe.results import DEFAULT_TTFT_GAP_FACTOR
 from widgets.engine_panel import EnginePanel
@@ -109,8 +109,10 @@ class Dashboard(Vertical):
         plots.display = (self.app.size.height or MIN_PLOT_ROWS) >= MIN_PLOT_ROWS
         rel_spans = [(a - now, b - now) for a, b in spans]
         # the newest probe's time, not the count: probes older than the horizon are dropped
-        events = (len(rel_spans), note, tuple((name, st.probes[-1][0] if st.probes else None)
-                                              for name, st in plotted.items()))
+        # and what an empty TTFT chart says it lacks, and whether the proxy's TTFT has a point
+        events = (len(rel_spans), note, _no_ttft(plotted), tuple(
+            (name, st.probes[-1][0] if st.probes else None, _points(st, TRAFFIC_TTFT) > 0)
+            for name, st in plotted.items()))
         for plot_id, key, ylabel, probe_value in (
                 ("#plot-gen", "gen_tps", "tok/s", lambda r: (r.decode_at, r.decode_tps)),
                 ("#plot-ttft", "ttft_p50_s", "seconds", lambda r: (r.ttft_at, r.ttft_s))):
@@ -122,6 +124,11 @@ class Dashboard(Vertical):
         self.query_one("#gpu", GpuPanel).show(gpu)
         if self.host:
             self.query_one("#host", HostPanel).show(host)
+
+
+def _points(state: EngineState, key: str) -> int:
+    series = state.series.get(key)
+    return len(series.points) if series is not None else 0
 
 
 ProbeValue = Callable[[Any], tuple[float | None, float | None]]  # a probe result -> (when, figure)
@@ -141,6 +148,14 @@ def _bench_lines(lines: dict[str, tuple[list[float], list[float]]], engines: dic
             lines[f"SLO ttft {bench.slo_ttft_s * 1000:g} ms"] = ([-horizon_s, 0.0], [bench.slo_ttft_s] * 2)
 
 
+def _no_ttft(engines: dict[str, EngineState]) -> str:
+    """One line on what would fill an empty TTFT chart."""
+    readings = [s.sample.reading for s in engines.values() if s.sample is not None and s.sample.reading]
+    if readings and all(r.ttft_buckets is None for r in readings):
+        return "no TTFT histogram here (llama.cpp): press f to probe, or send traffic through --proxy"
+    return "no request has finished yet"
+
+
 def plot_data(title: str, ylabel: str, key: str, probe_value: ProbeValue,
               engines: dict[str, EngineState], now: float, horizon_s: float,
               spans: list[tuple[float, float]]) -> PlotData:
@@ -157,5 +172,10 @@ def plot_data(title: str, ylabel: str, key: str, probe_value: ProbeValue,
         markers[name] = ([x for x, _ in kept], [y for _, y in kept])
     if key == "ttft_p50_s":
         _bench_lines(lines, engines, now, t0, horizon_s)
+        for name, state in engines.items():
+            if (series := state.series.get(TRAFFIC_TTFT)) is not None and (points := series.since(t0)):
+                lines[f"{name} traffic"] = ([t - now for t, _ in points], [v for _, v in points])
+        if not any(xs for xs, _ in (*lines.values(), *markers.values())):
+            title = f"{title} — {_no_ttft(engines)}"
     return PlotData(title=title, ylabel=ylabel, horizon_s=horizon_s, lines=lines, markers=markers,
                     throttle_spans=spans)
