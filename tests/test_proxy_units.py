@@ -222,5 +222,6 @@ def test_how_each_request_ended_in_the_words_of_vllms_finished_reason() -> None:
     assert lives.prefill_s is None  # no engine timings were given: none made up
     book._ended.clear()  # the window emptied; the counts since the start stay
     lives = book.stats().per_request
-    assert lives is not None and lives.ended == 0 and lives.finish_window == () and len(lives.finish_total) == 5
+    assert lives is not None and lives.ended == 0 and lives.finish_window == ()
+    assert len(lives.finish_total) == 5
     assert TrafficBook("idle").stats().per_request is None

@@ -48,3 +48,39 @@ def test_the_dashboard_at_a_glance(snap_compare, recordings: dict[int, Path], en
                                    size: tuple[int, int]) -> None:
     app, run_before = _replay_at(recordings[engines], 190)
     assert snap_compare(app, terminal_size=size, run_before=run_before)
+
+
+async def test_slash_filters_a_dashboard_of_many_engines(recordings: dict[int, Path]) -> None:
+    """Eight engines are a line each; `/` filters them as the fleet table does (every word must match the
+    name, model, state or a finding), `q` typed into the filter is a letter, escape leaves the filter and
+    then clears it."""
+    from textual.widgets import Input
+
+    from tui.ui.screens.dashboard import Dashboard
+    from widgets.engine_panel import EnginePanel
+
+    app, run_before = _replay_at(recordings[8], 190)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await run_before(pilot)
+        board = app.query_one(Dashboard)
+        assert board.rows
+
+        def shown() -> list[str]:
+            return [p.engine_name for p in app.query(EnginePanel) if p.display]
+
+        assert len(shown()) == 8
+        assert not isinstance(app.focused, Input), app.focused
+        await pilot.press("slash")
+        assert isinstance(app.focused, Input)
+        await pilot.press(*"engine", "minus", "3")
+        await pilot.pause()
+        assert shown() == ["engine-3"]
+        await pilot.press("q")  # a letter in the filter, not quit
+        await pilot.pause()
+        assert app.is_running and shown() == [] and app.query_one("#no-match").display
+        await pilot.press("backspace", "escape")  # leave the filter: it stays
+        await pilot.pause()
+        assert shown() == ["engine-3"] and not isinstance(app.focused, Input)
+        await pilot.press("escape")  # outside it: cleared
+        await pilot.pause()
+        assert len(shown()) == 8 and not app.query_one("#no-match").display

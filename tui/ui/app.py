@@ -29,6 +29,7 @@ from textual.notifications import SeverityLevel
 from textual.widgets import Footer, Header
 from textual.worker import Worker, WorkerState
 
+from tui.base.install import command
 from tui.base.stats import median
 from tui.compare.ab import ABConfig
 from tui.compare.roofline import Roofline, model_weight_bytes, roofline
@@ -57,7 +58,7 @@ from tui.sources.engine_source import EngineSource
 from tui.sources.gpu import GpuSampler
 from tui.sources.host import HostSampler
 from tui.ui.screens.ab import ABRun, ABScreen, dashboard_arm, start_dashboard_ab
-from tui.ui.screens.dashboard import Column, Dashboard
+from tui.ui.screens.dashboard import MAX_COLUMNS, Column, Dashboard
 from tui.ui.screens.engine_detail import EngineDetailScreen
 from tui.ui.screens.fleet import EngineScreen, FleetStatus, FleetView, GpusScreen
 from tui.ui.screens.help import HelpScreen
@@ -168,6 +169,7 @@ class EnginetopApp(App[None]):
         Binding("plus,equals_sign", "poll(0.5)", "Faster", key_display="+"),
         Binding("minus", "poll(2)", "Slower", key_display="-"),
         Binding("r", "reset", "Reset"),
+        Binding("slash", "filter", "Filter", key_display="/"),
         *(Binding(str(n), f"switch({n})", f"switch to profile {n}", show=False) for n in range(1, 10)),
     ]
     POLL_BOUNDS_S = (0.25, 10.0)  # `+` and `-` halve or double the engines' poll interval within these
@@ -256,6 +258,10 @@ class EnginetopApp(App[None]):
             slot.source.interval_s = min(high, max(low, slot.source.interval_s * factor))
         if self.slots:
             self.notify(f"engines polled every {self.slots[0].source.interval_s:g} s", timeout=3)
+
+    def action_filter(self) -> None:
+        """`/`: filter the engines, where there are more than fit as columns (a line each)."""
+        self._main.query_one(Dashboard).open_filter()
 
     def action_reset(self) -> None:
         """Start the session's figures again: rates, peaks, plots and probes begin from now."""
@@ -498,7 +504,7 @@ class EnginetopApp(App[None]):
         watched = {slot.target.url for slot in self.slots}
         found = [e for e in found if e.url not in watched]
         if found:
-            return ["running on this machine (`enginetop` with no flags watches them):",
+            return [f"running on this machine (`{command()}` with no flags watches them):",
                     *(f"  {e.words()}" for e in found)]
         return [start_hints()[0]]
 
@@ -542,6 +548,8 @@ class EnginetopApp(App[None]):
         (and out of the footer); `q` still quits from an engine opened from the table, and `f` probes it."""
         if action == "probe_now" and isinstance(self.screen, EngineScreen):
             return True
+        if action == "filter":  # only a dashboard of rows has one (and the footer says so only there)
+            return not self.config.fleet_table and len(self.slots) > MAX_COLUMNS
         return not (self.config.fleet_table and action in self.FLEET_OFF)
 
     def _fleet_target(self, name: str) -> EngineTarget:
@@ -698,6 +706,8 @@ class EnginetopApp(App[None]):
                **kwargs: Any) -> None:
         if severity in ("warning", "error"):  # alerts are part of what happened: kept in the recording
             self.record_event("alert", None, {"title": title, "message": message, "severity": severity})
+        # Plain text, not Rich markup: a command such as `pip install 'enginetop[demo]'` must show its [demo].
+        kwargs.setdefault("markup", False)
         super().notify(message, title=title, severity=severity, **kwargs)
 
     # ---- actions ----------------------------------------------------------------------------
@@ -715,7 +725,7 @@ class EnginetopApp(App[None]):
 
     def action_help(self) -> None:
         keys = [(b.key_display or b.key, b.description) for b in self.BINDINGS
-                if isinstance(b, Binding) and b.show]
+                if isinstance(b, Binding) and b.show and self.check_action(b.action, ()) is not False]
         if self.config.switchable:
             keys.append(("1-9", "switch the selected engine to: " + ", ".join(
                 f"{i} {p.name}" for i, p in enumerate(self.config.switchable[:9], start=1))))

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import Container, Horizontal, Vertical
-from textual.widgets import Static
+from textual.widgets import Input, Static
 
 from tui.live.store import BENCH_TTFT, TRAFFIC_TTFT, EngineState
 from tui.model.samples import GpuReport, HostSample
@@ -57,7 +58,14 @@ class Dashboard(Vertical):
     Dashboard #bottom > GpuPanel { width: 2fr; }
     Dashboard #bottom > HostPanel { width: 1fr; }
     Dashboard #no-engines { padding: 1 2; }
+    Dashboard > #engine-filter { height: 3; display: none; }
+    Dashboard > #engine-filter.open { display: block; }
+    Dashboard #no-match { display: none; padding: 0 1; color: $text-muted; }
     """
+    # `/` (the app's key) opens the filter of a dashboard of rows; as in the fleet table and htop, every typed
+    # word must match the engine's name, model, state or a finding; `escape` leaves the filter (keeping
+    # it), and outside it clears it.
+    BINDINGS = [Binding("escape", "leave_filter", "Leave / clear filter", show=False)]
 
     def __init__(self, names: Sequence[str], host: bool = True, gen_title: str = GEN_TITLE,
                  ttft_title: str = TTFT_TITLE, notice: str = "", **kwargs) -> None:
@@ -68,6 +76,8 @@ class Dashboard(Vertical):
         self.notice = notice
         self.host = host
         self.titles = {"gen_tps": gen_title, "ttft_p50_s": ttft_title}
+        self.words: list[str] = []  # the filter's, lower case
+        self._haystacks: list[str] = []  # what the filter matches, per engine, from the last show()
 
     def compose(self) -> ComposeResult:
         # A grid, no container per column (every container is one more widget to paint when a panel beside it
@@ -75,6 +85,12 @@ class Dashboard(Vertical):
         # probes side by side); two to four are columns with their probes below; more are a line each, as
         # the fleet table draws them (`enter` opens one's every figure).
         n = len(self.names)
+        if self.rows:
+            typed = Input(placeholder="filter: name, model, state, finding (escape leaves)",
+                          id="engine-filter")
+            typed.cursor_blink = False  # a blink is a repaint twice a second, for ever
+            typed.can_focus = False  # until `/` opens it: the screen's first focus goes to the engines
+            yield typed
         with Container(id="engines") as engines:
             engines.styles.grid_size_columns = 2 if n == 1 else 1 if self.rows else max(1, n)
             for i, name in enumerate(self.names):
@@ -86,6 +102,8 @@ class Dashboard(Vertical):
                     yield ProbePanel(id=f"probes-{i}")
             if not self.names and self.notice:
                 yield Static(self.notice, id="no-engines", markup=False)
+            if self.rows:
+                yield Static("no engine matches the filter", id="no-match")
         with Horizontal(id="plots"):
             yield TimePlot(id="plot-gen")
             yield TimePlot(id="plot-ttft")
@@ -99,6 +117,9 @@ class Dashboard(Vertical):
              note: str = "", ttft_gap_factor: float = DEFAULT_TTFT_GAP_FACTOR) -> None:
         """`plotted`: the engines drawn on the plots (a switched column keeps its old line); `spans`:
         throttled periods on the plots' clock; `note`: said after the plots' titles (a back-fill running)."""
+        if self.rows:
+            self._haystacks = [haystack(column.state) for column in columns]
+            self._filter()
         for i, column in enumerate(columns):
             state = column.state
             self.query_one(f"#engine-{i}", EnginePanel).show(state, column.status, column.roof)
@@ -126,9 +147,65 @@ class Dashboard(Vertical):
             self.query_one("#host", HostPanel).show(host)
 
 
+    # --- the filter (rows only) ---------------------------------------------------------------------
+    def open_filter(self) -> None:
+        typed = self.query_one("#engine-filter", Input)
+        typed.add_class("open")
+        typed.can_focus = True
+        typed.focus()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        self.words = event.value.lower().split()
+        self._filter()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.action_leave_filter()
+
+    def action_leave_filter(self) -> None:
+        """In the filter: leave it, the filter kept; outside it: clear it."""
+        typed = self.query_one("#engine-filter", Input) if self.rows else None
+        if typed is None:
+            return
+        if typed.has_focus:
+            shown = [p for p in self.query(EnginePanel) if p.display]
+            if shown:
+                shown[0].focus()
+            if not typed.value:
+                typed.remove_class("open")
+                typed.can_focus = False
+        else:
+            typed.value = ""
+            typed.remove_class("open")
+            typed.can_focus = False
+
+    def _filter(self) -> None:
+        """Each row shown where every word of the filter is in its haystack; a line when none is."""
+        kept = 0
+        for i, hay in enumerate(self._haystacks):
+            keep = all(w in hay for w in self.words)
+            kept += keep
+            panel = self.query_one(f"#engine-{i}", EnginePanel)
+            if panel.display != keep:
+                panel.display = keep
+        none = bool(self._haystacks) and not kept
+        note = self.query_one("#no-match", Static)
+        if note.display != none:
+            note.display = none
+
+
 def _points(state: EngineState, key: str) -> int:
     series = state.series.get(key)
     return len(series.points) if series is not None else 0
+
+
+def haystack(state: EngineState) -> str:
+    """What a typed filter matches of an engine, lower case: its name, model, state and findings."""
+    sample = state.sample
+    parts = [state.name]
+    if sample is not None:
+        parts += [sample.model or "", sample.health, sample.health_reason or ""]
+    parts += [f.title for f in state.findings]
+    return " ".join(parts).lower()
 
 
 ProbeValue = Callable[[Any], tuple[float | None, float | None]]  # a probe result -> (when, figure)
@@ -149,11 +226,11 @@ def _bench_lines(lines: dict[str, tuple[list[float], list[float]]], engines: dic
 
 
 def _no_ttft(engines: dict[str, EngineState]) -> str:
-    """One line on what would fill an empty TTFT chart."""
+    """An empty TTFT chart's title: what would fill it."""
     readings = [s.sample.reading for s in engines.values() if s.sample is not None and s.sample.reading]
     if readings and all(r.ttft_buckets is None for r in readings):
-        return "no TTFT histogram here (llama.cpp): press f to probe, or send traffic through --proxy"
-    return "no request has finished yet"
+        return "TTFT p50: none (llama.cpp): f to probe, or --proxy"
+    return "TTFT p50: no request has finished yet"
 
 
 def plot_data(title: str, ylabel: str, key: str, probe_value: ProbeValue,
@@ -176,6 +253,6 @@ def plot_data(title: str, ylabel: str, key: str, probe_value: ProbeValue,
             if (series := state.series.get(TRAFFIC_TTFT)) is not None and (points := series.since(t0)):
                 lines[f"{name} traffic"] = ([t - now for t, _ in points], [v for _, v in points])
         if not any(xs for xs, _ in (*lines.values(), *markers.values())):
-            title = f"{title} — {_no_ttft(engines)}"
+            title = _no_ttft(engines)  # short: plotext drops a title wider than the chart
     return PlotData(title=title, ylabel=ylabel, horizon_s=horizon_s, lines=lines, markers=markers,
                     throttle_spans=spans)
