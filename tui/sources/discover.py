@@ -5,9 +5,13 @@ Two ways in, each confirmed by asking the server itself (GET /health and /v1/mod
 * from a command line: every process LISTENing on a TCP port reachable on loopback (127.0.0.0/8, ::1, or a
   wildcard address) whose command line runs an engine: llama-server, llama-swap, `vllm serve` and vLLM's
   entrypoints, SGLang's launch_server (tui.engines.known.serving_program);
-* on a usual port: any OpenAI-compatible server (its /v1/models answers a model list) on 127.0.0.1 at one of
+* on a usual port: any OpenAI-compatible server (its /v1/models answers a model list) on loopback at one of
   8080 (llama-server), 8000 (vLLM), 30000 (SGLang), 1234 (LM Studio), 11434 (Ollama), or the ports
   ENGINETOP_DISCOVER_PORTS lists (`8080,9000`; empty: none).
+
+A listener on IPv6 is asked on [::1]: one bound to ::1, and one bound to the IPv6 wildcard `::` when 127.0.0.1
+does not answer (an IPv6-only socket, IPV6_V6ONLY, as a server started with `--host ::` may be). A usual port
+whose listener cannot be seen is asked on 127.0.0.1, then [::1].
 
 Each is named after its model (one model), else its program. Only this machine's processes and loopback are
 ever asked, and nothing is started, stopped or loaded: two GETs per candidate, with a short timeout.
@@ -28,7 +32,7 @@ from typing import Any, Literal
 import httpx
 import psutil
 
-from tui.base.install import demo_hint
+from tui.base.install import command, demo_hint
 from tui.engines.knowledge import program_name
 from tui.engines.known import serving_program
 
@@ -76,20 +80,23 @@ class Discovery:
         ports = ", ".join(str(p) for p in self.ports) or "none"
         return f"listening processes' command lines, and loopback ports {ports}"
 
-    def report(self, command: str = "enginetop") -> list[str]:
-        """What was found and how, a line each; with nothing found, what was asked and the two ways on."""
+    def report(self, subcommand: str = "") -> list[str]:
+        """What was found and how, a line each; with nothing found, what was asked and the two ways on
+        (`subcommand`: the one the hint names, e.g. "snapshot")."""
         if self.engines:
             lines = [f"found {e.words()}" for e in self.engines]
         else:
-            lines = [f"no engine found on this machine (asked: {self.asked()})", *start_hints(command)]
+            lines = [f"no engine found on this machine (asked: {self.asked()})", *start_hints(subcommand)]
         if self.unreadable:
             lines.append(self.unreadable)
         return lines
 
 
-def start_hints(command: str = "enginetop") -> list[str]:
-    """The one line to point enginetop at an engine and the one to start the demo, as this install runs it."""
-    return [f"watch an engine: `{command} --engine NAME=http://HOST:PORT`", f"start the demo: {demo_hint()}"]
+def start_hints(subcommand: str = "") -> list[str]:
+    """The one line to point enginetop (or its `subcommand`, e.g. "snapshot") at an engine and the one to
+    start the demo, each as this install runs it (tui.base.install: a clone's is `.venv/bin/enginetop`)."""
+    run = " ".join(filter(None, (command(), subcommand)))
+    return [f"watch an engine: `{run} --engine NAME=http://HOST:PORT`", f"start the demo: {demo_hint()}"]
 
 
 def usual_ports(environ: Mapping[str, str] | None = None) -> tuple[int, ...]:
@@ -107,28 +114,32 @@ def usual_ports(environ: Mapping[str, str] | None = None) -> tuple[int, ...]:
     return tuple(dict.fromkeys(ports))
 
 
+_EITHER = ("127.0.0.1", "[::1]")
+
+
 @dataclass(frozen=True, slots=True)
 class _Candidate:
-    host: str  # as a URL writes it: 127.0.0.1, [::1]
+    hosts: tuple[str, ...]  # as a URL writes them (127.0.0.1, [::1]), asked in turn until one answers
     port: int
     pid: int | None
     program: str | None  # an engine's program when its command line says so
     process: str | None  # the listening process's program, whatever it is
 
 
-def _url_host(ip: str) -> str | None:
-    """The loopback address that reaches a socket listening on `ip`, or None when loopback does not."""
+def _url_hosts(ip: str) -> tuple[str, ...]:
+    """The loopback addresses that may reach a socket listening on `ip`, in the order to ask them; none when
+    loopback does not. IPv6's wildcard `::` takes IPv4 too unless the socket is IPv6-only: 127.0.0.1 first."""
     try:
         addr = ipaddress.ip_address(ip.split("%")[0])
     except ValueError:
-        return None
+        return ()
     if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
         addr = addr.ipv4_mapped
     if addr.is_unspecified:
-        return "127.0.0.1"
+        return ("127.0.0.1",) if addr.version == 4 else _EITHER
     if addr.is_loopback:
-        return str(addr) if addr.version == 4 else f"[{addr}]"
-    return None
+        return (str(addr),) if addr.version == 4 else (f"[{addr}]",)
+    return ()
 
 
 def _listeners(ports: tuple[int, ...]) -> tuple[list[_Candidate], str | None]:
@@ -150,15 +161,17 @@ def _listeners(ports: tuple[int, ...]) -> tuple[list[_Candidate], str | None]:
     for conn in conns:
         if conn.status != psutil.CONN_LISTEN or not conn.laddr:
             continue
-        host = _url_host(conn.laddr.ip)
+        hosts = _url_hosts(conn.laddr.ip)
         port = conn.laddr.port
-        if host is None or port in found:
+        if not hosts or port in found:
             continue
         if conn.pid == mine:
             own.add(port)
             continue
         if conn.pid is None:
             hidden += 1
+            if port in ports:  # asked where it listens (its owner is unknown)
+                found[port] = _Candidate(hosts, port, None, None, None)
             continue
         if conn.pid not in argvs:
             try:
@@ -168,10 +181,10 @@ def _listeners(ports: tuple[int, ...]) -> tuple[list[_Candidate], str | None]:
         argv = argvs[conn.pid]
         program = serving_program(argv) if argv else None
         if program is not None or port in ports:
-            found[port] = _Candidate(host, port, conn.pid, program, program_name(argv) if argv else None)
+            found[port] = _Candidate(hosts, port, conn.pid, program, program_name(argv) if argv else None)
     for port in ports:
         if port not in own:  # this process's own listener (a proxy, `enginetop web`) is not an engine
-            found.setdefault(port, _Candidate("127.0.0.1", port, None, None, None))
+            found.setdefault(port, _Candidate(_EITHER, port, None, None, None))
     if hidden and unreadable is None and os.geteuid() != 0:
         unreadable = (f"{hidden} listening socket(s) belong to other users' processes, whose command lines "
                       "cannot be read without root: an engine among them is found only on a usual port")
@@ -198,9 +211,12 @@ def _model_ids(body: Any) -> tuple[str, ...] | None:
 
 
 async def _confirm(client: httpx.AsyncClient, c: _Candidate) -> FoundEngine | None:
-    base = f"http://{c.host}:{c.port}"
-    (health, _), (listed, body) = await asyncio.gather(_get(client, f"{base}/health"),
-                                                       _get(client, f"{base}/v1/models"))
+    for host in c.hosts:  # the first address whose server answers at all
+        base = f"http://{host}:{c.port}"
+        (health, _), (listed, body) = await asyncio.gather(_get(client, f"{base}/health"),
+                                                           _get(client, f"{base}/v1/models"))
+        if health is not None or listed is not None:
+            break
     models = _model_ids(body)
     if c.program is not None:
         # its command line says what it is: any answer of its HTTP server confirms it (503: still loading)
