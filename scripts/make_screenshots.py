@@ -4,7 +4,8 @@
                                                                   traffic, router, findings)
 
 - dashboard-llama.svg: the dashboard watching a real llama-server (Gemma 3 270M) under load, probes on.
-- demo-llama-vllm.svg: the README demo, llama.cpp and vLLM on the same Gemma 3 270M side by side.
+- demo-llama-vllm.svg: the README demo, llama.cpp and vLLM on the same Gemma 3 270M side by side; and the
+  same screen at 80x24 and 200x55 as text (demo-llama-vllm-80x24.txt, demo-llama-vllm-200x55.txt).
 - sweep-llama-vllm.svg: the concurrency sweep (key c) on both.
 - fleet-table.svg / fleet-engine.svg: the fleet view (--prometheus) over a real Prometheus scraping the real
   demo llama-server and a labelled SYNTHETIC fleet (200 engines, 52 dcgm GPUs; scripts/demo_fleet.py), then
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import html
 import json
 import re
 import shutil
@@ -79,7 +81,17 @@ async def wait(pilot, predicate, timeout: float) -> None:
         await pilot.pause(0.5)
 
 
-async def shoot(names: tuple[str, ...], stem: str, sweep_stem: str | None) -> None:
+def screen_lines(svg: str) -> list[str]:
+    """What the screen shows, line by line, from Textual's SVG export (each <text> at its x and y)."""
+    rows: dict[float, list[tuple[float, str]]] = {}
+    for m in re.finditer(r'<text class="[^"]*" x="([\d.]+)" y="([\d.]+)"[^>]*>(.*?)</text>', svg):
+        rows.setdefault(float(m.group(2)), []).append((float(m.group(1)), html.unescape(m.group(3))))
+    return ["".join(t for _, t in sorted(parts)).replace("\xa0", " ").rstrip()
+            for _, parts in sorted(rows.items())]
+
+
+async def shoot(names: tuple[str, ...], stem: str, sweep_stem: str | None,
+                text_sizes: tuple[tuple[int, int], ...] = ()) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         profiles = profiles_on_free_ports(Path(tmp), *names)
         app = EnginetopApp(AppConfig(
@@ -93,6 +105,15 @@ async def shoot(names: tuple[str, ...], stem: str, sweep_stem: str | None) -> No
                 await pilot.pause(3)
                 app.save_screenshot(filename=f"{stem}.svg", path=str(OUT))
                 print(f"wrote {OUT / stem}.svg")
+                for w, h in text_sizes:  # the same dashboard at a laptop's and a wall screen's size, as text
+                    await pilot.resize_terminal(w, h)
+                    await pilot.pause(4)
+                    capture = OUT / f"{stem}-{w}x{h}.txt"
+                    capture.write_text("\n".join(screen_lines(app.export_screenshot())) + "\n")
+                    print(f"wrote {capture}")
+                if text_sizes:
+                    await pilot.resize_terminal(210, 62)
+                    await pilot.pause(2)
                 if sweep_stem:
                     await pilot.press("c")
                     await wait(pilot, lambda: all(v == "done" for v in app.screen.status.values()), 600)
@@ -346,7 +367,8 @@ def main() -> None:
     if args.only in (None, "llama"):
         asyncio.run(shoot(("demo-cpu-threads2",), "dashboard-llama", None))
     if args.only in (None, "both"):
-        asyncio.run(shoot(("demo-cpu-threads2", "demo-vllm-gemma"), "demo-llama-vllm", "sweep-llama-vllm"))
+        asyncio.run(shoot(("demo-cpu-threads2", "demo-vllm-gemma"), "demo-llama-vllm", "sweep-llama-vllm",
+                          text_sizes=((80, 24), (200, 55))))
     if args.only in (None, "report"):
         shoot_report()
     if args.only in (None, "recording"):
