@@ -24,14 +24,20 @@ def write(path: Path, value: object) -> Path:
 
 
 class Counter:
-    """An integer counter file (energy_uj, energy1_input, idle_residency_ms) that wraps at `wrap` if given.
-    Written whole each time (a reader never sees half a number: the new text goes to a temporary file that
-    is renamed over the old one, as atomic as the kernel's read of its own counter)."""
+    """An integer counter file (energy_uj, energy1_input, idle_residency_ms) that wraps after `period` if
+    given (RAPL's: rapl_package). Kept exactly, shown whole (truncated, as the kernel shows it). Written whole
+    each time (a reader never sees half a number: the new text goes to a temporary file that is renamed over
+    the old one, as atomic as the kernel's read of its own counter)."""
 
-    def __init__(self, path: Path, value: int = 0, wrap: int | None = None) -> None:
-        self.path, self.value, self.wrap = path, value, wrap
+    def __init__(self, path: Path, value: float = 0, period: float | None = None) -> None:
+        self.path, self.period = path, period
+        self.exact = float(value)
         self._lock = threading.Lock()
         self._write()
+
+    @property
+    def value(self) -> int:
+        return int(self.exact)
 
     def _write(self) -> None:
         tmp = self.path.with_name(self.path.name + ".tmp")
@@ -40,9 +46,9 @@ class Counter:
 
     def add(self, amount: float) -> None:
         with self._lock:
-            self.value += int(amount)
-            if self.wrap is not None:
-                self.value %= self.wrap + 1  # 0 .. max_energy_range_uj, then back to 0
+            self.exact += amount
+            if self.period is not None:
+                self.exact %= self.period
             self._write()
 
 
@@ -79,12 +85,22 @@ class Ticker:
 # ---- RAPL -----------------------------------------------------------------------------------------------
 
 
-def rapl_package(root: Path, n: int, energy_uj: int = 0, max_uj: int = 262_143_328_850,
+STATUS_STATES = 1 << 32  # RAPL's ENERGY_STATUS register: 32 bits of energy units
+
+
+def rapl_package(root: Path, n: int, energy_uj: int = 0, unit_nj: int = 61_035,
                  control: str = "intel-rapl") -> Counter:
     """/sys/class/powercap/intel-rapl:N (name package-N) with a core sub-zone intel-rapl:N:0 that must not be
     added again. Real sysfs has these as symlinks into /sys/devices/virtual/powercap/...: plain directories
-    are read the same way."""
+    are read the same way.
+
+    The counter as the kernel's rapl driver makes it (drivers/powercap/intel_rapl_common.c): a 32-bit
+    register of energy units of `unit_nj` nJ (61,035 = 2^-14 J, the usual client unit; 15,258 = 2^-16 J on
+    servers and AMD), `energy_uj` = raw x unit / 1000, `max_energy_range_uj` = 0xffffffff x unit / 1000 (both
+    truncated to whole µJ); the register wraps from 0xffffffff to 0, so the µJ counter's period is 2^32 units,
+    one unit more than max_energy_range_uj."""
     zone = root / "class" / "powercap" / f"{control}:{n}"
+    max_uj = (STATUS_STATES - 1) * unit_nj // 1000
     write(zone / "name", f"package-{n}")
     write(zone / "max_energy_range_uj", max_uj)
     write(zone / "enabled", 1)
@@ -93,7 +109,7 @@ def rapl_package(root: Path, n: int, energy_uj: int = 0, max_uj: int = 262_143_3
     write(sub / "energy_uj", 999_999)
     write(sub / "max_energy_range_uj", max_uj)
     (root / "class" / "powercap" / control).mkdir(parents=True, exist_ok=True)  # the control type itself
-    return Counter(zone / "energy_uj", energy_uj, wrap=max_uj)
+    return Counter(zone / "energy_uj", energy_uj, period=STATUS_STATES * unit_nj / 1000)
 
 
 # ---- GPUs ---------------------------------------------------------------------------------------------

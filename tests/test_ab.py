@@ -98,7 +98,7 @@ def test_switch_mode_runs_one_instance_at_a_time_abba() -> None:
     b = SSEEngine("B", lambda _i: 0.002)
     live: list[int] = []
 
-    def gpu() -> GpuReport:
+    def gpu(engine_pids: dict[str, set[int]] | None = None) -> GpuReport:
         live.append(sum(e.server is not None for e in (a, b)))
         return GpuReport(t=0.0, unavailable="no GPU here")
 
@@ -119,7 +119,7 @@ def test_throttled_blocks_are_flagged_and_can_be_excluded() -> None:
     sampler = GpuSampler(nvml)
     calls = {"n": 0}
 
-    def gpu():
+    def gpu(engine_pids=None):
         calls["n"] += 1
         hot = 2 <= calls["n"] <= 3  # the two samples around the first recorded block (after run start)
         nvml.set_clock_event_mask(0, pynvml.nvmlClocksEventReasonSwThermalSlowdown if hot else 0)

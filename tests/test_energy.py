@@ -7,6 +7,10 @@ from __future__ import annotations
 import dataclasses
 import errno
 import io
+import json
+import os
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -169,18 +173,69 @@ def test_rapl_packages_summed_subzones_and_mmio_duplicates_left_out(tmp_path: Pa
     assert reader.read().joules == pytest.approx(38.0)
 
 
-def test_rapl_wrap_at_max_energy_range_is_undone(tmp_path: Path) -> None:
-    """energy_uj wraps to 0 after max_energy_range_uj: 400 µJ before the wrap, 600 µJ after it are 1000 µJ."""
-    zone = rapl_package(tmp_path, 0, energy_uj=999_600, max_uj=1_000_000)
+def test_rapl_wrap_is_undone_exactly_as_the_kernel_wraps(tmp_path: Path) -> None:
+    """intel_rapl_common.c: energy_uj is a 32-bit register of energy units (61.035 µJ here) and
+    max_energy_range_uj is 0xffffffff of them, so the counter comes back to where it was after one unit MORE
+    than max_energy_range_uj. 1000 units (61,035 µJ) across the wrap read as 61,035 µJ, within the µJ the
+    kernel truncates each reading to; a wrap of max_energy_range_uj (or + 1) would lose ~61 µJ each time."""
+    zone = rapl_package(tmp_path, 0, unit_nj=61_035)
+    max_uj = int((tmp_path / "class" / "powercap" / "intel-rapl:0" / "max_energy_range_uj").read_text())
+    assert max_uj == 262_143_328_850  # 0xffffffff x 61.035 µJ, truncated
+    period = 2**32 * 61.035
+    zone.add(period - 10 * 61.035)  # 10 units below the wrap
     reader = RaplReader(tmp_path)
     start = reader.read().joules
-    zone.add(1_001)  # past the wrap: 999,600 + 1,001 = 1,000,601 -> 600 (0 .. 1,000,000, then 0)
-    assert zone.value == 600
-    assert reader.read().joules - start == pytest.approx(1_001 / 1e6, abs=2e-6)
+    zone.add(1000 * 61.035)  # 1000 units: past the wrap, the register at 990
+    assert zone.value == int(990 * 61.035)
+    assert (reader.read().joules - start) * 1e6 == pytest.approx(61_035.0, abs=2.0)
     for _ in range(5):  # around the range several times, read at each step (each under one wrap)
-        zone.add(900_000)
+        zone.add(0.9 * period)
         reader.read()
-    assert reader.read().joules - start == pytest.approx((1_001 + 4_500_000) / 1e6, abs=1e-5)
+    assert (reader.read().joules - start) * 1e6 == pytest.approx(61_035.0 + 4.5 * period, abs=10.0)
+    # AMD's and servers' unit, 2^-16 J (15.258 µJ as the driver truncates it): the same rule
+    other = tmp_path / "amd"
+    amd = rapl_package(other, 0, unit_nj=15_258)
+    amd.add(2**32 * 15.258 - 3 * 15.258)
+    amd_reader = RaplReader(other)
+    first = amd_reader.read().joules
+    amd.add(7 * 15.258)
+    assert (amd_reader.read().joules - first) * 1e6 == pytest.approx(7 * 15.258, abs=2.0)
+
+
+def test_a_rapl_span_reads_between_its_ends_so_no_wrap_is_lost(tmp_path: Path) -> None:
+    """A span longer than the wrap period: each read of energy_uj here comes 0.6 of a wrap period after the
+    one before (a package drawing hard for minutes between reads). Read at its ends only, a span would see
+    0.6 of a period whatever the number of wraps between; read every `every_s` in its own thread (`with`), or
+    ticked by the EnergyMeter's loop, it sums every change, each wrap undone."""
+    from tui.sources.energy_meter import EnergyMeter
+
+    zone = rapl_package(tmp_path, 0, energy_uj=1_000)
+    step = 0.6 * zone.period
+    reads = {"n": 0}
+
+    def advancing(path: Path) -> str:
+        if path.name == "energy_uj" and path.parent.name == "intel-rapl:0":
+            reads["n"] += 1
+            zone.add(step)
+        return path.read_text()
+
+    def wait_for(n: int) -> None:
+        deadline = time.monotonic() + 20.0
+        while reads["n"] < n and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    with RaplSpan(RaplReader(tmp_path, read_file=advancing), every_s=0.005) as span:
+        wait_for(6)
+    got = span.result()
+    assert reads["n"] >= 7  # the start, the thread's reads, the end
+    assert got["cpu_energy_j"] * 1e6 == pytest.approx((reads["n"] - 1) * step, rel=1e-9)
+
+    reads["n"] = 0
+    with EnergyMeter(None, interval_s=0.005, rapl=RaplReader(tmp_path, read_file=advancing)) as meter:
+        wait_for(6)
+    out = meter.result(1000, local=True)
+    assert out["energy_scope"] == "cpu package"
+    assert out["energy_j"] * 1e6 == pytest.approx((reads["n"] - 1) * step, rel=1e-9)
 
 
 def test_rapl_root_only_says_the_one_line_that_makes_it_readable(tmp_path: Path) -> None:
@@ -284,6 +339,88 @@ def test_amd_energy_from_hwmon_when_present_else_power_times_time(tmp_path: Path
     assert g.energy.source == "counter" and g.energy.watts == pytest.approx(220.0)
 
 
+def test_an_amd_gpu_holding_the_engine_is_never_called_its_alone(tmp_path: Path) -> None:
+    """sysfs lists only the processes of the PIDs it is given: another program on the AMD GPU cannot be
+    seen, so the column and a probe say the whole GPU's energy ("gpu 0 (the whole GPU: ...)"), never
+    "engine" as NVML's complete list allows."""
+    counters = amd_card(tmp_path, 0, energy_uj=10_000_000, power_file="power1_input", power_uw=220_000_000)
+    proc = tmp_path / "proc"
+    drm_fd(proc, 4242, 12, "0000:03:00.0", client=7, vram_kib=1 << 20)
+    clock = Clock(0.0)
+    sampler = GpuSampler(FakeNvml([]), clock=clock,
+                         sysfs=SysfsGpus(tmp_path, proc_root=proc, clock=clock, amd_smi=None))
+    store = Store()
+    for i in range(8):
+        store.add(sampler.sample({"vllm": {4242}}))
+        store.add(engine("vllm", clock.now, 110.0 * i))
+        clock.now += 1.0
+        counters["energy"].add(220_000_000)  # 220 W
+    stats = store.engines["vllm"].stats
+    whole = "gpu 0 (the whole GPU: AMD sysfs cannot show other processes on it)"
+    assert stats.energy_scope == whole and stats.energy_shared_with == ()
+    assert stats.joules_per_token == pytest.approx(2.0)  # 220 W / 110 tok/s
+    store.add_probe("vllm", probe("vllm", 2.5, 5.5), t=5.5)
+    store.add(sampler.sample({"vllm": {4242}}))
+    [(_, done)] = store.engines["vllm"].probes
+    assert done.energy_scope == whole and done.energy_j == pytest.approx(3 * 220.0)
+
+
+def test_bench_and_ab_name_the_engines_processes_so_its_amd_gpu_is_used(tmp_path: Path) -> None:
+    """The EnergyMeter (bench, capacity, probe) and the A/B's GpuWatch give the sampler the engine's process
+    tree (EnginePids: this test's own process stands in for the engine), so the AMD GPU whose DRM fdinfo
+    shows it is the run's energy: 250 W for 10 s over 1000 tokens, not the CPU package's beside it."""
+    from tui.compare.gpu_watch import GpuWatch
+    from tui.sources.energy_meter import EnergyMeter, EnginePids
+
+    me = os.getpid()
+    counters = amd_card(tmp_path, 0, energy_uj=10_000_000, power_file="power1_input")
+    rapl_package(tmp_path, 0, energy_uj=5_000_000)  # a CPU package too: never taken for this engine
+    proc = tmp_path / "proc"
+    drm_fd(proc, me, 12, "0000:03:00.0", client=7, vram_kib=1 << 20)
+    clock = Clock(0.0)
+    sampler = GpuSampler(FakeNvml([]), clock=clock,
+                         sysfs=SysfsGpus(tmp_path, proc_root=proc, clock=clock, amd_smi=None))
+    pids = EnginePids("vllm", "http://127.0.0.1:9", pid=me)
+    with EnergyMeter(sampler.sample, interval_s=3600.0, rapl=RaplReader(tmp_path), pids=pids) as meter:
+        clock.now += 10.0
+        counters["energy"].add(2_500_000_000)  # 250 W for 10 s
+    got = meter.result(1000, local=True)
+    assert pids.found and got["energy_j"] == pytest.approx(2500.0)
+    assert got["joules_per_token"] == pytest.approx(2.5) and got["energy_source"] == "counter"
+    assert got["energy_scope"] == "gpu 0 (the whole GPU: AMD sysfs cannot show other processes on it)"
+    with GpuWatch(sampler.sample, 3600.0, EnginePids("vllm", "http://127.0.0.1:9", pid=me)) as watch:
+        clock.now += 10.0
+        counters["energy"].add(2_500_000_000)
+    summary = watch.summary()
+    [gpu] = summary["energy_gpus"]
+    assert gpu["engines"] == ["vllm"] and gpu["energy_j"] == pytest.approx(2500.0)
+    assert run_energy(summary, {"cpu_energy_j": 99.0}, 1000, True, "vllm")["joules_per_token"] == \
+        pytest.approx(2.5)
+
+
+def test_amd_smi_energy_for_every_card_matched_by_its_pci_address(tmp_path: Path) -> None:
+    """Card 0 has hwmon's energy1_input, card 1 none: amd-smi gives card 1's, though card 0 never asks for
+    it, and amd-smi's GPU 0 is card 1 (0000:43:00.0 in `amd-smi list`): matched by address, not by order."""
+    amd_card(tmp_path, 0, pci="0000:03:00.0", energy_uj=10_000_000)
+    amd_card(tmp_path, 1, pci="0000:43:00.0")
+    fake = tmp_path / "amd-smi"
+    listed = [{"gpu": 0, "bdf": "0000:43:00.0"}, {"gpu": 1, "bdf": "0000:03:00.0"}]
+    metric = [{"gpu": i, "energy": {"total_energy_consumption": {"value": joules, "unit": "J"}}}
+              for i, joules in ((0, 5000.5), (1, 7000.0))]
+    fake.write_text(f"""#!{sys.executable}
+import sys
+print({json.dumps(listed)!r} if sys.argv[1] == "list" else {json.dumps(metric)!r})
+""")
+    fake.chmod(0o755)
+    clock = Clock()
+    reader = SysfsGpus(tmp_path, clock=clock, amd_smi=str(fake))
+    card0, card1 = reader.sample({})
+    assert card0.energy_j == pytest.approx(10.0)  # its own hwmon counter
+    assert card1.energy_j == pytest.approx(5000.5)  # amd-smi's GPU 0, by its address
+    clock.now += 1.0
+    assert reader.sample({})[1].energy_j is None  # amd-smi runs again only after AMD_SMI_EVERY_S
+
+
 def test_intel_xe_utilisation_power_energy_throttle_and_vram(tmp_path: Path) -> None:
     """xe: utilisation from gtidle's idle residency (250 ms idle a second: 75 % busy), power from
     energy1_input's change (µJ: 95 W), freq0/act_freq, throttle reasons in words, the tile's VRAM size."""
@@ -381,6 +518,8 @@ def test_a_probe_gets_its_joules_once_readings_pass_its_end_or_says_too_short() 
 
 
 def test_a_span_of_reports_and_a_runs_joules_per_token() -> None:
+    """A run's energy is that of the GPUs summed and named: the busy GPU 0's 1200 J over 700 tokens, never
+    the idle GPU 1's 200 J beside them (the panel's block summary still shows every GPU's total)."""
     reports = [GpuReport(t=t, gpus=(GpuSample(index=0, t=t, energy_j=100.0 + 300.0 * t, power_w=300.0,
                                               processes=(GpuProcess(1, GiB),)),
                                     GpuSample(index=1, t=t, power_w=50.0)))
@@ -389,11 +528,49 @@ def test_a_span_of_reports_and_a_runs_joules_per_token() -> None:
     assert span["energy_j"] == pytest.approx(1200.0 + 200.0) and span["energy_source"] == MIXED
     assert span["energy_gpus_busy"] == [0]
     got = run_energy(span, None, 700, local=True)
-    assert got["joules_per_token"] == pytest.approx(2.0) and got["energy_scope"].startswith("gpu 0")
+    assert got["energy_j"] == pytest.approx(1200.0) and got["joules_per_token"] == pytest.approx(1200.0 / 700)
+    assert got["energy_source"] == "counter"
+    assert got["energy_scope"] == "gpu 0 (held a compute process over the run, not matched to the engine's " \
+                                  "processes)"
     cpu_only = run_energy({"energy_j": None}, {"cpu_energy_j": 90.0, "cpu_energy_s": 3.0}, 30, local=True)
     assert cpu_only["energy_scope"] == "cpu package" and cpu_only["joules_per_token"] == pytest.approx(3.0)
     remote = run_energy(span, None, 700, local=False)
     assert remote["joules_per_token"] is None and "not on this machine" in remote["energy_note"]
+
+
+def test_a_runs_energy_is_the_gpus_holding_the_engine_and_says_whose() -> None:
+    """Its processes named: only the GPUs holding them are summed (GPU 1, vllm's; never GPU 0, busy with a
+    process of someone else's); alone on an NVIDIA GPU it says so; on none, with an unnamed process on a GPU,
+    no figure rather than a guess."""
+    def at(t: float) -> GpuReport:
+        return GpuReport(t=t, gpus=(
+            GpuSample(index=0, t=t, energy_j=300.0 * t, vendor="NVIDIA", processes=(GpuProcess(9, GiB),)),
+            GpuSample(index=1, t=t, energy_j=200.0 * t, vendor="NVIDIA",
+                      processes=(GpuProcess(4242, GiB, engine="vllm"),))))
+
+    span = span_of_reports([at(0.0), at(5.0)])
+    got = run_energy(span, None, 500, local=True, engine="vllm")
+    assert got["energy_j"] == pytest.approx(1000.0) and got["joules_per_token"] == pytest.approx(2.0)
+    assert got["energy_scope"] == "gpu 1 (the engine's alone)"
+    cpu = {"cpu_energy_j": 90.0, "cpu_energy_s": 5.0}
+    elsewhere = run_energy(span, cpu, 500, local=True, engine="llama")
+    assert elsewhere["energy_j"] is None
+    assert elsewhere["energy_note"].startswith("not attributed: its processes held no GPU")
+    assert "gpu 0" in elsewhere["energy_note"]
+
+
+def test_a_spans_energy_is_labelled_by_what_it_came_from() -> None:
+    """A probe's span: the counter inside it, an edge before its first reading from an interval with no
+    counter (power only): the joules are partly power x time's, so the label says power x time, never
+    "counter"; all from the counter, "counter"."""
+    track = Track(keep_s=120.0)
+    track.add(Point(0.0, None, 100.0), None)  # no counter reading here (dropped, or not supported yet)
+    for t in (1.0, 2.0, 3.0, 4.0):
+        track.add(Point(t, 100.0 * t, 100.0), None)
+    joules, source = track.between(0.5, 3.0)
+    assert joules == pytest.approx(250.0) and source == POWER_TIME
+    joules, source = track.between(1.5, 3.5)
+    assert joules == pytest.approx(200.0) and source == "counter"
 
 
 def test_track_window_uses_two_readings_however_far_apart() -> None:

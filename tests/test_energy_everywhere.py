@@ -58,6 +58,26 @@ def test_the_column_rows_say_joules_per_token_whose_and_why_not() -> None:
     assert nothing.text().plain == ""
 
 
+def test_a_co_holders_unknown_rate_is_said_not_no_tokens() -> None:
+    """vllm generates 100 tok/s on a GPU it shares with llama, whose rate is not known yet (one reading):
+    no J/token, and the column says whose rate is missing, not "no tokens generated"."""
+    store = Store()
+    for i in range(6):
+        t = float(i)
+        store.add(GpuReport(t=t, gpus=(GpuSample(
+            index=0, t=t, power_w=300.0, energy_j=300.0 * t, vendor="NVIDIA", driver="nvml",
+            processes=(GpuProcess(1, GiB, engine="vllm"), GpuProcess(2, GiB, engine="llama"))),)))
+        store.add(engine("vllm", t, 100.0 * i))
+    store.add(engine("llama", 5.0, 0.0))
+    stats = store.engines["vllm"].stats
+    assert stats.energy_w == pytest.approx(300.0) and stats.joules_per_token is None
+    assert stats.energy_note == "generation rate of llama not known yet"
+    grid = Rows()
+    energy_rows(grid, stats)
+    assert grid.text().plain.splitlines()[0] == \
+        "energy – J/tok (generation rate of llama not known yet) at 300.0 W"
+
+
 def test_gpu_and_host_panels_draw_energy_and_idle_power() -> None:
     from widgets.gpu_panel import render_gpus
     from widgets.host_panel import render_host
@@ -173,10 +193,12 @@ def test_the_exporter_watch_reads_this_machines_energy(monkeypatch: pytest.Monke
 
 def test_dcgm_energy_counter_and_the_fleet_tables_joules_per_token() -> None:
     """dcgm-exporter's DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION (mJ) becomes the GPU's energy counter; the fleet
-    table's J/tok is the engine's GPUs' energy over its tokens, or a node's over every engine's there."""
+    table's J/tok is the engine's GPUs' energy over its tokens, or a node's over every engine's there, the
+    tokens counted over the energy's own window (a minute: dcgm's counter moves every 30 s), never a rate
+    over another window: Prometheus's 10 s gen tok/s caught a burst (400 and 200 tok/s) while over the
+    minute the engines made 100 and 200 tok/s: 600 W / 300 tok/s = 2 J/tok, not 600 / 600."""
     from tui.fleet.dcgm import build_report, parse_exposition
-    from tui.live.store import EngineState
-    from tui.model.samples import EngineSample
+    from tui.model.samples import EngineReading, EngineSample
     from widgets.fleet_table import COLUMNS, build_rows
 
     text = ('DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{gpu="0",UUID="GPU-a",modelName="NVIDIA H200",'
@@ -192,15 +214,15 @@ def test_dcgm_energy_counter_and_the_fleet_tables_joules_per_token() -> None:
                                                  energy_j=9876.5 + 600.0 * t),)))
     window = store.gpu.gpus[0].energy
     assert window.source == "counter" and window.watts == pytest.approx(600.0)
-    engines = {}
-    for name, tps in (("a", 100.0), ("b", 200.0)):
-        state = EngineState(name=name, url="")
-        state.sample = EngineSample(name=name, url=f"http://node-7:800{len(engines)}", t=90.0, wall=90.0,
-                                    health="up", host="node-7", instance=f"node-7:800{len(engines)}",
-                                    stats=EngineStats(gen_tps=tps))
-        state.stats = EngineStats(gen_tps=tps)
-        engines[name] = state
-    rows = {r.name: r for r in build_rows(engines, store.gpu.gpus)}
+    assert window.seconds == pytest.approx(60.0)
+    for port, (name, burst, rate) in enumerate((("a", 400.0, 100.0), ("b", 200.0, 200.0))):
+        for i in range(10):  # the fleet's engine samples every 10 s: Prometheus's rates, and the counter
+            t = 10.0 * i
+            store.add(EngineSample(name=name, url=f"http://node-7:800{port}", t=t, wall=t, health="up",
+                                   host="node-7", instance=f"node-7:800{port}",
+                                   stats=EngineStats(gen_tps=burst),
+                                   reading=EngineReading(dialect="vllm", generation_tokens_total=rate * t)))
+    rows = {r.name: r for r in build_rows(store.engines, store.gpu.gpus)}
     jpt = [c.label for c in COLUMNS].index("J/tok")
     assert rows["a"].values[jpt] == pytest.approx(600.0 / 300.0)  # the node's GPU over both engines' tokens
     assert rows["a"].cells[jpt].style == "dim" and rows["b"].values[jpt] == pytest.approx(2.0)

@@ -35,8 +35,8 @@ def energy_rows(grid: Rows, stats: EngineStats) -> None:
     if stats.energy_w is not None:
         if stats.joules_per_token is not None:
             per_token = f"{joules(stats.joules_per_token)}/tok · {stats.tokens_per_joule or 0:.2f} tok/J"
-        else:
-            per_token = f"{IDLE} J/tok (no tokens generated)"
+        else:  # what is unknown (an engine's generation rate on the same device), else truly no tokens
+            per_token = f"{IDLE} J/tok ({stats.energy_note or 'no tokens generated'})"
         grid.add_row("energy", f"{per_token} at {stats.energy_w:.1f} W")
         grid.add_row("", Text(_whose(stats), style="dim"))
     elif stats.energy_note:

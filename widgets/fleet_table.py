@@ -19,7 +19,7 @@ from textual.strip import Strip
 from textual.widget import Widget
 
 from tui.fleet.match import GpuMatcher
-from tui.live.store import EngineState
+from tui.live.store import EngineState, generated_per_s
 from tui.model.samples import EngineSample, GpuSample
 from widgets.fmt import NA, ms, num, pct
 
@@ -87,7 +87,8 @@ COLUMNS = (
     Column("GPU W", lambda s, st, g: sum(x.power_w for x in g if x.power_w is not None) if g else None,
            lambda v: num(v, "{:.0f}")),
     # joules per generated token from the GPUs' energy (dcgm's counter, field 156, or power x time) over
-    # the window; a node's GPUs shared by several engines: the node's joules over all their tokens
+    # their window, over the tokens generated in that same window (build_rows); a node's GPUs shared by
+    # several engines: the node's joules over all their tokens
     Column("J/tok", lambda s, st, g: None, lambda v: num(v, "{:.2f}")),
     Column("GPU °C", _gpu_max("temp_c"), lambda v: num(v, "{:.0f}")),
     # whose the three GPU figures are: the engine's own GPUs, or its node's, shared with the engines there
@@ -109,11 +110,14 @@ class Row:
     haystack: str  # what a typed filter matches, lower case
 
 
-def _watts(gpus: Sequence[GpuSample]) -> float | None:
-    """The GPUs' energy over the window as watts, when every one of them has it."""
-    if not gpus or any(g.energy is None for g in gpus):
+def _energy(gpus: Sequence[GpuSample]) -> tuple[float, float, float] | None:
+    """The GPUs' energy over their window as watts, and the window (start, end), when every one has it."""
+    windows = [(g.energy, g.t) for g in gpus if g.energy is not None]
+    if not gpus or len(windows) < len(gpus):
         return None
-    return sum(g.energy.watts for g in gpus if g.energy is not None)
+    end = max(t for _, t in windows)
+    seconds = max(w.seconds for w, _ in windows)
+    return sum(w.watts for w, _ in windows), end - seconds, end
 
 
 def build_rows(engines: dict[str, EngineState], gpus: Iterable[GpuSample]) -> list[Row]:
@@ -122,21 +126,25 @@ def build_rows(engines: dict[str, EngineState], gpus: Iterable[GpuSample]) -> li
     shares = {name: matcher.share(state.sample) for name, state in engines.items()
               if state.sample is not None}
     # GPUs shared by several engines (a node's): their joules go over the tokens of every engine on them
-    tokens: dict[frozenset[int], float | None] = {}
+    sharing: dict[frozenset[int], list[str]] = {}
     for name, share in shares.items():
-        key = frozenset(id(g) for g in share.gpus)
-        rate = engines[name].stats.gen_tps
-        before = tokens.get(key, 0.0)
-        tokens[key] = None if before is None or rate is None else before + rate
+        sharing.setdefault(frozenset(id(g) for g in share.gpus), []).append(name)
     for name, state in engines.items():
         s = state.sample
         if s is None:
             continue
         share = shares[name]
         values = tuple(c.value(s, state, share.gpus) for c in COLUMNS)
-        watts = _watts(share.gpus)
-        rate = state.stats.gen_tps if share.own else tokens.get(frozenset(id(g) for g in share.gpus))
-        per_token = watts / rate if watts is not None and rate else None
+        energy = _energy(share.gpus)
+        per_token = None
+        if energy is not None:
+            # the tokens over the energy's own window (dcgm's counter moves every 30 s: a minute, not the
+            # rate window the gen tok/s column shows), of this engine or of every engine on the node's GPUs
+            watts, t0, t1 = energy
+            on = [name] if share.own else sharing[frozenset(id(g) for g in share.gpus)]
+            rates = [generated_per_s(engines[e], t0, t1) for e in on]
+            rate = None if any(r is None for r in rates) else sum(r for r in rates if r is not None)
+            per_token = watts / rate if rate else None
         values = (*values[:JPT], per_token, *values[JPT + 1:])
         if share.gpus:
             whose = f"{len(share.gpus)} {'own' if share.own else 'node'}"

@@ -31,7 +31,7 @@ from tui.probe.results import ProbeResult
 from tui.proxy.headroom import MeasuredCapacity, save_capacities
 from tui.run.targets import build_targets
 from tui.sources.config import config_json
-from tui.sources.energy_meter import EnergyMeter
+from tui.sources.energy_meter import EnergyMeter, EnginePids
 from tui.sources.engine_source import is_local, read_once
 from tui.sources.gpu import GpuSampler
 from tui.workload.bench import Bench, EngineRun, engine_json, summarize, table
@@ -277,7 +277,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                            block_size=workload.block_size, limits=ProbeLimits(read_s=args.timeout),
                            prompt_seed=workload.prompt_seed, tokenizer=args.tokenizer)
         runs[part.name], benches[part.name], states[part.name] = bench.run, bench, "running"
-        meter = EnergyMeter(gpus.sample)
+        meter = EnergyMeter(gpus.sample, pids=EnginePids(part.name, target.url))
         try:
             with meter:
                 await bench.go()
@@ -352,7 +352,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
 
         found = Capacity(target, workload, search, model=args.model, limits=ProbeLimits(read_s=args.timeout),
                          tokenizer=args.tokenizer, workers=workers, on_level=told, on_bench=level_started,
-                         meter=lambda: EnergyMeter(gpus.sample))
+                         meter=lambda: EnergyMeter(gpus.sample, pids=EnginePids(part.name, target.url)))
         results[part.name], searches[part.name], states[part.name] = found.result, found, "running"
         await found.run()
         states[part.name] = "failed" if found.result.error else "done"

@@ -26,7 +26,7 @@ from tui.probe.sweep import (
 )
 from tui.probe.workloads import WORKLOADS, WorkloadParams, run_workload
 from tui.run.targets import TargetError, build_targets
-from tui.sources.energy_meter import EnergyMeter
+from tui.sources.energy_meter import EnergyMeter, EnginePids
 from tui.sources.engine_source import is_local
 from tui.sources.gpu import GpuSampler
 
@@ -196,7 +196,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
     except (TargetError, SecretError, ValueError) as exc:
         return _bad_input("probe", exc)
     # this machine's energy over the run (an engine here only): the GPUs', or the CPU package's (tui.sources)
-    meter = EnergyMeter(GpuSampler(sysfs=True).sample, interval_s=0.5)
+    meter = EnergyMeter(GpuSampler(sysfs=True).sample, interval_s=0.5,
+                        pids=EnginePids(target.name, target.url))
     with meter:
         results = run_loop(_probe(args, target, params, limits))
     summary = ProbeSummary.of(results)

@@ -54,6 +54,7 @@ from tui.probe.sweep import SweepConfig, SweepResult, run_sweep
 from tui.probe.workloads import WORKLOADS, WorkloadParams, request_body, run_workload
 from tui.sources.config import config_from_json, config_json
 from tui.sources.energy import run_energy
+from tui.sources.energy_meter import EnginePids
 from tui.sources.engine_source import is_local, read_once
 from tui.sources.host import CpuMeter
 from tui.sources.rapl import RaplSpan
@@ -248,9 +249,12 @@ class _Run:
         seed = self.block_seed(self.seq)
         wall_start = time.time()
         cpu = CpuMeter()  # its own baseline: the dashboard's host panel reads the CPU at the same time
-        cpu_energy = RaplSpan()  # the CPU packages' energy over the block, for an engine on the CPU
         n = self.config.requests_per_block
-        with GpuWatch(self.gpu, self.config.gpu_interval_s) as watch:
+        # the engine's processes, named to the GPU source: an AMD or Intel GPU lists only those it is given
+        pids = EnginePids(arm.name, started.target.url, started.pid)
+        # the CPU packages' energy over the block (for an engine on the CPU), read every few seconds in its
+        # own thread so that a long block loses no wrap of the counter
+        with RaplSpan() as cpu_energy, GpuWatch(self.gpu, self.config.gpu_interval_s, pids) as watch:
             if self.source is not None:
                 results = run_loop(self.source.requests(started.target, instance, block, n))
             else:
@@ -258,10 +262,10 @@ class _Run:
         host_cpu = cpu.percent()
         gpu = watch.summary()
         good = [r for r in results if r.ok]
-        # Joules per generated token over the block (its prefills included): the GPUs' energy, or the CPU
-        # package's for an engine on the CPU; never for an engine on another machine
+        # Joules per generated token over the block (its prefills included): the energy of the GPUs holding
+        # the engine, or the CPU package's for an engine on the CPU; never for an engine on another machine
         energy = run_energy(gpu, cpu_energy.result(), sum(r.completion_tokens or 0 for r in good),
-                            is_local(started.target.url))
+                            is_local(started.target.url), arm.name if pids.found else None)
         record: dict[str, Any] = {
             "arm": arm.name,
             "instance": instance,

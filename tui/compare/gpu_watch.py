@@ -15,8 +15,9 @@ from typing import Any
 
 from tui.model.samples import GpuReport
 from tui.sources.energy import span_of_reports
+from tui.sources.energy_meter import GpuSource
 
-GpuSource = Callable[[], GpuReport]
+__all__ = ["GpuSource", "GpuWatch", "summarize_reports"]
 
 
 def _mean(values: list[float]) -> float | None:
@@ -78,18 +79,22 @@ def summarize_reports(reports: list[GpuReport]) -> dict[str, Any]:
 
 
 class GpuWatch:
-    """`with GpuWatch(sampler.sample) as watch: ...` then `watch.summary()`; samples at both ends at least."""
+    """`with GpuWatch(sampler.sample, pids=EnginePids(name, url)) as watch: ...` then `watch.summary()`;
+    samples at both ends at least. `pids`: the engine's process tree, given to the source each sample so that
+    an AMD or Intel GPU (whose processes sysfs lists only for given PIDs) is seen holding it."""
 
-    def __init__(self, source: GpuSource | None, interval_s: float = 0.5) -> None:
+    def __init__(self, source: GpuSource | None, interval_s: float = 0.5,
+                 pids: Callable[[], dict[str, set[int]]] | None = None) -> None:
         self._source = source
         self._interval = interval_s
+        self._pids = pids
         self._reports: list[GpuReport] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def _take(self) -> None:
         if self._source is not None:
-            self._reports.append(self._source())
+            self._reports.append(self._source(self._pids() if self._pids is not None else None))
 
     def _loop(self) -> None:
         while not self._stop.wait(self._interval):

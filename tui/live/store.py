@@ -33,7 +33,16 @@ from tui.model.samples import (
     RequestStats,
 )
 from tui.model.traffic import TrafficSample
-from tui.sources.energy import MIN_SPAN_S, TOO_SHORT, Track, attribute, gpu_key, holders, with_attribution
+from tui.sources.energy import (
+    MIN_SPAN_S,
+    TOO_SHORT,
+    Track,
+    attribute,
+    gpu_key,
+    holders,
+    whole_gpu_words,
+    with_attribution,
+)
 from tui.sources.energy import Point as Reading
 from tui.sources.rates import (
     derive,
@@ -135,6 +144,32 @@ class EngineState:
     busy_max: int | None = None
     waiting_max: int | None = None
     watched_t: float | None = None
+    # (t, generated tokens so far) of an engine whose figures its source computed (Prometheus), kept for
+    # ENERGY_KEEP_S: its tokens over exactly a GPU's energy window (generated_per_s), for the fleet's J/tok
+    generated: deque[tuple[float, float]] = field(default_factory=deque)
+
+
+def generated_per_s(state: EngineState, t0: float, t1: float) -> float | None:
+    """The engine's generated tokens per second from t0 to t1 (a GPU's energy window), its counter (kept
+    apart for an engine whose rates its source computed, else its readings') taken between readings by
+    linear interpolation; None without readings covering at least half the span (never a rate over another
+    window stood in for this one)."""
+    points = list(state.generated) or [(t, r.generation_tokens_total) for t, r in state.readings
+                                       if r.generation_tokens_total is not None]
+    if len(points) < 2 or t1 <= t0:
+        return None
+    a, b = max(t0, points[0][0]), min(t1, points[-1][0])
+    if b - a < (t1 - t0) / 2:
+        return None
+
+    def at(t: float) -> float:
+        i = bisect.bisect_left(points, t, key=lambda p: p[0])
+        if i < len(points) and points[i][0] == t:
+            return points[i][1]
+        (ta, va), (tb, vb) = points[i - 1], points[i]
+        return va + (vb - va) * (t - ta) / (tb - ta)
+
+    return (at(b) - at(a)) / (b - a)
 
 
 class Store:
@@ -241,6 +276,7 @@ class Store:
         if sample.stats is not None:
             # figures the source computed itself (Prometheus rates and quantiles): shown as they are
             state.stats = sample.stats
+            self._generated(state, sample)
             for key in ENGINE_SERIES:
                 state.series[key].add(t, getattr(sample.stats, key))
             for key in GLANCE_SERIES:
@@ -452,6 +488,19 @@ class Store:
                 return False
         return True
 
+    @staticmethod
+    def _generated(state: EngineState, sample: EngineSample) -> None:
+        """The generated-tokens counter of an engine whose rates its source computed (generated_per_s)."""
+        total = sample.reading.generation_tokens_total if sample.reading is not None else None
+        kept = state.generated
+        if total is None or (kept and sample.t <= kept[-1][0]):
+            return  # no counter, or a repeated reading
+        if kept and total < kept[-1][1]:
+            kept.clear()  # the counter went back: the engine restarted
+        kept.append((sample.t, total))
+        while len(kept) > 2 and sample.t - kept[1][0] >= ENERGY_KEEP_S:
+            kept.popleft()
+
     # ---- a probe's energy: the readings over its span, once one after its end has come ----------------
 
     def _probe_scope(self, name: str) -> tuple[list[Track], str] | str:
@@ -460,7 +509,11 @@ class Store:
             others = {e for g in gpus for e in holders(g)[0]} - {name}
             unnamed = any(holders(g)[1] for g in gpus)
             label = "gpu " + "+".join(str(g.index) for g in gpus)
-            scope = "engine" if not others and not unnamed else f"{label} (shared)"
+            whole = whole_gpu_words(gpus)  # AMD/Intel: another program on it cannot be seen, nor ruled out
+            if others or unnamed:
+                scope = f"{label} (shared)"
+            else:
+                scope = "engine" if whole is None else f"{label} ({whole})"
             return [self._gpu_energy[gpu_key(g)] for g in gpus if gpu_key(g) in self._gpu_energy], scope
         host = self.host
         if host is None or name not in {m.engine for m in host.engines}:

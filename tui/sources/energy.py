@@ -9,8 +9,10 @@ between the power readings) where it is missing or did not move, and the figure 
 
 Attribution to an engine (`attribute`): the engine's GPUs are those its process tree holds VRAM on (NVML's
 per-process memory, the DRM fdinfo on AMD and Intel). Alone on them: the GPUs' energy is the engine's
-(scope "engine"). Shared with another watched engine or a process enginetop cannot name: the figure is the
-GPUs' (scope "gpu 0+1") over the tokens of every watched engine on them, and says with whom. An engine on
+(scope "engine"), said only where the GPU's process list is complete (NVML); AMD and Intel list only the
+watched engines' processes, so there the figure is per GPU ("gpu 1 (the whole GPU: ...)"). Shared with
+another watched engine or a process enginetop cannot name: the figure is the GPUs' (scope "gpu 0+1") over
+the tokens of every watched engine on them, and says with whom. An engine on
 this machine that holds no GPU runs on the CPU: the CPU package's RAPL energy, shared the same way with the
 other CPU engines here.
 """
@@ -128,9 +130,9 @@ class Track:
                             idle_w=self.idle_w, note=note)
 
     def between(self, t0: float, t1: float) -> tuple[float, EnergySource] | str:
-        """Energy from t0 to t1 by linear interpolation of the counter (or of power x time) between readings;
-        a reason in words when the span cannot be read: shorter than MIN_SPAN_S, or fewer than two readings
-        inside it."""
+        """Energy from t0 to t1 by linear interpolation of the counter (or of power x time) between readings,
+        and what it came from: "counter" only when every part did, else "power × time"; a reason in words
+        when the span cannot be read: shorter than MIN_SPAN_S, or fewer than two readings inside it."""
         if t1 - t0 < MIN_SPAN_S:
             return f"{TOO_SHORT} ({t1 - t0:.2f} s; the counter moves every 20-100 ms)"
         pts = list(self.points)
@@ -146,17 +148,23 @@ class Track:
             return "no energy reading"
         joules, seconds, source, _ = got
         inner_w = joules / seconds
+        used = {source}
 
         def rate(pair: list[Point]) -> float:
             edge = over(pair)
-            return edge[0] / edge[1] if edge is not None else inner_w
+            if edge is None:
+                return inner_w
+            used.add(edge[2])
+            return edge[0] / edge[1]
 
         # the edges outside the readings, at the power of the interval around each (linear interpolation)
         if inside[0].t > t0:
             joules += (inside[0].t - t0) * (rate([before[0], inside[0]]) if before else inner_w)
         if t1 > inside[-1].t:
             joules += (t1 - inside[-1].t) * (rate([inside[-1], after[0]]) if after else inner_w)
-        return joules, source
+        # labelled by what was used: an edge at power x time beside the counter's inside makes the whole
+        # figure power x time's (never "counter" over joules partly from power readings)
+        return joules, COUNTER if used == {COUNTER} else POWER_TIME
 
 
 # ---- who holds what -----------------------------------------------------------------------------------
@@ -175,6 +183,27 @@ def holders(g: GpuSample) -> tuple[set[str], bool]:
 def gpu_label(gpus: Sequence[GpuSample]) -> str:
     where = gpus[0].host + " " if gpus and gpus[0].host else ""
     return f"{where}gpu " + "+".join(str(g.index) for g in gpus)
+
+
+# Read from sysfs (tui.sources.sysfs_gpu): their processes are listed only for the PIDs enginetop was given,
+# so another program using the GPU is never seen. NVML lists every process on an NVIDIA GPU.
+PARTIAL_PROCESS_LISTS = frozenset(("AMD", "Intel"))
+
+
+def lists_every_process(g: GpuSample) -> bool:
+    """Does the GPU's process list show every process on it (NVML), so "alone on it" can be said?"""
+    return g.vendor not in PARTIAL_PROCESS_LISTS
+
+
+def whole_gpu_words(gpus: Sequence[GpuSample]) -> str | None:
+    """For GPUs whose process lists are partial: the scope's words saying the figure is the whole GPUs'."""
+    return _whole_words({g.vendor or "" for g in gpus if not lists_every_process(g)})
+
+
+def _whole_words(vendors: set[str]) -> str | None:
+    if not vendors:
+        return None
+    return f"the whole GPU: {'/'.join(sorted(vendors))} sysfs cannot show other processes on it"
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,10 +244,13 @@ def attribute(name: str, gen_tps: dict[str, float | None], gpu: GpuReport | None
         source = merge_sources(w.source for w in windows if w is not None)
         others = tuple(sorted(sharing - {name})) + (("a process enginetop does not watch",) if unnamed
                                                       else ())
-        scope = "engine" if not others else gpu_label(mine)
+        whole = whole_gpu_words(mine)  # AMD/Intel: no one else can be seen on it, so none is ruled out
+        scope = "engine" if not others and whole is None else \
+            gpu_label(mine) + (f" ({whole})" if whole else "")
         tokens = _sum_rates(gen_tps, sharing)
         jpt, tpj = per_token(watts, tokens)
-        return Attribution(watts, jpt, tpj, source, scope, others)
+        return Attribution(watts, jpt, tpj, source, scope, others,
+                           energy_note=_unknown_rates(gen_tps, sharing))
     if name not in local:
         return Attribution()  # not on this machine (or its process was not found): nothing here is its energy
     unnamed_gpus = [g for g in gpus if holders(g)[1]]
@@ -235,7 +267,8 @@ def attribute(name: str, gen_tps: dict[str, float | None], gpu: GpuReport | None
     cpu_engines = {e for e in local if e not in on_gpu}
     tokens = _sum_rates(gen_tps, cpu_engines)
     jpt, tpj = per_token(cpu.watts, tokens)
-    return Attribution(cpu.watts, jpt, tpj, cpu.source, "cpu package", tuple(sorted(cpu_engines - {name})))
+    return Attribution(cpu.watts, jpt, tpj, cpu.source, "cpu package", tuple(sorted(cpu_engines - {name})),
+                       energy_note=_unknown_rates(gen_tps, cpu_engines))
 
 
 def _sum_rates(gen_tps: dict[str, float | None], engines: set[str]) -> float | None:
@@ -243,6 +276,15 @@ def _sum_rates(gen_tps: dict[str, float | None], engines: set[str]) -> float | N
     if any(r is None for r in rates):
         return None  # an engine on it whose rate is not known: no honest share
     return sum(r for r in rates if r is not None)
+
+
+def _unknown_rates(gen_tps: dict[str, float | None], engines: set[str]) -> str | None:
+    """Why there is no J/token although there are watts: whose generation rate is not known yet (None when
+    every rate is known: no J/token then means no tokens)."""
+    unknown = sorted(e for e in engines if gen_tps.get(e) is None)
+    if not unknown:
+        return None
+    return f"generation rate of {', '.join(unknown)} not known yet"
 
 
 def with_attribution(stats: EngineStats, a: Attribution) -> EngineStats:
@@ -254,22 +296,32 @@ def with_attribution(stats: EngineStats, a: Attribution) -> EngineStats:
 
 
 def span_of_reports(reports: Sequence[GpuReport]) -> dict[str, Any]:
-    """Every GPU's energy over the reports (the first to the last), summed: joules, seconds, source (and
-    "gpus" that held a compute process meanwhile, by index)."""
+    """Every GPU's energy over the reports (the first to the last): summed over all of them (joules, seconds,
+    source: what the GPU panel's block summary shows), and each GPU's apart with who held it meanwhile
+    ("energy_gpus": index, joules, seconds, source, note, the watched engines on it, whether an unnamed
+    process was, whether its process list is complete), which run_energy attributes from."""
     tracks: dict[tuple[str, int, str], list[Point]] = {}
+    held: dict[tuple[str, int, str], dict[str, Any]] = {}
     busy: set[int] = set()
     for report in reports:
         for g in report.gpus:
             if g.error:
                 continue
-            tracks.setdefault(gpu_key(g), []).append(Point(g.t, g.energy_j, g.power_w))
+            key = gpu_key(g)
+            tracks.setdefault(key, []).append(Point(g.t, g.energy_j, g.power_w))
+            info = held.setdefault(key, {"index": g.index, "engines": set(), "unnamed": False,
+                                         "vendor": g.vendor, "complete": lists_every_process(g)})
+            named, other = holders(g)
+            info["engines"] |= named
+            info["unnamed"] = info["unnamed"] or other
             if g.processes:
                 busy.add(g.index)
     joules = 0.0
     seconds = 0.0
     sources = []
     notes = []
-    for points in tracks.values():
+    per_gpu = []
+    for key, points in tracks.items():
         got = over(points)
         if got is None:
             continue
@@ -278,18 +330,39 @@ def span_of_reports(reports: Sequence[GpuReport]) -> dict[str, Any]:
         sources.append(got[2])
         if got[3]:
             notes.append(got[3])
+        info = held[key]
+        per_gpu.append({"index": info["index"], "energy_j": got[0], "energy_s": got[1],
+                        "energy_source": got[2], "energy_note": got[3], "engines": sorted(info["engines"]),
+                        "unnamed": info["unnamed"], "vendor": info["vendor"], "complete": info["complete"]})
     if not sources:
         return {"energy_j": None, "energy_s": None, "energy_source": None, "energy_note": None,
-                "energy_gpus_busy": sorted(busy)}
+                "energy_gpus_busy": sorted(busy), "energy_gpus": []}
     return {"energy_j": joules, "energy_s": seconds, "energy_source": merge_sources(sources),
-            "energy_note": "; ".join(dict.fromkeys(notes)) or None, "energy_gpus_busy": sorted(busy)}
+            "energy_note": "; ".join(dict.fromkeys(notes)) or None, "energy_gpus_busy": sorted(busy),
+            "energy_gpus": sorted(per_gpu, key=lambda x: x["index"])}
+
+
+def _run_scope(gpus: list[dict[str, Any]], engine: str | None, matched: bool) -> str:
+    """Whose the summed GPUs' energy is, in words: exactly the GPUs summed, and who else was on them."""
+    label = "gpu " + "+".join(str(g["index"]) for g in gpus)
+    if not matched:
+        return f"{label} (held a compute process over the run, not matched to the engine's processes)"
+    others = sorted({e for g in gpus for e in g["engines"]} - {engine or ""})
+    if any(g["unnamed"] for g in gpus):
+        others.append("a process enginetop does not watch")
+    whole = _whole_words({g.get("vendor") or "" for g in gpus if not g.get("complete", True)})
+    if whole:
+        return f"{label} ({whole}" + (f"; shared with {', '.join(others)})" if others else ")")
+    return f"{label} (shared with {', '.join(others)})" if others else f"{label} (the engine's alone)"
 
 
 def run_energy(gpu: dict[str, Any] | None, cpu: dict[str, Any] | None, tokens: int | None,
-               local: bool) -> dict[str, Any]:
-    """What a run (an A/B block, a bench run) cost per generated token: the GPUs' energy over it when a GPU
-    held a compute process meanwhile (span_of_reports), else the CPU package's (RaplSpan.result), for an
-    engine on this machine only. JSON-ready: energy_j, energy_s, energy_source, energy_scope, energy_note,
+               local: bool, engine: str | None = None) -> dict[str, Any]:
+    """What a run (an A/B block, a bench run) cost per generated token, for an engine on this machine only:
+    the energy of the GPUs that held the engine's processes over it (span_of_reports' "energy_gpus"; `engine`
+    names it, given when its processes were known to the sampler); its processes unknown, of the GPUs that
+    held any compute process; on no GPU, the CPU package's (RaplSpan.result). The scope names exactly the
+    GPUs summed. JSON-ready: energy_j, energy_s, energy_source, energy_scope, energy_note,
     joules_per_token, tokens_per_joule."""
     out: dict[str, Any] = {"energy_j": None, "energy_s": None, "energy_source": None, "energy_scope": None,
                               "energy_note": None, "joules_per_token": None, "tokens_per_joule": None}
@@ -298,12 +371,23 @@ def run_energy(gpu: dict[str, Any] | None, cpu: dict[str, Any] | None, tokens: i
         return out
     gpu = gpu or {}
     cpu = cpu or {}
-    if gpu.get("energy_j") is not None and gpu.get("energy_gpus_busy"):
-        busy = gpu["energy_gpus_busy"]
-        out.update(energy_j=gpu["energy_j"], energy_s=gpu.get("energy_s"),
-                   energy_source=gpu.get("energy_source"),
-                   energy_scope="gpu " + "+".join(str(i) for i in busy) + " (every GPU here, over the run)",
-                   energy_note=gpu.get("energy_note"))
+    per_gpu: list[dict[str, Any]] = gpu.get("energy_gpus") or []
+    mine = [g for g in per_gpu if engine is not None and engine in g["engines"]]
+    busy = [g for g in per_gpu if g["engines"] or g["unnamed"]]
+    summed = mine or (busy if engine is None else [])
+    unnamed = [g for g in busy if g["unnamed"]]
+    if not summed and engine is not None and unnamed:  # as the column says it (attribute)
+        where = "gpu " + "+".join(str(g["index"]) for g in unnamed)
+        out["energy_note"] = (f"not attributed: its processes held no GPU, but {where} had processes "
+                              "enginetop cannot name (a container?)")
+        return out
+    if summed:
+        notes = [g["energy_note"] for g in summed if g.get("energy_note")]
+        out.update(energy_j=sum(g["energy_j"] for g in summed),
+                   energy_s=max(g["energy_s"] for g in summed),
+                   energy_source=merge_sources(g["energy_source"] for g in summed),
+                   energy_scope=_run_scope(summed, engine, bool(mine)),
+                   energy_note="; ".join(dict.fromkeys(notes)) or None)
     elif cpu.get("cpu_energy_j") is not None:
         out.update(energy_j=cpu["cpu_energy_j"], energy_s=cpu.get("cpu_energy_s"), energy_source=COUNTER,
                    energy_scope="cpu package")

@@ -59,6 +59,13 @@ def _age_s(pid: int) -> float:
         return math.inf  # a process that went starts nothing more
 
 
+def tree_pids(pid: int) -> set[int]:
+    """The process and all its descendants, from one walk of the process table; empty when it has gone."""
+    if not psutil.pid_exists(pid):
+        return set()
+    return {pid} | _descendants(pid, children_map())
+
+
 def _descendants(pid: int, children: dict[int, list[int]]) -> set[int]:
     found: set[int] = set()
     todo = list(children.get(pid, ()))

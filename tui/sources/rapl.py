@@ -2,15 +2,23 @@
 
 Layout (Documentation/power/powercap/powercap.rst): `/sys/class/powercap/<zone>/` with `name`
 ("package-0", "core", "uncore", "dram", "psys"), `energy_uj` (a counter in microjoules) and
-`max_energy_range_uj` (the value it wraps at, back to 0). Top-level zones are `intel-rapl:N`; their sub-zones
-`intel-rapl:N:M` are parts of the package and are not added again. AMD's Zen CPUs register their RAPL domains
-under the same `intel-rapl` control type (the kernel's rapl driver drives both, as far as I know: not seen on
-an AMD machine here); any other control type whose zone is named `package-N` is read the same way. An
-`intel-rapl-mmio:N` zone repeats an `intel-rapl:N` package on some Intel laptops: one of the two is read.
+`max_energy_range_uj` (its largest value before it wraps to 0: below). Top-level zones are `intel-rapl:N`;
+their sub-zones `intel-rapl:N:M` are parts of the package and are not added again. AMD's Zen CPUs register
+their RAPL domains under the same `intel-rapl` control type (the kernel's rapl driver drives both, as far as
+I know: not seen on an AMD machine here); any other control type whose zone is named `package-N` is read the
+same way. An `intel-rapl-mmio:N` zone repeats an `intel-rapl:N` package on some Intel laptops: one of the two
+is read.
 
 Since Linux 5.10 `energy_uj` is readable by root only (CVE-2020-8694); the reader then says the one line that
 makes it readable. The sum over packages is kept as a counter that only rises: each zone's wraps are undone
-between two reads (a read at least every wrap period, minutes at full load, is assumed).
+between two reads, so it must be read at least once a wrap period (RaplSpan reads every READ_EVERY_S).
+
+The wrap, exactly (drivers/powercap/intel_rapl_common.c, which drives Intel's and AMD's RAPL alike): the
+hardware counter is the 32-bit ENERGY_STATUS register, in energy units of U nJ (10^9 / 2^ESU, from the unit
+register); `energy_uj` is raw x U / 1000 and `max_energy_range_uj` is 0xffffffff x U / 1000: the largest
+value shown, not the modulus. The register goes from 0xffffffff to 0 one unit on, so the counter's period is
+2^32 units = max_energy_range_uj x 2^32 / (2^32 - 1): one energy unit (61 or 15.3 µJ on most CPUs) more than
+max_energy_range_uj, not 0 or 1 µJ more. (Each reading is truncated to whole µJ: under 1 µJ of error stays.)
 """
 
 from __future__ import annotations
@@ -31,6 +39,16 @@ log = logging.getLogger(__name__)
 
 POWERCAP = Path("class") / "powercap"
 RESCAN_S = 30.0  # no package found: look again this often (a module loaded later)
+STATUS_STATES = 1 << 32  # the ENERGY_STATUS register's 32 bits (intel_rapl_common.c ENERGY_STATUS_MASK)
+# A span's reads: the smallest range the rapl driver shows (ESU 16: 65.5 kJ) lasts 131 s at 500 W, more than
+# any one package draws; a read every 5 s stays well under a wrap period
+READ_EVERY_S = 5.0
+
+
+def wrap_period_uj(max_energy_range_uj: int) -> float:
+    """The µJ after which energy_uj is back where it was: 2^32 energy units, where max_energy_range_uj is
+    2^32 - 1 of them (see the module's docstring)."""
+    return max_energy_range_uj * STATUS_STATES / (STATUS_STATES - 1)
 
 
 def read_text(path: Path) -> str:
@@ -145,11 +163,11 @@ class RaplReader:
             if zone.last_uj is None:
                 zone.total_j = raw / 1e6
             else:
-                delta = raw - zone.last_uj
-                if delta < 0:  # wrapped at max_energy_range_uj (or reset: then 0 is the best guess)
-                    delta = raw + (zone.max_uj - zone.last_uj) if zone.max_uj is not None else 0
+                delta: float = raw - zone.last_uj
+                if delta < 0:  # the register wrapped (no range known: a reset, and 0 is the best guess)
+                    delta = delta + wrap_period_uj(zone.max_uj) if zone.max_uj is not None else 0.0
                     if delta < 0:
-                        delta = 0
+                        delta = 0.0
                 zone.total_j += delta / 1e6
             zone.last_uj = raw
             total += zone.total_j
@@ -162,13 +180,38 @@ class RaplReader:
 
 class RaplSpan:
     """The CPU packages' energy from when it is made to `result()`: its own reader, so its baseline and wraps
-    are its own (an A/B block, a bench run)."""
+    are its own (an A/B block, a bench run). A run longer than a wrap period needs reads in between: `tick()`
+    from the caller's own loop, or `with RaplSpan() as span:`, which reads every `every_s` from a thread until
+    the block ends; `result()` sums the changes between all of them, each wrap undone."""
 
-    def __init__(self, reader: RaplReader | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, reader: RaplReader | None = None, clock: Callable[[], float] = time.monotonic,
+                 every_s: float = READ_EVERY_S) -> None:
         self._reader = reader or RaplReader()
         self._clock = clock
+        self._every = every_s
         self._t0 = clock()
         self._start = self._reader.read()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def tick(self) -> None:
+        """Read the counters now: the change since the last read is kept, a wrap in it undone."""
+        self._reader.read()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._every):
+            self.tick()
+
+    def __enter__(self) -> RaplSpan:
+        self._thread = threading.Thread(target=self._loop, name="rapl-span", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
 
     def result(self) -> dict[str, Any]:
         """{"cpu_energy_j", "cpu_energy_s", "cpu_energy_error"}: joules since the start, or why not."""

@@ -11,11 +11,11 @@ Layouts read (the kernel's own documentation; a file that is not there leaves it
   `mem_busy_percent`, `mem_info_vram_total`/`_used` (bytes), `product_name` where the board has one; hwmon
   `power1_input` (newer: instantaneous) or `power1_average`, `power1_cap`, `temp1_input` (edge; the label
   file says which), `freq1_input` (sclk), `freq2_input` (mclk), `fan1_input`, `energy1_input` where present
-  (most amdgpu boards have none: then `amd-smi`, when on PATH, gives the energy counter). Throttling: the
-  binary `device/gpu_metrics` table, read only in its v1.3 layout (kgd_pp_interface.h `gpu_metrics_v1_3`,
-  dGPUs of the RDNA2/CDNA2 era), whose `indep_throttle_status` is ASIC-independent: bits 0-15 power limits,
-  16-31 current limits, 32-47 temperatures (amdgpu_smu.h SMU_THROTTLER_*). Other revisions lay the table out
-  differently and are not read: no throttle words then.
+  (most amdgpu boards have none: then `amd-smi`, when on PATH, gives the energy counter, each card's matched
+  by its PCI address). Throttling: the binary `device/gpu_metrics` table, read only in its v1.3 layout
+  (kgd_pp_interface.h `gpu_metrics_v1_3`, dGPUs of the RDNA2/CDNA2 era), whose `indep_throttle_status` is
+  ASIC-independent: bits 0-15 power limits, 16-31 current limits, 32-47 temperatures (amdgpu_smu.h
+  SMU_THROTTLER_*). Other revisions lay the table out differently and are not read: no throttle words then.
 - xe (Intel Arc B-series and later): `device/tile0/gt0/gtidle/idle_residency_ms` (utilisation is 1 - its
   change over the time between two reads), `device/tile0/gt0/freq0/act_freq` (MHz), throttle reasons in
   `device/tile0/gt0/freq0/throttle/{status,reason_*}`, hwmon `energy1_input` (the card; µJ), `power1_max`,
@@ -30,7 +30,8 @@ Intel's hwmon has no power reading: power is the energy counter's change between
 holds which of these GPUs: the engines' own processes' DRM file descriptors (`/proc/PID/fdinfo/FD`,
 Documentation/gpu/drm-usage-stats.rst: `drm-pdev`, `drm-client-id`, `drm-memory-vram` on amdgpu,
 `drm-resident-vram0` on xe, `drm-resident-local0` on i915). Processes enginetop does not watch are not looked
-at, so "alone on the GPU" on AMD and Intel means the only watched engine on it.
+at, so another program on an AMD or Intel GPU is never seen: "alone on it" is never claimed there
+(tui.sources.energy.lists_every_process), the figure is the whole GPU's and says so.
 """
 
 from __future__ import annotations
@@ -134,17 +135,36 @@ class _Fds:
     fds: list[str] = field(default_factory=list)
 
 
-def amd_smi_energy(binary: str) -> list[float | None]:
-    """Each AMD GPU's energy counter in joules, in amd-smi's order (`amd-smi metric --energy --json`). Its
-    JSON's shape differs between ROCm releases: any `total_energy_consumption` (or `energy_accumulator`) per
-    GPU is taken, as {"value": V, "unit": U}, "V U" or a number of joules. **Not checked on a real card.**"""
-    proc = subprocess.run([binary, "metric", "--energy", "--json"], capture_output=True, text=True,
-                          timeout=10)
+def amd_smi_energy(binary: str) -> dict[str, float | None]:
+    """Each AMD GPU's energy counter in joules, by its PCI address as amd-smi reports it (lower case), or by
+    "#N" (amd-smi's GPU id) where no address is known. `amd-smi metric --energy --json` gives each GPU's
+    {"gpu": N, "energy": {"total_energy_consumption": ...}}; `amd-smi list --json` gives its {"gpu": N, "bdf":
+    "0000:03:00.0"} (amdsmi_cli/amdsmi_commands.py). The JSON's shape differs between ROCm releases: any
+    `total_energy_consumption` (or `energy_accumulator`) per GPU is taken, as {"value": V, "unit": U}, "V U"
+    or a number of joules. **Not checked on a real card.**"""
+    energy = _amd_smi_gpus(binary, "metric", "--energy", "--json")
+    try:
+        bdfs = {str(g.get("gpu")): str(g.get("bdf")).lower() for g in _amd_smi_gpus(binary, "list", "--json")
+                if isinstance(g, dict) and g.get("bdf") not in (None, "N/A")}
+    except (OSError, ValueError, subprocess.SubprocessError) as exc:
+        log.info("amd-smi list gave no PCI addresses (%s): its GPUs are matched by their order", exc)
+        bdfs = {}
+    out: dict[str, float | None] = {}
+    for position, g in enumerate(energy):
+        gpu_id = str(g.get("gpu", position)) if isinstance(g, dict) else str(position)
+        own = g.get("bdf") if isinstance(g, dict) else None
+        bdf = str(own).lower() if own not in (None, "N/A") else bdfs.get(gpu_id)
+        out[bdf if bdf else f"#{gpu_id}"] = _energy_of(g)
+    return out
+
+
+def _amd_smi_gpus(binary: str, *args: str) -> list[Any]:
+    proc = subprocess.run([binary, *args], capture_output=True, text=True, timeout=10)
     if proc.returncode != 0:
         raise OSError(proc.stderr.strip() or f"amd-smi exited {proc.returncode}")
     data = json.loads(proc.stdout)
     gpus = data if isinstance(data, list) else data.get("gpu_data") or data.get("gpus") or [data]
-    return [_energy_of(g) for g in gpus]
+    return list(gpus)
 
 
 def _energy_of(node: Any) -> float | None:
@@ -186,7 +206,8 @@ class SysfsGpus:
         self._clock = clock
         self._read = read_file
         self._amd_smi = shutil.which("amd-smi") if amd_smi == "auto" else amd_smi
-        self._amd_energy: list[float | None] = []
+        self._amd_energy: dict[str, float | None] = {}  # amd_smi_energy's, from its last run
+        self._amd_smi_at = float("-inf")  # when amd-smi last ran (once for every AMD GPU)
         self._cards: list[_Card] | None = None
         self._fds: dict[int, _Fds] = {}
 
@@ -306,19 +327,26 @@ class SysfsGpus:
             fan_rpm=self._hw(card, "fan1_input"))
 
     def _amd_smi_energy(self, card: _Card, t: float) -> float | None:
-        if self._amd_smi is None or t - card.amd_smi_at < AMD_SMI_EVERY_S:
+        """The card's energy counter from amd-smi, run at most every AMD_SMI_EVERY_S for every AMD GPU that
+        asks (whichever card asks first), each card matched by its PCI address (by its place among the AMD
+        cards where amd-smi names none); each run's value is given once per card, at the read that got it."""
+        if self._amd_smi is None:
             return None
-        card.amd_smi_at = t
-        amd = [c for c in self.cards() if c.vendor == "AMD"]
-        if card is amd[0]:  # one call reads every AMD GPU
+        if t - self._amd_smi_at >= AMD_SMI_EVERY_S:
+            self._amd_smi_at = t
             try:
                 self._amd_energy = amd_smi_energy(self._amd_smi)
             except (OSError, ValueError, subprocess.SubprocessError) as exc:
                 log.info("amd-smi gave no energy (%s); power x time stands in", exc)
                 self._amd_smi = None
                 return None
-        position = amd.index(card)  # amd-smi lists GPUs in PCI order, as the cards are here (assumed)
-        return self._amd_energy[position] if position < len(self._amd_energy) else None
+        if card.amd_smi_at == self._amd_smi_at:
+            return None  # this run's value was given already: the next one comes with the next run
+        card.amd_smi_at = self._amd_smi_at
+        if card.pci and card.pci.lower() in self._amd_energy:
+            return self._amd_energy[card.pci.lower()]
+        amd = [c for c in self.cards() if c.vendor == "AMD"]
+        return self._amd_energy.get(f"#{amd.index(card)}")  # amd-smi's ids in PCI order, as the cards
 
     def _labelled_temp(self, card: _Card, wanted: str) -> float | None:
         if card.hwmon is None:

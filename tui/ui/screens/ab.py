@@ -57,7 +57,8 @@ def start_dashboard_ab(arms: list[Arm], config: ABConfig, store: Store, gpu_inte
     """Start the run in its own thread. The GPU is read from the dashboard's own NVML sampler (the store's
     latest report), never sampled a second time from another thread."""
 
-    def gpu() -> GpuReport:
+    def gpu(engine_pids: dict[str, set[int]] | None = None) -> GpuReport:
+        # the dashboard's report names the processes of every engine it watches (its own host walk)
         return store.gpu or GpuReport(t=time.time(), unavailable="no GPU reading yet")
 
     stem = runs_dir() / f"ab-{datetime.now():%Y%m%d-%H%M%S}"

@@ -148,6 +148,10 @@ class Dashboard(Vertical):
 
 
     # --- the filter (rows only) ---------------------------------------------------------------------
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Only a dashboard of rows has a filter: elsewhere `escape` is the screen's (back, close)."""
+        return self.rows if action == "leave_filter" else True
+
     def open_filter(self) -> None:
         typed = self.query_one("#engine-filter", Input)
         typed.add_class("open")
