@@ -81,13 +81,22 @@ async def wait(pilot, predicate, timeout: float) -> None:
         await pilot.pause(0.5)
 
 
+CHAR_W = 12.2  # rich's SVG export: a cell is 20 px high and 0.61 of that wide; each <text> sits at col × this
+
+
 def screen_lines(svg: str) -> list[str]:
-    """What the screen shows, line by line, from Textual's SVG export (each <text> at its x and y)."""
-    rows: dict[float, list[tuple[float, str]]] = {}
+    """What the screen shows, line by line, each piece of text at its own column (from Textual's SVG)."""
+    rows: dict[float, dict[int, str]] = {}
     for m in re.finditer(r'<text class="[^"]*" x="([\d.]+)" y="([\d.]+)"[^>]*>(.*?)</text>', svg):
-        rows.setdefault(float(m.group(2)), []).append((float(m.group(1)), html.unescape(m.group(3))))
-    return ["".join(t for _, t in sorted(parts)).replace("\xa0", " ").rstrip()
-            for _, parts in sorted(rows.items())]
+        rows.setdefault(float(m.group(2)), {})[round(float(m.group(1)) / CHAR_W)] = html.unescape(m.group(3))
+    out = []
+    for _, pieces in sorted(rows.items()):
+        line: list[str] = []
+        for col, text in sorted(pieces.items()):
+            line += [" "] * (col - len(line))
+            line[col:col + len(text)] = list(text.replace("\xa0", " "))
+        out.append("".join(line).rstrip())
+    return out
 
 
 async def shoot(names: tuple[str, ...], stem: str, sweep_stem: str | None,
@@ -109,7 +118,9 @@ async def shoot(names: tuple[str, ...], stem: str, sweep_stem: str | None,
                     await pilot.resize_terminal(w, h)
                     await pilot.pause(4)
                     capture = OUT / f"{stem}-{w}x{h}.txt"
-                    capture.write_text("\n".join(screen_lines(app.export_screenshot())) + "\n")
+                    svg = app.export_screenshot()
+                    (OUT / f"{stem}-{w}x{h}.svg").write_text(svg)
+                    capture.write_text("\n".join(screen_lines(svg)) + "\n")
                     print(f"wrote {capture}")
                 if text_sizes:
                     await pilot.resize_terminal(210, 62)

@@ -280,7 +280,7 @@ async def test_the_dashboard_runs_the_proxy_shows_its_traffic_and_records_it(lla
                        what="the proxy listening")
         via = app.run_sources.proxy.routes[0].proxy_url
         ttft_chart = app.query_one("#plot-ttft")
-        empty = "TTFT p50: none (llama.cpp): f to probe, or --proxy"
+        empty = "TTFT p50: llama.cpp has none; probes/proxy fill it"
         await wait_for(pilot, lambda: ttft_chart.shown and empty in ttft_chart.shown[0].title,
                        what="the empty TTFT chart saying what would fill it")
         async with httpx.AsyncClient(timeout=120) as client:
@@ -300,7 +300,7 @@ async def test_the_dashboard_runs_the_proxy_shows_its_traffic_and_records_it(lla
         await wait_for(pilot, lambda: "proxy reqs" in screen_text(app), what="the proxy's request line")
         await wait_for(pilot, lambda: ttft_chart.shown[0].lines.get("llama traffic", ([], []))[1],
                        what="the clients' TTFT on the chart")
-        assert ttft_chart.shown[0].title.startswith("TTFT p50: histograms (lines)")
+        assert ttft_chart.shown[0].title.startswith("TTFT p50: engine or proxy (lines)")
         assert "length 100%" in screen_text(app)
         await wait_for(pilot, lambda: recorder.rows > 5, what="rows recorded")
     recorder.close()

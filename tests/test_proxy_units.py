@@ -212,13 +212,16 @@ def test_how_each_request_ended_in_the_words_of_vllms_finished_reason() -> None:
             RequestRecord(**base, outcome="ok", finish_reason="length", completion_tokens=30, e2e_s=3.0),
             RequestRecord(**base, outcome="error", status=500),
             RequestRecord(**base, outcome="abandoned", e2e_s=0.5),
-            RequestRecord(**base, outcome="ok", completion_tokens=20, e2e_s=2.0)]  # no reason given
+            RequestRecord(**base, outcome="ok", completion_tokens=20, e2e_s=2.0),  # no reason given
+            # "length" at the max_tokens the client asked: its own cap, not the context's
+            RequestRecord(**base, outcome="ok", finish_reason="length", completion_tokens=16, max_tokens=16)]
     for record in ends:
         book.add(record)
     lives = book.stats().per_request
-    assert lives is not None and lives.origin == "proxy" and lives.ended == 5
-    assert dict(lives.finish_window) == {"stop": 1, "length": 1, "error": 1, "abort": 1, "unknown": 1}
-    assert lives.gen_len == (20.0, 20.0, 28.0) and lives.e2e_s is not None and lives.e2e_s[0] == 2.0
+    assert lives is not None and lives.origin == "proxy" and lives.ended == 6
+    assert dict(lives.finish_window) == {"stop": 1, "length": 2, "error": 1, "abort": 1, "unknown": 1}
+    assert lives.length_unasked == 1  # the one without a max_tokens
+    assert lives.gen_len == (19.0, 18.0, 27.0) and lives.e2e_s is not None and lives.e2e_s[0] == 2.0
     assert lives.prefill_s is None  # no engine timings were given: none made up
     book._ended.clear()  # the window emptied; the counts since the start stay
     lives = book.stats().per_request

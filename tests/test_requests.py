@@ -3,6 +3,7 @@ findings that rest on them: requests the context cut, and preemptions with the K
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from tui.findings.judge import judge
@@ -96,3 +97,20 @@ def test_the_exporter_serves_the_requests_while_known_and_removes_them_after() -
     assert 'enginetop_busy_share{engine="v"} 1.0' in text
     metrics.engine("v", (), EngineStats())  # idle, restarted or gone: nothing of it is served
     assert 'engine="v"' not in generate_latest(metrics.shared).decode()
+
+
+def test_on_the_proxys_figures_only_requests_cut_before_their_max_tokens_count() -> None:
+    """llama.cpp says "length" for a client's own max_tokens and for the context alike: through the proxy,
+    the finding counts only those that ended before what their client asked (length_unasked)."""
+    from tui.model.samples import RequestStats
+
+    config = EngineConfig(engine="llama.cpp", read_wall=0.0, context_tokens=2048, kv_pool_tokens=8192)
+    asked = RequestStats(window_s=60.0, ended=6.0, prompt_len=(1500.0, 1500.0, 1500.0),
+                         gen_len=(500.0, 500.0, 500.0), finish_window=(("length", 5.0), ("stop", 1.0)),
+                         origin="proxy", length_unasked=0.0)
+    assert not [f for f in judge(Evidence("l", config, requests=asked)) if f.id == "length-cap"]
+    cut = dataclasses.replace(asked, length_unasked=5.0)
+    [finding] = [f for f in judge(Evidence("l", config, requests=cut)) if f.id == "length-cap"]
+    assert finding.title.startswith("5 of 6 requests ended at the length cap")
+    assert "5 of them before the max_tokens their clients asked" in finding.evidence[0]
+    assert "relayed by enginetop's proxy" in finding.evidence[1]

@@ -84,3 +84,17 @@ async def test_slash_filters_a_dashboard_of_many_engines(recordings: dict[int, P
         await pilot.press("escape")  # outside it: cleared
         await pilot.pause()
         assert len(shown()) == 8 and not app.query_one("#no-match").display
+        # a model's name matches too (the vLLMs' "gemma", not the llama-servers' "gemma-3-270m"); a filter
+        # that matches nothing is left all the same, and q then quits
+        await pilot.press("slash", *"gemma", "space", "u", "p")
+        await pilot.pause()
+        assert len(shown()) == 8
+        await pilot.press("backspace", "backspace", "backspace", "minus", "3")
+        await pilot.pause()
+        assert shown() == ["engine-0", "engine-2", "engine-4", "engine-6"]
+        await pilot.press("z", "escape")
+        await pilot.pause()
+        assert shown() == [] and not isinstance(app.focused, Input)
+        await pilot.press("q")
+        await pilot.pause()
+    assert not app.is_running

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from rich.text import Text
 
-from tui.live.store import EngineState
+from tui.live.store import TRAFFIC_TTFT, EngineState
 from tui.model.findings import Finding
 from tui.model.samples import EngineReading, RequestStats
 from tui.model.slots import SlotsReading, SlotState
@@ -83,8 +83,8 @@ def render_glance(state: EngineState, status: EngineStatus | None = None, roof: 
     if reading is not None:
         _load_rows(grid, state, room)
         _rate_rows(grid, state, reading, room)
-        if stats.requests is not None:
-            _request_lines(grid, stats.requests, room)
+    if stats.requests is not None:  # the proxy's, too, where the engine has neither /metrics nor /slots
+        _request_lines(grid, stats.requests, room)
     if sample.slots is not None:
         _slot_lines(grid, sample.slots, room)
     if state.traffic is not None:
@@ -164,7 +164,7 @@ def _rate_rows(grid: Rows, state: EngineState, reading: EngineReading, room: int
     if reading.ttft_buckets is not None:
         row("TTFT p50/p90", "ttft_p50_s", f"{ms(stats.ttft_p50_s, IDLE)} / {ms(stats.ttft_p90_s, IDLE)}")
     elif state.traffic is not None and state.traffic.stats.ttft_p50_s is not None:
-        row("TTFT p50", "ttft_p50_s", f"{ms(state.traffic.stats.ttft_p50_s)} (the proxy's)")
+        row("TTFT p50", TRAFFIC_TTFT, f"{ms(state.traffic.stats.ttft_p50_s)} (the proxy's)")
     if reading.itl_buckets is not None:
         row("ITL p50/p90", "itl_p50_s", f"{ms(stats.itl_p50_s, IDLE)} / {ms(stats.itl_p90_s, IDLE)}")
     if stats.prefix_cache_hit_rate is not None:

@@ -159,7 +159,8 @@ def _request_rows(grid: Rows, rs: RequestStats, width: int) -> None:
         ended += f" (via enginetop's proxy, last {rs.window_s:.0f} s)"
     finish = f"  {_shares(rs.finish_window)}" if rs.finish_window else ""
     since = " · ".join(f"{r} {n:.0f}" for r, n in rs.finish_total)
-    _wrapped(grid, "requests", ended + finish + (f" (since start: {since})" if since else ""), width)
+    start = "since start" if rs.origin is None else "since this run's first request through the proxy"
+    _wrapped(grid, "requests", ended + finish + (f" ({start}: {since})" if since else ""), width)
     phases = [(name, q) for name, q in (("queue", rs.queue_s), ("prefill", rs.prefill_s),
                                         ("decode", rs.decode_s), ("e2e", rs.e2e_s)) if q is not None]
     if phases:

@@ -382,7 +382,8 @@ def length_cap(ev: Evidence) -> Finding | None:
     rs, c = ev.requests, ev.config
     if rs is None or c is None or c.context_tokens is None or not rs.ended or rs.ended < MIN_ENDED:
         return None
-    length = dict(rs.finish_window).get("length", 0.0)
+    # llama.cpp (the proxy's figures) says "length" for a client's own max_tokens too: only those cut sooner
+    length = dict(rs.finish_window).get("length", 0.0) if rs.origin is None else rs.length_unasked or 0.0
     if length / rs.ended < LENGTH_SHARE or rs.prompt_len is None or rs.gen_len is None:
         return None
     prompt, gen = rs.prompt_len[0], rs.gen_len[0]
@@ -397,7 +398,8 @@ def length_cap(ev: Evidence) -> Finding | None:
         "clients' max_tokens",
         f"raise {flag} (now {c.context_tokens:,}) if the KV pool holds more, or have clients set max_tokens "
         "to what they need",
-        [f"finish reasons in the window: {', '.join(f'{r} {n:.0f}' for r, n in rs.finish_window)}",
+        [f"finish reasons in the window: {', '.join(f'{r} {n:.0f}' for r, n in rs.finish_window)}"
+         + ("" if rs.origin is None else f"; {length:.0f} of them before the max_tokens their clients asked"),
          f"prompt {prompt:,.0f} + generated {gen:,.0f} tokens on average ({seen})"],
         ended=rs.ended, length=length, context_tokens=c.context_tokens, avg_tokens=prompt + gen)
 

@@ -54,7 +54,7 @@ from tui.sources.rates import (
     went_back,
     went_back_same_shape,
 )
-from tui.sources.requests import request_stats
+from tui.sources.requests import request_stats, serving
 
 # What a source makes (tui.live.feed); a replay adds the probe results it recorded.
 Sample = EngineSample | GpuReport | HostSample | ProbeEvent | TrafficSample | BenchSample
@@ -607,9 +607,14 @@ def spans(series: Series, t0: float) -> list[tuple[float, float]]:
 
 
 def relayed(state: EngineState) -> RequestStats | None:
-    """The proxy's per-request figures, for an engine that publishes none of its own (llama.cpp)."""
+    """The proxy's per-request figures, for an engine that publishes none of its own (llama.cpp), with the
+    busy share and the rate while serving from its own readings (/metrics or /slots)."""
     traffic = state.traffic
-    return traffic.stats.per_request if traffic is not None and traffic.error is None else None
+    lives = traffic.stats.per_request if traffic is not None and traffic.error is None else None
+    if lives is None:
+        return None
+    busy, while_serving = serving(state.readings)
+    return dataclasses.replace(lives, busy_share=busy, gen_tps_serving=while_serving)
 
 
 def _oldest_within(readings: deque[tuple[float, EngineReading]], t0: float) -> tuple[float, EngineReading]:

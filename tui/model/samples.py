@@ -65,6 +65,10 @@ class EngineReading:
     # where the figures came from when not the engine's /metrics: "/slots" (llama-server without --metrics,
     # counted from its slots by tui.sources.slot_counters)
     origin: str | None = None
+    # the proxy's only: requests that ended "length" before the max_tokens their client asked for (or with
+    # none asked): the context, not the client, cut them. vLLM refuses what would not fit, so its "length"
+    # is this already; llama.cpp says "length" for both.
+    length_unasked: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +136,10 @@ class RequestStats:
     # publishes no per-request series, as llama.cpp: lengths and finish reasons from its answers, prefill
     # and decode from its `timings`, end to end as the client saw it)
     origin: str | None = None
+    # the proxy's only: requests that ended "length" before the max_tokens their client asked for (or with
+    # none asked): the context, not the client, cut them. vLLM refuses what would not fit, so its "length"
+    # is this already; llama.cpp says "length" for both.
+    length_unasked: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,6 +46,7 @@ class RequestRecord:
     refused_for_length: str | None = None  # the engine's own words when it refused the prompt as too long
     refused_prompt_tokens: int | None = None  # how long that prompt was, as the engine said
     finish_reason: str | None = None  # the engine's own (stop, length, tool_calls...), None: it gave none
+    max_tokens: int | None = None  # what the client asked for at most (max_tokens, its aliases); None: no cap
 
     @property
     def decode_tps(self) -> float | None:

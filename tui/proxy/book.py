@@ -64,13 +64,16 @@ def per_request(records: list[RequestRecord], span_s: float,
         return (sum(values) / len(values), quantile(values, 0.5), quantile(values, 0.9)) if values else None
 
     window = Counter(ending(r) for r in records)
+    unasked = sum(1 for r in ok if r.finish_reason == "length" and (
+        r.max_tokens is None or r.completion_tokens is None or r.completion_tokens < r.max_tokens))
     return RequestStats(
         window_s=span_s, ended=float(len(records)),
         requests_per_s=len(records) / span_s if span_s > 0 else None,
         prefill_s=_latency(prefill), decode_s=_latency(decode), e2e_s=_latency(e2e),
         prompt_len=lengths(prompts), gen_len=lengths(generated),
         finish_window=tuple(sorted((k, float(n)) for k, n in window.items())),
-        finish_total=tuple(sorted((k, float(n)) for k, n in since_start.items())), origin="proxy")
+        finish_total=tuple(sorted((k, float(n)) for k, n in since_start.items())), origin="proxy",
+        length_unasked=float(unasked))
 
 
 def figures(record: RequestRecord) -> RequestFigures:
@@ -101,7 +104,9 @@ class TrafficBook:
         # shared prefix is filled in once the proxy has tokenised it (tui.proxy.prompts)
         self._facts: dict[int, RequestFacts] = {}
         self.max_in_flight = 0
-        self.endings: Counter[str] = Counter()  # how each request since the start ended (`ending`)
+        # how each request of the engine's current run ended (`ending`), and when that run's count began
+        self.endings: Counter[str] = Counter()
+        self.run_started = self.started
 
     @contextmanager
     def flight(self) -> Iterator[None]:
@@ -138,6 +143,8 @@ class TrafficBook:
         facts go, and the most in flight at once counts again from those in flight now."""
         self._facts.clear()
         self.max_in_flight = self.in_flight
+        self.endings.clear()  # the per-request figures are of a run, as the engine's own counters are
+        self.run_started = time.monotonic()
 
     def shared(self, seq: int, tokens: int | None) -> None:
         """How many of request `seq`'s prompt tokens an earlier prompt began with (None: not known)."""
@@ -192,5 +199,6 @@ class TrafficBook:
             slo_requests=len(judged),
             slo_window_s=SLO_WINDOW_S if self.slo is not None else None,
             facts=summarize(self._facts.values(), self.max_in_flight),
-            per_request=per_request(records, min(self.window_s, max(now - self.started, 1e-9)), self.endings),
+            per_request=per_request([r for t, r, _ in ended if t >= self.run_started],
+                                    min(self.window_s, max(now - self.run_started, 1e-9)), self.endings),
         )

@@ -368,7 +368,7 @@ class TrafficProxy:
             engine_prompt_ms=timings.get("prompt_ms"), engine_decode_ms=timings.get("predicted_ms"),
             engine_ttft_ms=metrics.get("time_to_first_token_ms"), refused_for_length=refused,
             refused_prompt_tokens=refused_tokens(reading.error, reading.error_prompt_tokens) if refused
-            else None, finish_reason=reading.finish_reason)
+            else None, finish_reason=reading.finish_reason, max_tokens=asked_tokens(exchange.request))
         session = delay = None
         reply = "".join(reading.text)
         if self.trace is not None and record.outcome == "ok":
@@ -471,6 +471,16 @@ def _connect_words(exc: BaseException) -> str:
     if isinstance(exc, aiohttp.ServerTimeoutError):
         return "did not accept the connection in time"
     return f"{type(exc).__name__}: {exc}"
+
+
+def asked_tokens(request: dict[str, Any]) -> int | None:
+    """The most tokens the client asked for: OpenAI's max_completion_tokens or max_tokens, llama.cpp's
+    n_predict (-1: no cap)."""
+    for key in ("max_completion_tokens", "max_tokens", "n_predict"):
+        value = request.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value if value >= 0 else None
+    return None
 
 
 def _sample_json(sample: TrafficSample) -> dict[str, Any]:

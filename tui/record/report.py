@@ -263,11 +263,13 @@ def render_recording(rec: Recording) -> str:
     request_rows = []
     for name, run in s.runs.items():
         traffic = s.traffic.get(name)
-        rs = request_stats(run) or (traffic.stats.per_request if traffic is not None else None)
+        rs = request_stats(run) or (traffic.stats.per_request if traffic is not None and traffic.error is None
+                                    else None)
         if rs is None:
             continue
         finish = " ".join(f"{r} {n:.0f}" for r, n in rs.finish_window)
-        request_rows.append([escape(name), num(rs.ended, 0), num(rs.requests_per_s, 2), escape(finish),
+        seen = "" if rs.origin is None else f" (via the proxy, its last {rs.window_s:.0f} s)"
+        request_rows.append([escape(name + seen), num(rs.ended, 0), num(rs.requests_per_s, 2), escape(finish),
                              *(" / ".join(ms(v) for v in q) if q else "n/a"
                                for q in (rs.queue_s, rs.prefill_s, rs.decode_s, rs.e2e_s)),
                              num(rs.prompt_len[0] if rs.prompt_len else None, 0),

@@ -66,9 +66,7 @@ def request_stats(readings: Sequence[tuple[float, EngineReading]]) -> RequestSta
         ended = hist[-1][1] if hist else None if went_back else 0.0
     steps = _counter(first.iteration_steps_total, last.iteration_steps_total)
     tokens = _counter(first.iteration_tokens_sum, last.iteration_tokens_sum)
-    running = [r.running for _, r in readings]
-    busy_share = None if None in running else sum(1 for n in running[1:] if n and n > 0) / (len(running) - 1)
-    generated = _counter(first.generation_tokens_total, last.generation_tokens_total)
+    busy_share, gen_tps_serving = serving(readings)
     preempted = _counter(first.preemptions_total, last.preemptions_total)
     kv = [r.kv_cache_usage for _, r in readings if r.kv_cache_usage is not None]
     return RequestStats(
@@ -82,6 +80,17 @@ def request_stats(readings: Sequence[tuple[float, EngineReading]]) -> RequestSta
         finish_window=finish_window, finish_total=finish_total,
         preemptions_per_s=None if preempted is None else preempted / window,
         tokens_per_step=tokens / steps if tokens is not None and steps else None,
-        busy_share=busy_share,
-        gen_tps_serving=generated / (window * busy_share) if generated is not None and busy_share else None,
+        busy_share=busy_share, gen_tps_serving=gen_tps_serving,
     )
+
+
+def serving(readings: Sequence[tuple[float, EngineReading]]) -> tuple[float | None, float | None]:
+    """The share of the polls that found a request running, and generation tok/s over that time (any engine
+    whose readings say what runs: /metrics, or llama.cpp's /slots)."""
+    if len(readings) < 2 or readings[-1][0] <= readings[0][0]:
+        return None, None
+    running = [r.running for _, r in readings]
+    busy = None if None in running else sum(1 for n in running[1:] if n and n > 0) / (len(running) - 1)
+    generated = _counter(readings[0][1].generation_tokens_total, readings[-1][1].generation_tokens_total)
+    window = readings[-1][0] - readings[0][0]
+    return busy, generated / (window * busy) if generated is not None and busy else None

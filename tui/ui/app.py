@@ -160,6 +160,7 @@ class EnginetopApp(App[None]):
     BINDINGS = [
         Binding("q", "quit", "Quit"),
         Binding("p", "toggle_pause", "Pause"),
+        Binding("slash", "filter", "Filter", key_display="/"),
         Binding("f", "probe_now", "Probe"),
         Binding("c", "sweep", "Sweep"),
         Binding("a", "ab", "A/B"),
@@ -169,7 +170,6 @@ class EnginetopApp(App[None]):
         Binding("plus,equals_sign", "poll(0.5)", "Faster", key_display="+"),
         Binding("minus", "poll(2)", "Slower", key_display="-"),
         Binding("r", "reset", "Reset"),
-        Binding("slash", "filter", "Filter", key_display="/"),
         *(Binding(str(n), f"switch({n})", f"switch to profile {n}", show=False) for n in range(1, 10)),
     ]
     POLL_BOUNDS_S = (0.25, 10.0)  # `+` and `-` halve or double the engines' poll interval within these

@@ -9,6 +9,7 @@ table, `enter` opening an engine with the history the recording holds (nothing i
 from __future__ import annotations
 
 from textual.binding import Binding
+from textual.widgets import Input
 
 from tui.live.feed import Feed
 from tui.model.targets import EngineTarget
@@ -77,7 +78,8 @@ class ReplayApp(EnginetopApp):
         if action in LIVE_ONLY:
             return False  # acts on a live engine: neither offered in the footer nor run
         # the priority keys belong to a text field while one is open (the go-to prompt)
-        if action in ("play_pause", "step") and isinstance(self.screen, GotoScreen):
+        if action in ("play_pause", "step") and (isinstance(self.screen, GotoScreen)
+                                                 or isinstance(self.focused, Input)):  # the / filter
             return False
         return super().check_action(action, parameters)
 

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 MAX_COLUMNS = 4
 MIN_PLOT_ROWS = 30  # below this many rows the plots give way to the figures
 GEN_TITLE = "generation tok/s: counters (lines), probe decode (x)"
-TTFT_TITLE = "TTFT p50: histograms (lines), probes (x)"
+TTFT_TITLE = "TTFT p50: engine or proxy (lines), probes (x)"
 
 
 @dataclass
@@ -174,6 +174,8 @@ class Dashboard(Vertical):
             shown = [p for p in self.query(EnginePanel) if p.display]
             if shown:
                 shown[0].focus()
+            else:  # nothing matches: out of the field all the same, so q quits and escape clears
+                self.screen.set_focus(None)
             if not typed.value:
                 typed.remove_class("open")
                 typed.can_focus = False
@@ -232,8 +234,8 @@ def _bench_lines(lines: dict[str, tuple[list[float], list[float]]], engines: dic
 def _no_ttft(engines: dict[str, EngineState]) -> str:
     """An empty TTFT chart's title: what would fill it."""
     readings = [s.sample.reading for s in engines.values() if s.sample is not None and s.sample.reading]
-    if readings and all(r.ttft_buckets is None for r in readings):
-        return "TTFT p50: none (llama.cpp): f to probe, or --proxy"
+    if readings and all(r.dialect == "llamacpp" and r.ttft_buckets is None for r in readings):
+        return "TTFT p50: llama.cpp has none; probes/proxy fill it"
     return "TTFT p50: no request has finished yet"
 
 
