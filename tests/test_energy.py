@@ -233,6 +233,7 @@ def test_a_rapl_span_reads_between_its_ends_so_no_wrap_is_lost(tmp_path: Path) -
     reads["n"] = 0
     with EnergyMeter(None, interval_s=0.005, rapl=RaplReader(tmp_path, read_file=advancing)) as meter:
         wait_for(6)
+        time.sleep(1.05)  # a run shorter than MIN_SPAN_S is "too short to read"
     out = meter.result(1000, local=True)
     assert out["energy_scope"] == "cpu package"
     assert out["energy_j"] * 1e6 == pytest.approx((reads["n"] - 1) * step, rel=1e-9)
@@ -579,3 +580,25 @@ def test_track_window_uses_two_readings_however_far_apart() -> None:
     track.add(Point(30.0, 3000.0, None), None)
     window = track.window(10.0)
     assert window is not None and window.seconds == 30.0 and window.watts == pytest.approx(100.0)
+
+
+def test_readings_without_the_counter_at_a_spans_ends_are_counted_not_dropped() -> None:
+    """amd-smi's counter is asked every few seconds: readings at the span's ends may carry power only. Their
+    time counts at power x time (and the figure says so), not only the stretch between counter readings."""
+    track = Track(keep_s=60.0)
+    for t, energy in ((0.0, None), (1.0, None), (2.0, 500.0), (3.0, 600.0), (4.0, None)):
+        track.add(Point(t, energy, 100.0), idle=False)
+    joules, source = track.between(0.0, 4.0)
+    assert joules == pytest.approx(400.0) and source == "power × time"
+    counter_only = Track(keep_s=60.0)
+    for t in range(5):
+        counter_only.add(Point(float(t), 100.0 * t, 100.0), idle=False)
+    assert counter_only.between(0.0, 4.0) == (pytest.approx(400.0), "counter")
+
+
+def test_a_run_shorter_than_the_counter_can_read_says_so() -> None:
+    cpu = {"cpu_energy_j": 9.0, "cpu_energy_s": 0.3}
+    short = run_energy(None, cpu, 50, local=True, engine="llama")
+    assert short["energy_j"] is None and short["joules_per_token"] is None
+    assert short["energy_note"].startswith("too short to read (0.30 s")
+    assert run_energy(None, {"cpu_energy_j": 30.0, "cpu_energy_s": 3.0}, 50, local=True)["energy_j"] == 30.0

@@ -69,7 +69,7 @@ def over(points: Sequence[Point]) -> tuple[float, float, EnergySource, str | Non
         seconds = last.t - first.t
         moved = last.energy_j - first.energy_j  # type: ignore[operator]
         if seconds > 0 and moved > 0:
-            return moved, seconds, COUNTER, None
+            return _with_ends(points, first, last, moved, seconds)
         if moved < 0:
             note = "the energy counter went back (driver reloaded): power × time"
         elif seconds > 0:
@@ -81,6 +81,23 @@ def over(points: Sequence[Point]) -> tuple[float, float, EnergySource, str | Non
     if joules is None or powered[-1].t <= powered[0].t:
         return None
     return joules, powered[-1].t - powered[0].t, POWER_TIME, note
+
+
+def _with_ends(points: Sequence[Point], first: Point, last: Point, moved: float,
+               seconds: float) -> tuple[float, float, EnergySource, str | None]:
+    """The counter's change from its first to its last reading, and the readings before and after those (a
+    reading whose counter was not read: amd-smi is asked every few seconds) at power x time, or at the
+    counter's mean power where they have none: the whole span, never the counter's part of it alone."""
+    joules, source = moved, COUNTER
+    for part in ([p for p in points if p.t <= first.t], [p for p in points if p.t >= last.t]):
+        if len(part) >= 2 and part[-1].t > part[0].t:
+            measured = _trapezoid(part)
+            joules += measured if measured is not None else (part[-1].t - part[0].t) * moved / seconds
+            source = POWER_TIME
+    if source is COUNTER:
+        return joules, seconds, COUNTER, None
+    return (joules, points[-1].t - points[0].t, POWER_TIME,
+            "the counter was not read at the span's ends: power x time there")
 
 
 class Track:
@@ -394,6 +411,9 @@ def run_energy(gpu: dict[str, Any] | None, cpu: dict[str, Any] | None, tokens: i
     else:
         out["energy_note"] = cpu.get("cpu_energy_error") or gpu.get("energy_note") or "no energy reading"
         return out
+    if out["energy_s"] is not None and out["energy_s"] < MIN_SPAN_S:  # the counter moves every 20-100 ms
+        return {**out, "energy_j": None, "energy_s": None, "energy_source": None, "energy_scope": None,
+                "energy_note": f"{TOO_SHORT} ({out['energy_s']:.2f} s; the counter moves every 20-100 ms)"}
     joules = float(out["energy_j"])
     if tokens:
         out["joules_per_token"] = joules / tokens
