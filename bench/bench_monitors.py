@@ -7,7 +7,7 @@ own JSON (`llamastat --once --json`, `vllmstat --once --json`, `enginetop snapsh
 
 The peers are installed on first use into their own venv (~/.cache/enginetop/peers-venv), never enginetop's.
 
-    .venv/bin/python bench/bench_monitors.py [--seconds 60] [--sections llama,vllm]
+    .venv/bin/python bench/bench_monitors.py [--seconds 60] [--sections llama,vllm] [--warmup 310]
 """
 
 from __future__ import annotations
@@ -165,17 +165,18 @@ VLLM_ROWS = [
 
 
 def section(name: str, url: str, model: str | None, peer_argv: list[str], peer_json: list[str],
-            rows: list, seconds: float, work: Path) -> None:
+            rows: list, seconds: float, work: Path, warmup: float = 6.0) -> None:
     print(f"\n== {name}: {url}")
     ours_argv = [*ENGINETOP, "--engine", f"{name}={url}", "--no-record", "--no-discover"]
     with Traffic(url, model) as traffic:
         time.sleep(3)
         results = {}
         for label, argv in (("enginetop", ours_argv), (peer_argv[0].rsplit("/", 1)[-1], peer_argv)):
-            cpu, rss = cost(argv, seconds, 6.0, work / f"{label}.log")
+            cpu, rss = cost(argv, seconds, warmup, work / f"{label}.log")
             results[label] = (cpu, rss)
             print(f"  {label:<10} {cpu:5.2f} % of a core, peak RSS {rss / 2**20:5.0f} MiB "
-                  f"({seconds:.0f} s, its tree, in a 160×50 pseudo-terminal)", flush=True)
+                  f"({seconds:.0f} s after {warmup:.0f} s running, its tree, in a 160×50 pseudo-terminal)",
+                  flush=True)
         ours = once_json([*ENGINETOP, "snapshot", "--engine", f"{name}={url}", "--json", "--interval", "1"])
         theirs = once_json(peer_json)
     (label_a, (cpu_a, rss_a)), (label_b, (cpu_b, rss_b)) = results.items()
@@ -188,6 +189,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--sections", default="llama,vllm")
+    ap.add_argument("--warmup", type=float, default=6.0,
+                    help="seconds each monitor runs before it is measured (310: enginetop's charts full)")
     args = ap.parse_args()
     work = runs_dir() / "bench-monitors"
     work.mkdir(parents=True, exist_ok=True)
@@ -198,7 +201,8 @@ def main() -> None:
             a for a in demo_argv(port, "--parallel", "4") if a != "--metrics"])
         try:
             section("llama", engine.url, None, [str(llamastat), "-u", engine.url],
-                    [str(llamastat), "-u", engine.url, "--once", "--json"], LLAMA_ROWS, args.seconds, work)
+                    [str(llamastat), "-u", engine.url, "--once", "--json"], LLAMA_ROWS, args.seconds, work,
+                    args.warmup)
         finally:
             stop_group(engine.launched)
     if "vllm" in sections:
@@ -215,7 +219,7 @@ def main() -> None:
             wait_openai_ready("vLLM", url, launched, timeout=300)
             section("vllm", url, "enginetop-tiny-llama", [str(vllmstat), "-u", url, "--no-gpu"],
                     [str(vllmstat), "-u", url, "--no-gpu", "--once", "--json"], VLLM_ROWS, args.seconds,
-                    work)
+                    work, args.warmup)
         finally:
             stop_group(launched)
 

@@ -216,3 +216,25 @@ def implied_verdict(result: dict, arm: str) -> tuple[float, str]:
     medians = [statistics.median(v) for _, v in sorted(by_instance.items())]
     cv = statistics.stdev(medians) / statistics.fmean(medians) * 100
     return cv, "reproducible" if cv <= result["config"]["cv_threshold_pct"] else "not reproducible"
+
+
+def test_coresident_blocks_name_the_idle_arms_engine_to_the_gpu_source() -> None:
+    """Both arms are up through a round: while A's block runs, B's engine (up, idle) is named to the GPU
+    source too, so a GPU they share reads as shared with B, not with a process enginetop does not watch; in
+    switch mode only the arm that runs is up, and only it is named."""
+    named: list[set[str]] = []
+
+    def gpu(engine_pids: dict[str, set[int]] | None = None) -> GpuReport:
+        named.append(set(engine_pids or {}))
+        return GpuReport(t=0.0, unavailable="no GPU here")
+
+    a = SSEEngine("A", lambda _i: 0.002)
+    b = SSEEngine("B", lambda _i: 0.002)
+    run_comparison([Arm("A", a), Arm("B", b)], _config(instances=1, blocks=1, requests_per_block=1,
+                                                       warmup_requests=0), gpu=gpu)
+    blocks = [n for n in named if n]  # (a report outside the blocks names no one)
+    assert blocks and all(n == {"A", "B"} for n in blocks), named
+    named.clear()
+    run_comparison([Arm("A", a), Arm("B", b)], _config(instances=1, blocks=1, requests_per_block=1,
+                                                       warmup_requests=0, mode="switch"), gpu=gpu)
+    assert {frozenset(n) for n in named if n} == {frozenset({"A"}), frozenset({"B"})}, named

@@ -135,6 +135,52 @@ def test_two_engines_on_one_gpu_share_its_joules_and_say_so() -> None:
     assert solo.joules_per_token == pytest.approx(1.0)
 
 
+
+def test_vram_no_listed_process_holds_is_someone_enginetop_cannot_see(monkeypatch: pytest.MonkeyPatch,
+                                                                      tmp_path: Path) -> None:
+    """NVML in a container's PID namespace lists no process (or not the host's): GPU 0 has 30 GiB in use
+    and lists only vllm's 20 GiB, so vllm's figure is the GPU's shared with an unseen process, never
+    "engine"; GPU 1 has 40 GiB in use and lists nothing, so the CPU engine llama beside it is not given the
+    CPU package's energy (the engine might be the one holding GPU 1); a GPU that reads neither power nor
+    energy says so instead of waiting for readings forever."""
+    monkeypatch.setenv("ENGINETOP_SYSFS_ROOT", str(tmp_path))
+    zone = rapl_package(tmp_path, 0, energy_uj=5_000_000)
+    clock = Clock()
+    nvml = FakeNvml([h200(power_mw=300_000, compute_procs=[(4242, 20 * GiB)]),
+                     h200(power_mw=300_000, compute_procs=[]),
+                     rtx4090(compute_procs=[(77, GiB)], not_supported={
+                         "nvmlDeviceGetPowerUsage", "nvmlDeviceGetTotalEnergyConsumption"})])
+    nvml.set_vram_used(0, 30 * GiB)
+    nvml.set_vram_used(1, 40 * GiB)
+    nvml.set_vram_used(2, 2 * GiB)
+    sampler = GpuSampler(nvml, clock=clock, sysfs=False)
+    host_sampler = HostSampler()
+    store = Store(rate_window_s=10.0)
+    for i in range(8):
+        store.add(sampler.sample({"vllm": {4242}, "dark": {77}}))
+        sample = host_sampler.sample()
+        store.add(dataclasses.replace(host(clock.now, sample.cpu_energy_j, ("llama",)),
+                                      cpu_energy_domains=sample.cpu_energy_domains))
+        for name in ("vllm", "llama", "dark"):
+            store.add(engine(name, clock.now, 100.0 * i))
+        zone.add(30_000_000)
+        clock.now += 1.0
+        nvml.advance(1.0)
+    vllm, llama, dark = (store.engines[n].stats for n in ("vllm", "llama", "dark"))
+    assert vllm.energy_scope == "gpu 0" and vllm.energy_shared_with == ("a process enginetop does not watch",)
+    assert vllm.joules_per_token == pytest.approx(3.0)
+    assert llama.joules_per_token is None and llama.energy_scope is None
+    assert llama.energy_note == ("not attributed: its processes hold no GPU, but gpu 0+1 is used by "
+                                 "processes enginetop cannot name (a container?): see the GPU panel")
+    assert store.host.cpu_energy is not None  # the package was read: only its attribution was withheld
+    assert dark.joules_per_token is None
+    assert dark.energy_note == "gpu 2 reports neither power nor an energy counter: no energy figure"
+    reports = [GpuReport(t=float(t), gpus=(GpuSample(index=1, t=float(t), energy_j=300.0 * t, vendor="NVIDIA",
+                                                     vram_used_bytes=40 * GiB),)) for t in range(5)]
+    run = run_energy(span_of_reports(reports), {"cpu_energy_j": 100.0, "cpu_energy_s": 4.0}, 400, True,
+                     engine="llama")
+    assert run["joules_per_token"] is None and "had processes enginetop cannot name" in run["energy_note"]
+
 def test_idle_power_is_the_draw_while_its_engines_serve_nothing() -> None:
     """Busy at 350 W, then nothing running and no tokens: the idle power is the 80 W it drew meanwhile."""
     clock = Clock()
@@ -398,6 +444,41 @@ def test_bench_and_ab_name_the_engines_processes_so_its_amd_gpu_is_used(tmp_path
     assert run_energy(summary, {"cpu_energy_j": 99.0}, 1000, True, "vllm")["joules_per_token"] == \
         pytest.approx(2.5)
 
+
+
+def test_a_sampler_that_fails_mid_run_gives_no_figure_and_says_why(tmp_path: Path) -> None:
+    """The GPU sampler raises after the first reading (a driver gone): the run's readings stop short of its
+    end, so neither the meter nor the A/B's watch puts the part they saw over all the run's tokens, nor the
+    CPU package's energy in the GPU's place; each says what failed."""
+    from tui.compare.gpu_watch import GpuWatch
+    from tui.sources.energy_meter import EnergyMeter
+
+    rapl_package(tmp_path, 0, energy_uj=5_000_000)
+    clock = Clock(0.0)
+    sampler = GpuSampler(FakeNvml([h200(power_mw=300_000, compute_procs=[(os.getpid(), 20 * GiB)])]),
+                         clock=clock, sysfs=False)
+    calls = []
+
+    def failing(pids: dict[str, set[int]] | None = None) -> GpuReport:
+        calls.append(pids)
+        if len(calls) > 1:
+            raise RuntimeError("NVML Shutdown")
+        return sampler.sample(pids)
+
+    with EnergyMeter(failing, interval_s=3600.0, rapl=RaplReader(tmp_path)) as meter:
+        clock.now += 10.0
+    got = meter.result(1000, local=True)
+    assert got["energy_j"] is None and got["joules_per_token"] is None and got["energy_scope"] is None
+    assert got["energy_note"] == ("GPU sampling failed during the run (RuntimeError: NVML Shutdown): "
+                                  "no energy figure")
+    calls.clear()
+    with GpuWatch(failing, 3600.0) as watch:
+        clock.now += 10.0
+    summary = watch.summary()
+    assert summary["samples"] == 1 and summary["energy_j"] is None and summary["energy_gpus"] == []
+    assert summary["energy_note"] == "GPU sampling failed during the run (RuntimeError: NVML Shutdown): " \
+                                     "no energy figure"
+    assert run_energy(summary, {"cpu_energy_j": 99.0}, 1000, True, None)["joules_per_token"] is None
 
 def test_amd_smi_energy_for_every_card_matched_by_its_pci_address(tmp_path: Path) -> None:
     """Card 0 has hwmon's energy1_input, card 1 none: amd-smi gives card 1's, though card 0 never asks for

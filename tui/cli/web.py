@@ -16,6 +16,7 @@ import socket
 import sys
 from typing import Any
 
+from tui.base import install
 from tui.cli.dashboard import add_dashboard_args
 from tui.cli.options import EXIT_BAD_INPUT
 from tui.net.listen import Listen, ListenError, bind_message, check_free, parse_listen
@@ -74,9 +75,10 @@ def _check(args: argparse.Namespace) -> Listen:
     build_targets(args.engine, args.api_key_file, args.api_key_env)  # a missing key file: said once, here
     # with nothing to watch, each tab's dashboard finds the engines running here: it starts none
     if getattr(args, "demo", None):
+        enginetop = install.command()
         raise ValueError("--demo would start the demo engines once per browser tab: start them once with "
-                         "`enginetop up demo-cpu-threads2` (and demo-vllm-gemma), then "
-                         "`enginetop web --profile demo-cpu-threads2 ...`")
+                         f"`{enginetop} up demo-cpu-threads2` (and demo-vllm-gemma), then "
+                         f"`{enginetop} web --profile demo-cpu-threads2 ...`")
     if args.profile:
         from tui.base.process import pid_alive
         from tui.lifecycle.profiles import load_profiles
@@ -90,7 +92,7 @@ def _check(args: argparse.Namespace) -> Listen:
             # tab would start its own on the same port.
             if record is None or not pid_alive(record["pid"], record.get("create_time")):
                 raise ValueError(f"--profile {name}: no engine of this profile is running; start it once "
-                                 f"with `enginetop up {name}` and every browser tab attaches to it")
+                                 f"with `{install.command()} up {name}` and every browser tab attaches to it")
     check_free(listen)
     return listen
 

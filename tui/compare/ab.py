@@ -155,6 +155,7 @@ class _Run:
     errors: list[str] = field(default_factory=list)
     versions: dict[str, str | None] = field(default_factory=dict)
     seq: int = 0
+    resident: dict[str, Started] = field(default_factory=dict)  # coresident: the arms up in this round
     _before: dict[tuple[str, int], EngineReading | None] = field(default_factory=dict)
     # Made once per run: whatever per-run values WorkloadParams draws (its nonce) stay the same for every
     # request of this run, and are recorded as what the request bodies used.
@@ -252,9 +253,17 @@ class _Run:
         n = self.config.requests_per_block
         # the engine's processes, named to the GPU source: an AMD or Intel GPU lists only those it is given
         pids = EnginePids(arm.name, started.target.url, started.pid)
+        # coresident: the other arms' engines stay up, idle, meanwhile; named to the GPU source too, so a GPU
+        # they share reads as shared with them (not with "a process enginetop does not watch")
+        resident = {name: EnginePids(name, other.target.url, other.pid)
+                    for name, other in self.resident.items()
+                    if name != arm.name and other.target.url != started.target.url}
+
+        def everyone() -> dict[str, set[int]]:
+            return {k: v for p in (pids, *resident.values()) for k, v in p().items()}
         # the CPU packages' energy over the block (for an engine on the CPU), read every few seconds in its
         # own thread so that a long block loses no wrap of the counter
-        with RaplSpan() as cpu_energy, GpuWatch(self.gpu, self.config.gpu_interval_s, pids) as watch:
+        with RaplSpan() as cpu_energy, GpuWatch(self.gpu, self.config.gpu_interval_s, everyone) as watch:
             if self.source is not None:
                 results = run_loop(self.source.requests(started.target, instance, block, n))
             else:
@@ -266,6 +275,9 @@ class _Run:
         # the engine, or the CPU package's for an engine on the CPU; never for an engine on another machine
         energy = run_energy(gpu, cpu_energy.result(), sum(r.completion_tokens or 0 for r in good),
                             is_local(started.target.url), arm.name if pids.found else None)
+        if resident and energy["energy_scope"] == "cpu package":
+            energy["energy_scope"] = (f"cpu package (shared with {', '.join(sorted(resident))}: up and idle "
+                                      "during this block)")
         record: dict[str, Any] = {
             "arm": arm.name,
             "instance": instance,
@@ -440,6 +452,7 @@ def _switch(run: _Run) -> None:
 def _coresident(run: _Run) -> None:
     for i in range(run.config.instances):
         live: dict[str, Started] = {}
+        run.resident = live  # each block's energy says who else was up meanwhile
         try:
             for arm in run.arms:
                 started = run.start(arm, i)

@@ -91,10 +91,15 @@ class GpuWatch:
         self._reports: list[GpuReport] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._failed: str | None = None
 
     def _take(self) -> None:
         if self._source is not None:
-            self._reports.append(self._source(self._pids() if self._pids is not None else None))
+            try:
+                self._reports.append(self._source(self._pids() if self._pids is not None else None))
+            except Exception as e:  # the readings so far stay; the energy over a shortened span does not
+                self._source = None
+                self._failed = f"GPU sampling failed during the run ({type(e).__name__}: {e})"
 
     def _loop(self) -> None:
         while not self._stop.wait(self._interval):
@@ -116,6 +121,10 @@ class GpuWatch:
         self._take()
 
     def summary(self) -> dict[str, Any]:
+        if self._failed is not None:
+            out = summarize_reports(self._reports or [GpuReport(t=0.0, unavailable=self._failed)])
+            return {**out, "energy_j": None, "energy_s": None, "energy_source": None, "energy_gpus": [],
+                    "energy_note": f"{self._failed}: no energy figure", "sampling_failed": True}
         if self._source is None:
             return summarize_reports([GpuReport(t=0.0, unavailable="GPU not sampled")])
         return summarize_reports(self._reports)

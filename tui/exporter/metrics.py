@@ -204,18 +204,22 @@ class ProbeMetrics:
         self.spec_position = Gauge("enginetop_spec_acceptance_per_position", "share of drafts whose token at "
                                    "a position (1 first) was accepted, since the engine started",
                                    ("engine", "position"), registry=self.shared)
-        # Each request's life as the engine timed it, over the latency window (vLLM, SGLang)
+        # Each request's life as the engine timed it, over the latency window (vLLM, SGLang), or as the
+        # answers relayed by enginetop's proxy said it (llama.cpp, with the exporter's --traffic)
         self.request_seconds = Gauge(
             "enginetop_request_seconds", "a request's time in a phase (queue, prefill, decode, e2e) at a "
-            "quantile, from the engine's own histograms over the last minute",
+            "quantile, from the engine's own histograms (llama.cpp: the answers relayed by enginetop's "
+            "proxy) over the last minute",
             ("engine", "phase", "quantile"), registry=self.shared)
         self.request_tokens = Gauge(
             "enginetop_request_tokens", "a request's prompt or generation length (avg, 0.5, 0.9), from the "
-            "engine's own histograms over the last minute", ("engine", "kind", "quantile"),
+            "engine's own histograms (llama.cpp: the proxy's answers) over the last minute",
+            ("engine", "kind", "quantile"),
             registry=self.shared)
         self.requests_ended = Gauge(
             "enginetop_requests_ended", "requests that ended in the last minute, by the engine's finish "
-            "reason", ("engine", "reason"), registry=self.shared)
+            "reason (llama.cpp: as its answers through enginetop's proxy gave it)", ("engine", "reason"),
+            registry=self.shared)
         self.request_rates = Gauge(
             "enginetop_request_rate", "per second over the last minute: requests ended, preemptions",
             ("engine", "what"), registry=self.shared)

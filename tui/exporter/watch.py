@@ -5,7 +5,10 @@ While an engine is down, or cannot be read, neither is served: they were of a ru
 
 This machine's GPUs and host (the CPU packages' RAPL counter) are read into the same store at each round, so
 each engine's joules per generated token is served (`enginetop_joules_per_token{engine,scope}`) beside every
-device's energy counter (`enginetop_energy_joules_total{device,vendor}`)."""
+device's energy counter (`enginetop_energy_joules_total{device,vendor}`).
+
+A separate `enginetop proxy` read with `traffic` (its URL) adds the per-request series of an engine that
+publishes none (llama.cpp): finish reasons, lengths, prefill/decode/end to end, as the answers said them."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from tui.exporter.metrics import ProbeMetrics
 from tui.live.store import Store
 from tui.model.targets import EngineTarget
 from tui.net.keepalive import Transports
+from tui.proxy.source import RemoteTraffic
 from tui.sources.engine_source import EngineSource, LocalPids
 from tui.sources.gpu import GpuSampler
 from tui.sources.host import HostSampler
@@ -25,7 +29,8 @@ log = logging.getLogger(__name__)
 
 
 async def watch_engines(targets: Sequence[EngineTarget], metrics: ProbeMetrics, every_s: float,
-                        gpu: GpuSampler | None = None, host: HostSampler | None = None) -> None:
+                        gpu: GpuSampler | None = None, host: HostSampler | None = None,
+                        traffic: Sequence[str] = ()) -> None:
     """Read every engine (and this machine's GPUs and host) each `every_s` seconds, until cancelled."""
     transports = Transports()
     store = Store()
@@ -33,6 +38,7 @@ async def watch_engines(targets: Sequence[EngineTarget], metrics: ProbeMetrics, 
     gpu = gpu if gpu is not None else GpuSampler()
     host = host if host is not None else HostSampler()
     pids = LocalPids(list(targets))
+    proxies = [RemoteTraffic(url, timeout_s=min(5.0, every_s)) for url in traffic]
 
     def machine() -> None:
         sample = host.sample(pids())
@@ -46,6 +52,9 @@ async def watch_engines(targets: Sequence[EngineTarget], metrics: ProbeMetrics, 
                 metrics.devices(store.gpu, store.host)
             except Exception as exc:  # the machine's figures are extra: the engines' go on without them
                 log.warning("reading this machine's GPUs and host failed: %r", exc)
+            for proxy in proxies:  # first: the engines' stats then carry the proxy's per-request figures
+                for relayed in await proxy.read():
+                    store.add(relayed)
             read = await asyncio.gather(*(s.read() for s in sources), return_exceptions=True)
             for target, samples in zip(targets, read, strict=True):
                 if isinstance(samples, BaseException):
@@ -65,5 +74,7 @@ async def watch_engines(targets: Sequence[EngineTarget], metrics: ProbeMetrics, 
                     metrics.engine(target.name, state.findings, state.stats)
             await asyncio.sleep(every_s)
     finally:
+        for proxy in proxies:
+            await proxy.aclose()
         await transports.aclose()
         await asyncio.to_thread(gpu.close)

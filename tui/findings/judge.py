@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from tui.base import install
 from tui.engines.knowledge import DraftKind, EngineKnowledge
 from tui.engines.known import by_name
 from tui.model.config import EngineConfig
@@ -253,7 +254,7 @@ def queueing(ev: Evidence) -> Finding | None:
                     f"{t.engine_prompt_p50_s * 1000:.0f} ms (over {t.timed_requests} requests), with up to "
                     f"{max(waiting, 0)} waiting",
                     f"more slots ({_knows(ev.config, 'slots_option', 'its slots')}) or less load; "
-                    "`enginetop capacity` "
+                    f"`{install.command()} capacity` "
                     "finds the arrival rate it holds within an SLO",
                     ["TTFT measured at the proxy; the engine's prompt time from its own timings",
                      "waiting requests from the engine's own gauge"],
@@ -294,8 +295,9 @@ def spec_depth(ev: Evidence) -> Finding | None:
     shown = ", ".join(_rate_words(p) for p in positions)
     reached = f"{bound}{wasted.rate:.0%} of the {least}{wasted.reached:,.0f} drafts that reached it"
     below = f"below the {cost:.0%} of a step a drafted token ({kind}) is assumed to cost"
-    measure = ("; then measure the decode rate at each depth, speculation off included (`enginetop "
-               "sweep-param`, `enginetop ab`): the cost here is assumed, not measured")
+    enginetop = install.command()
+    measure = ("; then measure the decode rate at each depth, speculation off included "
+               f"(`{enginetop} sweep-param`, `{enginetop} ab`): the cost here is assumed, not measured")
     if wasted.position == 1:
         title = (f"speculative decoding does not pay on {ev.engine}: position 1 is accepted in {reached} "
                  f"(per position: {shown}), {below}")

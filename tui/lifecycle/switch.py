@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from tui.base import install
 from tui.base.process import describe_process, pid_alive, port_listeners, port_open
 from tui.lifecycle import state
 from tui.lifecycle.engine import (
@@ -208,7 +209,7 @@ class EngineManager:
                             "resolve",
                             f"the engine `up` started for {profile.name} (PID {instance.pid}) listens on "
                             f"{where[0]}:{where[1]}, but the profile now says {profile.host}:{profile.port}: "
-                            f"stop it with `enginetop down {profile.name}` first",
+                            f"stop it with `{install.command()} down {profile.name}` first",
                         )
                     for step in ("stop", "drain", "port"):
                         self._set_step(step)
@@ -235,7 +236,8 @@ class EngineManager:
             result.ok, result.instance = True, instance
             result.message = (
                 f"{profile.name} ready at {instance.url}: adopted the engine `enginetop up` started "
-                f"(PID {instance.pid}); quitting leaves it running (`enginetop down {profile.name}` stops it)"
+                f"(PID {instance.pid}); quitting leaves it running "
+                f"(`{install.command()} down {profile.name}` stops it)"
             )
             return result
 
@@ -417,7 +419,7 @@ class EngineManager:
             run.emit(
                 "stop", "skipped",
                 f"{old.name} (PID {old.pid}) was started by `enginetop up`: left running "
-                f"(stop it with `enginetop down {old.name}`)",
+                f"(stop it with `{install.command()} down {old.name}`)",
             )
             result.ok, result.message = True, run.steps[-1].message
             return result

@@ -432,11 +432,19 @@ class Store:
         )
 
     def _energy(self, name: str, stats: EngineStats) -> EngineStats:
-        """`stats` with the engine's energy per token (tui.sources.energy.attribute) over the same window."""
-        rates = {n: s.stats.gen_tps for n, s in self.engines.items()}
-        rates[name] = stats.gen_tps
+        """`stats` with the engine's energy per token (tui.sources.energy.attribute): each engine's tokens
+        over the energy's own window from its counter (generated_per_s), else its rate over the store's
+        window (an engine read without a generated-tokens counter: llama-server's /slots), which ends within
+        a poll of it and lasts as long."""
+        def rate(engine: str, t0: float, t1: float) -> float | None:
+            state = self.engines.get(engine)
+            exact = generated_per_s(state, t0, t1) if state is not None else None
+            if exact is not None:
+                return exact
+            return stats.gen_tps if engine == name else state.stats.gen_tps if state is not None else None
+
         local = {m.engine for m in self.host.engines} if self.host is not None else set()
-        return with_attribution(stats, attribute(name, rates, self.gpu, self.host, local))
+        return with_attribution(stats, attribute(name, rate, self.gpu, self.host, local))
 
     def add_gpu_report(self, report: GpuReport) -> None:
         """Recorders get the report as read; the store keeps it with each GPU's energy over the window."""

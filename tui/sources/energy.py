@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -191,17 +191,6 @@ def gpu_key(g: GpuSample) -> tuple[str, int, str]:
     return g.host or "", g.index, g.uuid or ""
 
 
-def holders(g: GpuSample) -> tuple[set[str], bool]:
-    """The watched engines holding the GPU, and whether a process enginetop cannot name holds it too."""
-    named = {p.engine for p in g.processes if p.engine is not None}
-    return named, any(p.engine is None for p in g.processes)
-
-
-def gpu_label(gpus: Sequence[GpuSample]) -> str:
-    where = gpus[0].host + " " if gpus and gpus[0].host else ""
-    return f"{where}gpu " + "+".join(str(g.index) for g in gpus)
-
-
 # Read from sysfs (tui.sources.sysfs_gpu): their processes are listed only for the PIDs enginetop was given,
 # so another program using the GPU is never seen. NVML lists every process on an NVIDIA GPU.
 PARTIAL_PROCESS_LISTS = frozenset(("AMD", "Intel"))
@@ -210,6 +199,37 @@ PARTIAL_PROCESS_LISTS = frozenset(("AMD", "Intel"))
 def lists_every_process(g: GpuSample) -> bool:
     """Does the GPU's process list show every process on it (NVML), so "alone on it" can be said?"""
     return g.vendor not in PARTIAL_PROCESS_LISTS
+
+
+# VRAM in use beyond what the listed processes hold, above which someone unlisted is on the GPU: NVML inside
+# a container's PID namespace lists no process (or none of the host's), and a driver's own reservation and a
+# desktop stay under it
+UNSEEN_VRAM_BYTES = 1 << 30
+
+
+def unseen_vram(g: GpuSample) -> int | None:
+    """The GPU's used VRAM that no listed process holds (None where a process's share is not reported)."""
+    if g.vram_used_bytes is None or any(p.used_bytes is None for p in g.processes):
+        return None
+    return g.vram_used_bytes - sum(p.used_bytes or 0 for p in g.processes)
+
+
+def used_unseen(g: GpuSample) -> bool:
+    unseen = unseen_vram(g)
+    return unseen is not None and unseen > UNSEEN_VRAM_BYTES
+
+
+def holders(g: GpuSample) -> tuple[set[str], bool]:
+    """The watched engines holding the GPU, and whether a process enginetop cannot name holds it too: one
+    listed without an engine, or, on a GPU whose list should be complete (NVML), VRAM in use that no listed
+    process holds. (AMD's and Intel's lists are partial anyway: their figures say the whole GPU's.)"""
+    named = {p.engine for p in g.processes if p.engine is not None}
+    return named, any(p.engine is None for p in g.processes) or (lists_every_process(g) and used_unseen(g))
+
+
+def gpu_label(gpus: Sequence[GpuSample]) -> str:
+    where = gpus[0].host + " " if gpus and gpus[0].host else ""
+    return f"{where}gpu " + "+".join(str(g.index) for g in gpus)
 
 
 def whole_gpu_words(gpus: Sequence[GpuSample]) -> str | None:
@@ -240,11 +260,16 @@ def per_token(watts: float, tokens_per_s: float | None) -> tuple[float | None, f
     return watts / tokens_per_s, tokens_per_s / watts if watts > 0 else None
 
 
-def attribute(name: str, gen_tps: dict[str, float | None], gpu: GpuReport | None, host: HostSample | None,
+# an engine's generated tokens per second from t0 to t1 (the energy's own window), or None when not known
+Rate = Callable[[str, float, float], float | None]
+
+
+def attribute(name: str, gen_tps: Rate, gpu: GpuReport | None, host: HostSample | None,
               local: set[str]) -> Attribution:
     """Energy per generated token for engine `name` over the window, from the GPU report and host sample the
-    store enriched with their windows (`energy`, `cpu_energy`). `gen_tps`: every watched engine's generation
-    rate over the same window; `local`: the engines whose processes run on this machine."""
+    store enriched with their windows (`energy`, `cpu_energy`). `gen_tps`: a watched engine's generation rate
+    over the energy window's span (its tokens and the joules over the same seconds); `local`: the engines
+    whose processes run on this machine."""
     gpus = [g for g in (gpu.gpus if gpu is not None else ()) if g.host is None and not g.error]
     mine = [g for g in gpus if name in holders(g)[0]]
     if mine:
@@ -255,6 +280,10 @@ def attribute(name: str, gen_tps: dict[str, float | None], gpu: GpuReport | None
             sharing |= named
             unnamed = unnamed or other
         windows = [g.energy for g in mine]
+        dark = [g for g in mine if g.energy is None and g.power_w is None and g.energy_j is None]
+        if dark:
+            return Attribution(energy_note=f"{gpu_label(dark)} reports neither power nor an energy counter: "
+                               "no energy figure")
         if any(w is None for w in windows):
             return Attribution(energy_note="GPU energy not read yet (two readings needed)")
         watts = sum(w.watts for w in windows if w is not None)
@@ -264,17 +293,18 @@ def attribute(name: str, gen_tps: dict[str, float | None], gpu: GpuReport | None
         whole = whole_gpu_words(mine)  # AMD/Intel: no one else can be seen on it, so none is ruled out
         scope = "engine" if not others and whole is None else \
             gpu_label(mine) + (f" ({whole})" if whole else "")
-        tokens = _sum_rates(gen_tps, sharing)
-        jpt, tpj = per_token(watts, tokens)
-        return Attribution(watts, jpt, tpj, source, scope, others,
-                           energy_note=_unknown_rates(gen_tps, sharing))
+        end = max(g.t for g in mine)
+        rates = {e: gen_tps(e, end - max(w.seconds for w in windows if w is not None), end) for e in sharing}
+        jpt, tpj = per_token(watts, _sum_rates(rates))
+        return Attribution(watts, jpt, tpj, source, scope, others, energy_note=_unknown_rates(rates))
     if name not in local:
         return Attribution()  # not on this machine (or its process was not found): nothing here is its energy
-    unnamed_gpus = [g for g in gpus if holders(g)[1]]
+    # a GPU any process enginetop cannot see may be using (its processes may be this engine's, unmatched)
+    unnamed_gpus = [g for g in gpus if holders(g)[1] or used_unseen(g)]
     if unnamed_gpus:
         return Attribution(energy_note="not attributed: its processes hold no GPU, but "
                            f"{gpu_label(unnamed_gpus)} "
-                           "has processes enginetop cannot name (a container?): see the GPU panel")
+                           "is used by processes enginetop cannot name (a container?): see the GPU panel")
     cpu = host.cpu_energy if host is not None else None
     if cpu is None:
         why = host.cpu_energy_error if host is not None and host.cpu_energy_error else \
@@ -282,23 +312,22 @@ def attribute(name: str, gen_tps: dict[str, float | None], gpu: GpuReport | None
         return Attribution(energy_note=why)
     on_gpu = {e for g in gpus for e in holders(g)[0]}
     cpu_engines = {e for e in local if e not in on_gpu}
-    tokens = _sum_rates(gen_tps, cpu_engines)
-    jpt, tpj = per_token(cpu.watts, tokens)
+    rates = {e: gen_tps(e, host.t - cpu.seconds, host.t) for e in cpu_engines}  # type: ignore[union-attr]
+    jpt, tpj = per_token(cpu.watts, _sum_rates(rates))
     return Attribution(cpu.watts, jpt, tpj, cpu.source, "cpu package", tuple(sorted(cpu_engines - {name})),
-                       energy_note=_unknown_rates(gen_tps, cpu_engines))
+                       energy_note=_unknown_rates(rates))
 
 
-def _sum_rates(gen_tps: dict[str, float | None], engines: set[str]) -> float | None:
-    rates = [gen_tps.get(e) for e in engines]
-    if any(r is None for r in rates):
+def _sum_rates(rates: dict[str, float | None]) -> float | None:
+    if any(r is None for r in rates.values()):
         return None  # an engine on it whose rate is not known: no honest share
-    return sum(r for r in rates if r is not None)
+    return sum(r for r in rates.values() if r is not None)
 
 
-def _unknown_rates(gen_tps: dict[str, float | None], engines: set[str]) -> str | None:
+def _unknown_rates(rates: dict[str, float | None]) -> str | None:
     """Why there is no J/token although there are watts: whose generation rate is not known yet (None when
     every rate is known: no J/token then means no tokens)."""
-    unknown = sorted(e for e in engines if gen_tps.get(e) is None)
+    unknown = sorted(e for e, r in rates.items() if r is None)
     if not unknown:
         return None
     return f"generation rate of {', '.join(unknown)} not known yet"
@@ -327,10 +356,12 @@ def span_of_reports(reports: Sequence[GpuReport]) -> dict[str, Any]:
             key = gpu_key(g)
             tracks.setdefault(key, []).append(Point(g.t, g.energy_j, g.power_w))
             info = held.setdefault(key, {"index": g.index, "engines": set(), "unnamed": False,
-                                         "vendor": g.vendor, "complete": lists_every_process(g)})
+                                         "unseen": False, "vendor": g.vendor,
+                                         "complete": lists_every_process(g)})
             named, other = holders(g)
             info["engines"] |= named
             info["unnamed"] = info["unnamed"] or other
+            info["unseen"] = info["unseen"] or used_unseen(g)
             if g.processes:
                 busy.add(g.index)
     joules = 0.0
@@ -350,7 +381,8 @@ def span_of_reports(reports: Sequence[GpuReport]) -> dict[str, Any]:
         info = held[key]
         per_gpu.append({"index": info["index"], "energy_j": got[0], "energy_s": got[1],
                         "energy_source": got[2], "energy_note": got[3], "engines": sorted(info["engines"]),
-                        "unnamed": info["unnamed"], "vendor": info["vendor"], "complete": info["complete"]})
+                        "unnamed": info["unnamed"], "unseen": info["unseen"], "vendor": info["vendor"],
+                        "complete": info["complete"]})
     if not sources:
         return {"energy_j": None, "energy_s": None, "energy_source": None, "energy_note": None,
                 "energy_gpus_busy": sorted(busy), "energy_gpus": []}
@@ -379,7 +411,8 @@ def run_energy(gpu: dict[str, Any] | None, cpu: dict[str, Any] | None, tokens: i
     the energy of the GPUs that held the engine's processes over it (span_of_reports' "energy_gpus"; `engine`
     names it, given when its processes were known to the sampler); its processes unknown, of the GPUs that
     held any compute process; on no GPU, the CPU package's (RaplSpan.result). The scope names exactly the
-    GPUs summed. JSON-ready: energy_j, energy_s, energy_source, energy_scope, energy_note,
+    GPUs summed. `gpu` with "sampling_failed": its readings stopped short of the run, so no figure
+    (not the CPU package's either). JSON-ready: energy_j, energy_s, energy_source, energy_scope, energy_note,
     joules_per_token, tokens_per_joule."""
     out: dict[str, Any] = {"energy_j": None, "energy_s": None, "energy_source": None, "energy_scope": None,
                               "energy_note": None, "joules_per_token": None, "tokens_per_joule": None}
@@ -388,11 +421,14 @@ def run_energy(gpu: dict[str, Any] | None, cpu: dict[str, Any] | None, tokens: i
         return out
     gpu = gpu or {}
     cpu = cpu or {}
+    if gpu.get("sampling_failed"):  # the GPU readings stop short: the CPU package is no stand-in for them
+        out["energy_note"] = gpu.get("energy_note")
+        return out
     per_gpu: list[dict[str, Any]] = gpu.get("energy_gpus") or []
     mine = [g for g in per_gpu if engine is not None and engine in g["engines"]]
     busy = [g for g in per_gpu if g["engines"] or g["unnamed"]]
     summed = mine or (busy if engine is None else [])
-    unnamed = [g for g in busy if g["unnamed"]]
+    unnamed = [g for g in per_gpu if g["unnamed"] or g.get("unseen")]
     if not summed and engine is not None and unnamed:  # as the column says it (attribute)
         where = "gpu " + "+".join(str(g["index"]) for g in unnamed)
         out["energy_note"] = (f"not attributed: its processes held no GPU, but {where} had processes "

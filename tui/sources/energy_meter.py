@@ -76,13 +76,17 @@ class EnergyMeter:
         self._thread: threading.Thread | None = None
         self._cpu: RaplSpan | None = None
         self._cpu_result: dict[str, Any] | None = None
+        self._failed: str | None = None
+        self._closed = False
 
     def _take(self) -> None:
         if self._gpu is not None:
             try:
                 self._reports.append(self._gpu(self._pids() if self._pids is not None else None))
-            except Exception:  # a sampler surprise costs this run its GPU energy, nothing else
+            except Exception as e:  # a sampler surprise costs this run its energy figure, nothing else
                 self._gpu = None
+                self._failed = (f"GPU sampling failed during the run ({type(e).__name__}: {e}): "
+                                "no energy figure")
 
     def _loop(self) -> None:
         while not self._stop.wait(self._interval):
@@ -99,6 +103,13 @@ class EnergyMeter:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop sampling and take the last readings; again: nothing."""
+        if self._closed:
+            return
+        self._closed = True
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
@@ -109,6 +120,11 @@ class EnergyMeter:
         """Energy over the run and per generated token (run_energy); `shared_with`: engines that ran at the
         same time on this machine, whose energy is in the figure too (said in its scope)."""
         engine = self._pids.name if self._pids is not None and self._pids.found else None
+        if self._failed is not None:
+            # the GPU readings stop short of the run: neither their joules over all its tokens, nor the CPU
+            # package's for an engine whose GPU could no longer be seen
+            failed = {"sampling_failed": True, "energy_note": self._failed}
+            return run_energy(failed, None, None, local, engine)
         out = run_energy(span_of_reports(self._reports), self._cpu_result, tokens, local, engine)
         if shared_with and out.get("energy_scope"):
             out["energy_scope"] = f"{out['energy_scope']}, shared with {', '.join(shared_with)} (ran at once)"

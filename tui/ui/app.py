@@ -366,7 +366,7 @@ class EnginetopApp(App[None]):
             self.push_screen(ABScreen(run))  # `a` again shows the run in progress, never starts a second
             return
         if len(self.slots) < 2:
-            self.notify("A/B needs at least two engines on screen (or `enginetop ab PROFILE_A PROFILE_B`)",
+            self.notify(f"A/B needs at least two engines on screen (or `{command()} ab PROFILE_A PROFILE_B`)",
                         severity="warning")
             return
         arms = [dashboard_arm(s.target, s.profile, s.manager.current if s.manager else None)

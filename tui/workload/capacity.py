@@ -305,6 +305,9 @@ class Capacity:
             self._keep(self._energy(level_of(rate, len(planned), bench.run, self.search, stopped), meter,
                                     bench.run))
             raise
+        finally:  # whatever ended the level, its meter's thread stops with it
+            if meter is not None:
+                meter.close()
         await asyncio.gather(task, return_exceptions=True)
         self.sent += bench.run.results
         self.max_in_flight = max(self.max_in_flight, bench.max_in_flight)
@@ -316,7 +319,7 @@ class Capacity:
         """The level with what its generated tokens cost (the meter's energy over the level)."""
         if meter is None:
             return level
-        meter.__exit__(None, None, None)
+        meter.close()
         tokens = sum(r.completion_tokens or 0 for _, r in run.results if r.ok)
         got = meter.result(tokens, is_local(self.target.url))
         return replace(level, energy_j=got["energy_j"], joules_per_token=got["joules_per_token"],
