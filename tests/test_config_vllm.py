@@ -66,7 +66,9 @@ def test_the_kv_pool_as_vllm_publishes_it_and_logs_it_and_a_cache_that_serves(vl
     config = read_store(vllm_server.url, polls=1).engines["llama"].sample.config
     assert config is not None and config.engine == "vLLM"
     labels = dict(config.published)
-    logged = re.search(r"KV cache size: ([\d,]+) tokens", "\n".join(vllm_server.launched.log_tail(2000)))
+    # the whole log: its start-up lines lie far above a tail once the session's other tests have sent traffic
+    logged = re.search(r"KV cache size: ([\d,]+) tokens",
+                       vllm_server.launched.log_path.read_text(errors="replace"))
     assert logged is not None
     pool = int(logged.group(1).replace(",", ""))
     assert config.kv_pool_tokens == int(labels["kv_cache_size_tokens"]) == pool
@@ -75,6 +77,16 @@ def test_the_kv_pool_as_vllm_publishes_it_and_logs_it_and_a_cache_that_serves(vl
     assert config.prefix_caching is True and config.block_size == BLOCK and config.spec_type == "off"
     assert config.version == httpx.get(f"{vllm_server.url}/version", timeout=5).json()["version"]
     assert config.argv and "--max-model-len" in config.argv  # a local engine: its command line, read
+    # the names it answers to (--served-model-name), in the facts line beside dtype and version
+    assert config.served_names == tuple(m["id"] for m in models["data"]) == ("enginetop-tiny-llama",)
+    assert "served as enginetop-tiny-llama" in config.facts() and f"vLLM {config.version}" in config.facts()
+    snap = subprocess.run([sys.executable, "-m", "tui", "snapshot", "--json", "--engine",
+                           f"v={vllm_server.url}", "--interval", "0.3"], capture_output=True, text=True,
+                          timeout=60)
+    assert snap.returncode == 0, snap.stderr
+    shown = orjson.loads(snap.stdout)["engines"]["v"]["config"]
+    assert shown["served_names"] == ["enginetop-tiny-llama"]
+    assert "served as enginetop-tiny-llama" in shown["facts"]
     engine = bench(vllm_server.url, tmp_path)
     ids = {f["id"]: f for f in engine["findings"]}
     show("configuration (prefix cache on)", engine["config"]["summary"])

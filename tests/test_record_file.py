@@ -55,7 +55,7 @@ def gpu_report(i: int, t0: float) -> GpuReport:
         index=0, t=t0 + i, name="NVIDIA H200", uuid="GPU-1", util_gpu_pct=50.0 + i % 50, power_w=300.5,
         temp_c=61.0, vram_used_bytes=10**10, vram_total_bytes=141_000_000_000,
         clock_event_mask=0x4 if i % 10 == 0 else 0, throttle_reasons=("power cap",) if i % 10 == 0 else (),
-        throttled=i % 10 == 0, processes=(GpuProcess(pid=42, used_bytes=10**9, engine="vllm"),)),))
+        throttled=i % 10 == 0, processes=(GpuProcess(pid=42, used_bytes=9_500_000_000, engine="vllm"),)),))
 
 
 def host_sample(i: int, t0: float) -> HostSample:
@@ -473,3 +473,32 @@ def test_a_failed_start_is_a_state_the_report_marks(tmp_path: Path) -> None:
     rec.close()
     html = render_recording(Recording(path))
     assert "failed: port 8000 is held by nginx" in html
+
+
+def test_report_requests_table_has_tokens_per_step_busy_share_and_finish_counts_since_start(
+        tmp_path: Path) -> None:
+    """The per-request figures the column shows are in the report's table too: finish counts since the engine
+    started beside the window's, tokens per engine step, the busy share and the rate while serving."""
+    import dataclasses
+
+    from tui.record.report import render_recording
+
+    path = tmp_path / f"r{SUFFIX}"
+    t0 = 1000.0
+    rec = Recorder(path, engines={"vllm": "http://127.0.0.1:8000"})
+    for i in range(11):  # 10 s; a request running at every other poll after the first
+        sample = engine_sample(i, t0)
+        assert sample.reading is not None
+        rec(dataclasses.replace(sample, reading=dataclasses.replace(
+            sample.reading, running=float(i % 2), generation_tokens_total=40.0 * i,
+            finish_reasons=(("length", 100.0 + i), ("stop", 500.0 + 2 * i)),
+            iteration_tokens_sum=300.0 * i, iteration_steps_total=40.0 * i)))
+    rec.close()
+    html = render_recording(Recording(path))
+    section = html.split("Requests, as the engines timed them", 1)[1].split("</table>", 1)[0]
+    for head in ("since start", "tokens/step", "busy", "gen tok/s while serving"):
+        assert f"<th>{head}</th>" in section or f'">{head}</th>' in section, head
+    cells = [c.rsplit("<td", 1)[1].split(">", 1)[1] for c in section.split("</td>")[:-1]]
+    assert cells[0] == "vllm" and cells[3] == "length 10 stop 20" and cells[4] == "length 110 stop 520"
+    # 3000 tokens over 400 steps; busy at 5 of 10 polls; 400 tokens over the 5 s it served
+    assert cells[-3:] == ["7.5", "50%", "80.0"]

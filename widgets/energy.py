@@ -34,7 +34,8 @@ def energy_rows(grid: Rows, stats: EngineStats) -> None:
     there is no figure. Nothing for an engine whose energy cannot be known here (not on this machine)."""
     if stats.energy_w is not None:
         if stats.joules_per_token is not None:
-            per_token = f"{joules(stats.joules_per_token)}/tok · {stats.tokens_per_joule or 0:.2f} tok/J"
+            per_j = "n/a" if stats.tokens_per_joule is None else f"{stats.tokens_per_joule:.2f}"
+            per_token = f"{joules(stats.joules_per_token)}/tok · {per_j} tok/J"
         else:  # what is unknown (an engine's generation rate on the same device), else truly no tokens
             per_token = f"{IDLE} J/tok ({stats.energy_note or 'no tokens generated'})"
         grid.add_row("energy", f"{per_token} at {stats.energy_w:.1f} W")

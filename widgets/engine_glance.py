@@ -40,8 +40,29 @@ def bar(fraction: float | None, width: int, style: str = "green") -> Text:
     return Text("█" * filled, style=style) + Text("░" * (width - filled), style="dim")
 
 
+def _cut_at(text: str, width: int) -> int:
+    """Where to cut `text` to leave room for "…" in `width`: at the last space, so no word is cut in two
+    (mid-word only when the line's first word is longer than half of it)."""
+    space = text.rfind(" ", 0, width)
+    return space if space >= width // 2 else max(0, width - 1)
+
+
 def _fit(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: max(0, width - 1)] + "…"
+    if len(text) <= width:
+        return text
+    return text[:_cut_at(text, width)].rstrip(" ·,:;") + "…"
+
+
+def _fit_text(text: Text, width: int) -> None:
+    """As _fit, in place, keeping the styles."""
+    if text.cell_len <= width:
+        return
+    text.truncate(_cut_at(text.plain, width))
+    text.rstrip()
+    while text.plain and text.plain[-1] in "·,:;":
+        text.right_crop(1)
+        text.rstrip()
+    text.append("…")
 
 
 def render_glance(state: EngineState, status: EngineStatus | None = None, roof: Roofline | None = None,
@@ -60,7 +81,7 @@ def render_glance(state: EngineState, status: EngineStatus | None = None, roof: 
         head.append(f"  {model}")
     if sample.health_reason:
         head.append(f"  {sample.health_reason}", style="")
-    head.truncate(width, overflow="ellipsis")
+    _fit_text(head, width)
     grid.add_line(head)
     if sample.stale:
         grid.add_line(Text("stale: the last good values (the source did not answer)", style="bold yellow"))
@@ -121,7 +142,7 @@ def _load_rows(grid: Rows, state: EngineState, room: int) -> None:
         """A bar as wide as the room beside `text` leaves (up to 20), the text cut to the room."""
         width = min(20, room - len(text.plain) - 1)
         if fraction is None or width < 4:
-            text.truncate(room, overflow="ellipsis")
+            _fit_text(text, room)
             return text
         return bar(fraction, width) + Text(" ") + text
 
@@ -219,7 +240,7 @@ def _slot_line(slot: SlotState, room: int) -> Text:
         text.append(f"  gen {slot.decoded or 0}", style="green")
     width = min(16, room - len(text.plain) - 1)
     if held is None or not ctx or width < 4:
-        text.truncate(room, overflow="ellipsis")
+        _fit_text(text, room)
         return text
     return bar(held / ctx, width, "cyan" if slot.processing else "blue") + Text(" ") + text
 
@@ -257,5 +278,5 @@ def render_row(state: EngineState, width: int = 120) -> Text:
         line.append("  ")
         line.append(f" {f.severity.upper()} ", style=SEVERITY_STYLE.get(f.severity, "bold"))
         line.append(f" {f.id}")
-    line.truncate(width, overflow="ellipsis")
+    _fit_text(line, width)
     return line

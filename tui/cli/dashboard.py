@@ -10,6 +10,7 @@ from typing import Any
 
 from tui.cli.options import EXIT_BAD_INPUT, add_discover, add_fleet, add_retention, add_targets, fleet_options
 from tui.cli.proxy import add_proxy_trace_args, proxy_options
+from tui.cli.setup import build_demo_engine
 from tui.probe.results import DEFAULT_TTFT_GAP_FACTOR
 from tui.run.targets import build_targets, keys_by_name
 
@@ -80,7 +81,8 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         targets = build_targets(args.engine)
         fleet.engine_keys = keys_by_name(args.api_key_file, args.api_key_env)
     else:
-        targets = build_targets(args.engine, args.api_key_file, args.api_key_env)
+        targets = build_targets(args.engine, args.api_key_file, args.api_key_env,
+                                discovering=not (args.engine or args.profile or args.demo or fleet))
     names = list(args.profile or [])
     if fleet_table and (targets or names or args.demo):
         print("enginetop: --prometheus shows the fleet table; watch single engines without it",
@@ -93,8 +95,8 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         names += DEMO_PROFILES[args.demo]
     elif not (targets or names or fleet):
         try:
-            targets, notes = _discovered(args.no_discover)
-        except ValueError as exc:  # a bad ENGINETOP_DISCOVER_PORTS
+            targets, notes = _discovered(args.no_discover, args.api_key_file, args.api_key_env)
+        except ValueError as exc:  # a bad ENGINETOP_DISCOVER_PORTS, a key for no engine found
             print(f"enginetop: {exc}", file=sys.stderr)
             return EXIT_BAD_INPUT
     loaded = load_profiles()
@@ -103,6 +105,8 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     except ProfileError as exc:
         print(f"enginetop: {exc}", file=sys.stderr)
         return 2
+    if args.demo and (failed := build_demo_engine()) is not None:  # from a wheel: llama-server, said first
+        return failed
     for problem in _cannot_start(profiles):  # said here too: the profile's column says it while the app runs
         print(f"enginetop: {problem}", file=sys.stderr)
     try:
@@ -162,21 +166,19 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     return 0
 
 
-def _discovered(off: bool) -> tuple[list[Any], list[str]]:
-    """The engines running on this machine as targets, and what to say of them (also said on stderr now)."""
+def _discovered(off: bool, key_files: list[str] | None = None,
+                key_envs: list[str] | None = None) -> tuple[list[Any], list[str]]:
+    """The engines running on this machine as targets, with the keys the key flags give them by the names
+    found, and what to say of them (also said on stderr now)."""
     from tui.run.targets import discovered_targets
     from tui.sources.discover import discover, start_hints
 
-    if off:
-        notes = ["no engine given, and --no-discover: nothing to watch", *start_hints()]
-        targets = []
-    else:
-        found = discover()
-        notes = found.report()
-        targets = discovered_targets(found.engines)
-    for line in notes:
+    found = None if off else discover()
+    notes = found.report() if found is not None else [
+        "no engine given, and --no-discover: nothing to watch", *start_hints()]
+    for line in notes:  # before a key flag naming none of them is refused: the names it could give
         print(f"enginetop: {line}", file=sys.stderr, flush=True)
-    return targets, notes
+    return discovered_targets(found.engines if found is not None else [], key_files, key_envs), notes
 
 
 def _cannot_start(profiles: list[Any]) -> list[str]:

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from tui.base.install import command
 from tui.lifecycle import state
 from tui.lifecycle.engine import StepError, launch_instance
 from tui.lifecycle.profiles import ProfileError, ProfileSet, ResolvedProfile, load_profiles, resolve
@@ -98,7 +99,8 @@ def _adopt(profiles: ProfileSet, name: str) -> tuple[EngineManager | None, str |
         manager.adopt(attached)
         return manager, None
     if record is None:
-        return None, f"no running engine recorded for profile {name!r} (start one with `up {name}`)"
+        return None, (f"no running engine recorded for profile {name!r} "
+                      f"(start one with `{command()} up {name}`)")
     try:
         resolved = resolve(profile)
     except ProfileError:

@@ -208,8 +208,10 @@ def cmd_probe(args: argparse.Namespace) -> int:
     else:
         _probe_footer(summary, results, sys.stdout)
         if energy["energy_j"] is not None:
+            jpt = energy["joules_per_token"]
+            per = "n/a (no output tokens counted)" if jpt is None else f"{jpt:.3g}"
             print(f"energy over the run: {energy['energy_j']:.1f} J of {energy['energy_scope']} "
-                  f"({energy['energy_source']}), {energy['joules_per_token'] or 0:.3g} J per output token "
+                  f"({energy['energy_source']}), {per} J per output token "
                   "(prefills and the gaps between requests included)")
         else:
             print(f"energy: n/a ({energy['energy_note']})")

@@ -69,8 +69,9 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     from tui.run.targets import build_targets
 
     fleet = fleet_options(args)
-    targets = build_targets(args.engine, args.api_key_file, args.api_key_env)
-    if not args.engine and fleet is None:
+    discovering = not args.engine and fleet is None
+    targets = build_targets(args.engine, args.api_key_file, args.api_key_env, discovering=discovering)
+    if discovering:
         from tui.base.install import command
         from tui.run.targets import discovered_targets
         from tui.sources.discover import DiscoverError, discover, start_hints
@@ -81,6 +82,7 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
             print(f"enginetop snapshot: {exc}", file=sys.stderr)
             return EXIT_BAD_INPUT
         if found is None or not found.engines:
+            discovered_targets([], args.api_key_file, args.api_key_env)  # a key for none: said first
             lines = found.report("snapshot") if found is not None else [
                 "no --engine given, and --no-discover: nothing to read", *start_hints("snapshot")]
             lines.append(f"or read a fleet: `{command()} snapshot --prometheus URL` / `--dcgm URL`")
@@ -89,7 +91,7 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
             return EXIT_BAD_INPUT
         for line in found.report():
             print(f"enginetop snapshot: {line}", file=sys.stderr)
-        targets = discovered_targets(found.engines)
+        targets = discovered_targets(found.engines, args.api_key_file, args.api_key_env)
     for url in args.traffic or ():
         if not url.startswith(("http://", "https://")):
             print(f"enginetop snapshot: --traffic: expected the proxy's http(s) URL, got {url!r}",

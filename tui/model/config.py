@@ -105,7 +105,7 @@ class EngineConfig:
 
     def facts(self) -> str:
         """The model and engine in one line: 'Q4_K - Medium · 268.1M params · 235 MiB · trained for 32,768 ·
-        build b7000'. Unknown parts are left out."""
+        build b7000', 'bfloat16 · served as gemma-3-270m · vLLM 0.11.0'. Unknown parts are left out."""
         parts: list[str] = []
         if self.quantization:
             parts.append(self.quantization)
@@ -118,6 +118,10 @@ class EngineConfig:
                          else f"{self.model_bytes / 2**30:.1f} GiB")
         if self.train_context:
             parts.append(f"trained for {self.train_context:,}")
+        if self.served_names:  # as the model row names it: a path's last part; a long list, its count
+            names = [n.rsplit("/", 1)[-1] for n in self.served_names[:2]]
+            more = f" +{len(self.served_names) - 2}" if len(self.served_names) > 2 else ""
+            parts.append(f"served as {', '.join(names)}{more}")
         if self.version:
             parts.append(f"{self.engine} {self.version}")
         return " · ".join(parts)

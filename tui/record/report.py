@@ -40,6 +40,8 @@ class Summary:
     traffic: dict[str, TrafficSample] = field(default_factory=dict)  # the proxy's last figures per engine
     # each engine's first and last reading of its last run: its requests as it counted them in between
     runs: dict[str, list[tuple[float, EngineReading]]] = field(default_factory=dict)
+    # whether each poll of the run found a request running: runs keeps only its first and last readings
+    running: dict[str, list[bool | None]] = field(default_factory=dict)
     # energy: each engine's (J/token, W, scope, source) whenever the store had them; each device's counter
     # at its first and last reading (GPU by label, "cpu package"); each probe's energy once it was known
     energy: dict[str, list[tuple[float, float | None, float, str | None, str | None]]] = field(
@@ -77,6 +79,11 @@ def summarize(rec: Recording) -> Summary:
                 run = out.runs.setdefault(item.name, [])
                 if run and went_back(run[-1][1], item.reading):
                     run.clear()  # it restarted: the requests of its last run
+                running = out.running.setdefault(item.name, [])
+                if not run:
+                    running.clear()
+                busy = item.reading.running
+                running.append(None if busy is None else busy > 0)  # a flag: a long recording has many polls
                 run[1:] = [(row.t, item.reading)]
         elif isinstance(item, GpuReport):
             throttled = any(g.throttled for g in item.gpus)
@@ -263,22 +270,31 @@ def render_recording(rec: Recording) -> str:
     request_rows = []
     for name, run in s.runs.items():
         traffic = s.traffic.get(name)
-        rs = request_stats(run) or (traffic.stats.per_request if traffic is not None and traffic.error is None
-                                    else None)
+        relayed = traffic.stats.per_request if traffic is not None and traffic.error is None else None
+        rs = request_stats(run, s.running.get(name)) or relayed
         if rs is None:
             continue
         finish = " ".join(f"{r} {n:.0f}" for r, n in rs.finish_window)
+        since = " ".join(f"{r} {n:.0f}" for r, n in rs.finish_total)
         seen = "" if rs.origin is None else f" (via the proxy, its last {rs.window_s:.0f} s)"
         request_rows.append([escape(name + seen), num(rs.ended, 0), num(rs.requests_per_s, 2), escape(finish),
+                             escape(since),
                              *(" / ".join(ms(v) for v in q) if q else "n/a"
                                for q in (rs.queue_s, rs.prefill_s, rs.decode_s, rs.e2e_s)),
                              num(rs.prompt_len[0] if rs.prompt_len else None, 0),
-                             num(rs.gen_len[0] if rs.gen_len else None, 0), num(rs.preemptions_per_s, 2)])
+                             num(rs.gen_len[0] if rs.gen_len else None, 0), num(rs.preemptions_per_s, 2),
+                             num(rs.tokens_per_step, 1),
+                             num(None if rs.busy_share is None else rs.busy_share * 100, 0, "%"),
+                             num(rs.gen_tps_serving)])
     body.append(section("Requests, as the engines timed them", "over each engine's last run in the recording "
                         "(vLLM's per-request histograms and counters; an engine without them, as llama.cpp: "
-                        "the last window of answers relayed by enginetop's proxy; p50 / p90 / p99)", table(
-        ["engine", "ended", "req/s", "finish reasons", "queue", "prefill", "decode", "end to end",
-         "prompt avg", "generated avg", "preemptions/s"], request_rows, numeric=(1, 2, 8, 9, 10))))
+                        "the last window of answers relayed by enginetop's proxy; p50 / p90 / p99); finish "
+                        "reasons since start: since the engine started (the proxy's: since its first request "
+                        "in this run); busy: the share of polls that found a request running", table(
+        ["engine", "ended", "req/s", "finish reasons", "since start", "queue", "prefill", "decode",
+         "end to end", "prompt avg", "generated avg", "preemptions/s", "tokens/step", "busy",
+         "gen tok/s while serving"],
+        request_rows, numeric=(1, 2, 9, 10, 11, 12, 13, 14))))
     body.append(section("Alerts", f"{len(s.alerts)} warning(s) shown",
                          table(["time", "alert"], [[_clock(w), escape(a)] for w, a in s.alerts])))
     return document(f"enginetop recording · {names}", "".join(body), str(rec.path))

@@ -71,10 +71,17 @@ def keys_by_name(key_files: list[str] | None, key_envs: list[str] | None) -> dic
     return keys
 
 
+def _key(files: dict[str, str], envs: dict[str, str], name: str) -> str | None:
+    return read_api_key(files.get(name), envs.get(name)) if (name in files or name in envs) else None
+
+
 def build_targets(engines: list[str] | None, key_files: list[str] | None = None,
-                  key_envs: list[str] | None = None) -> list[EngineTarget]:
+                  key_envs: list[str] | None = None, *, discovering: bool = False) -> list[EngineTarget]:
     """--engine NAME=URL (repeatable) with --api-key-file NAME=PATH / --api-key-env NAME=VAR; with a single
-    engine, NAME= may be left out of the key flags."""
+    engine, NAME= may be left out of the key flags. `discovering` (no --engine, and the engines found will be
+    watched): the key flags are left to discovered_targets, which knows the names found."""
+    if discovering and not engines:
+        return []
     specs = [parse_engine_spec(spec) for spec in engines or []]
     only = specs[0].name if len(specs) == 1 else None
     files = _by_name(key_files, "--api-key-file", only)
@@ -85,19 +92,30 @@ def build_targets(engines: list[str] | None, key_files: list[str] | None = None,
         if parsed.name in seen:
             raise TargetError(f"two engines are named {parsed.name!r}: give each --engine a distinct NAME=")
         seen.add(parsed.name)
-        name = parsed.name
-        key = read_api_key(files.get(name), envs.get(name)) if (name in files or name in envs) else None
-        targets.append(EngineTarget(name=name, url=parsed.url, api_key=key, basic_auth=parsed.basic_auth))
+        targets.append(EngineTarget(name=parsed.name, url=parsed.url, api_key=_key(files, envs, parsed.name),
+                                    basic_auth=parsed.basic_auth))
     unknown = (set(files) | set(envs)) - seen
     if unknown:
-        raise TargetError(f"API key given for unknown engine(s): {', '.join(sorted(unknown))}")
+        given = ", ".join(sorted(seen)) or "none"
+        raise TargetError(f"API key given for unknown engine(s): {', '.join(sorted(unknown))} (the --engine "
+                          f"names given: {given})")
     return targets
 
 
-def discovered_targets(engines: Sequence[FoundEngine]) -> list[EngineTarget]:
+def discovered_targets(engines: Sequence[FoundEngine], key_files: list[str] | None = None,
+                       key_envs: list[str] | None = None) -> list[EngineTarget]:
     """The engines discovery found on this machine (tui.sources.discover), watched as --engine NAME=URL would
-    watch them: never started, stopped or loaded."""
-    return [EngineTarget(name=e.name, url=e.url) for e in engines]
+    watch them: never started, stopped or loaded. The key flags name them as found (the name their line
+    says); with one found, NAME= may be left out."""
+    only = engines[0].name if len(engines) == 1 else None
+    files = _by_name(key_files, "--api-key-file", only)
+    envs = _by_name(key_envs, "--api-key-env", only)
+    unknown = (set(files) | set(envs)) - {e.name for e in engines}
+    if unknown:
+        found = ", ".join(e.name for e in engines) or "none"
+        raise TargetError(f"API key given for {', '.join(sorted(unknown))}: neither an --engine given nor an "
+                          f"engine found on this machine (found: {found})")
+    return [EngineTarget(name=e.name, url=e.url, api_key=_key(files, envs, e.name)) for e in engines]
 
 
 def profile_target(profile: Profile, *, strict: bool = False) -> EngineTarget:

@@ -299,12 +299,15 @@ def attribute(name: str, gen_tps: Rate, gpu: GpuReport | None, host: HostSample 
         return Attribution(watts, jpt, tpj, source, scope, others, energy_note=_unknown_rates(rates))
     if name not in local:
         return Attribution()  # not on this machine (or its process was not found): nothing here is its energy
-    # a GPU any process enginetop cannot see may be using (its processes may be this engine's, unmatched)
-    unnamed_gpus = [g for g in gpus if holders(g)[1] or used_unseen(g)]
+    # a GPU any process enginetop cannot see may be using (its processes may be this engine's, unmatched),
+    # or one that cannot be read at all
+    unnamed_gpus = [g for g in gpus if holders(g)[1] or used_unseen(g)] + \
+        [g for g in (gpu.gpus if gpu is not None else ()) if g.host is None and g.error]
     if unnamed_gpus:
         return Attribution(energy_note="not attributed: its processes hold no GPU, but "
                            f"{gpu_label(unnamed_gpus)} "
-                           "is used by processes enginetop cannot name (a container?): see the GPU panel")
+                           "is used by processes enginetop cannot name (a container?) or cannot be read: see "
+                           "the GPU panel")
     cpu = host.cpu_energy if host is not None else None
     if cpu is None:
         why = host.cpu_energy_error if host is not None and host.cpu_energy_error else \
@@ -345,15 +348,26 @@ def span_of_reports(reports: Sequence[GpuReport]) -> dict[str, Any]:
     """Every GPU's energy over the reports (the first to the last): summed over all of them (joules, seconds,
     source: what the GPU panel's block summary shows), and each GPU's apart with who held it meanwhile
     ("energy_gpus": index, joules, seconds, source, note, the watched engines on it, whether an unnamed
-    process was, whether its process list is complete), which run_energy attributes from."""
+    process was, whether its process list is complete), which run_energy attributes from. A GPU that reads
+    neither power nor energy is listed with no joules; one that could not be read at all in "energy_gpus_
+    unreadable"; a GPU lost after its first reading (an error, or gone from the reports) makes the span
+    "sampling_failed": its readings stop short of the run."""
     tracks: dict[tuple[str, int, str], list[Point]] = {}
     held: dict[tuple[str, int, str], dict[str, Any]] = {}
     busy: set[int] = set()
+    unreadable: dict[tuple[str, int, str], int] = {}
+    lost: dict[int, str] = {}
     for report in reports:
+        present = set()
         for g in report.gpus:
-            if g.error:
-                continue
             key = gpu_key(g)
+            present.add(key)
+            if g.error:
+                if key in tracks:
+                    lost.setdefault(g.index, g.error)
+                else:
+                    unreadable[key] = g.index
+                continue
             tracks.setdefault(key, []).append(Point(g.t, g.energy_j, g.power_w))
             info = held.setdefault(key, {"index": g.index, "engines": set(), "unnamed": False,
                                          "unseen": False, "vendor": g.vendor,
@@ -364,31 +378,39 @@ def span_of_reports(reports: Sequence[GpuReport]) -> dict[str, Any]:
             info["unseen"] = info["unseen"] or used_unseen(g)
             if g.processes:
                 busy.add(g.index)
+        for key in set(tracks) - present:
+            lost.setdefault(held[key]["index"], report.unavailable or "gone from the GPU readings")
     joules = 0.0
     seconds = 0.0
     sources = []
     notes = []
     per_gpu = []
     for key, points in tracks.items():
+        info = held[key]
         got = over(points)
         if got is None:
+            dark = f"gpu {info['index']} reports neither power nor an energy counter"
+            per_gpu.append({**info, "engines": sorted(info["engines"]), "energy_j": None, "energy_s": None,
+                            "energy_source": None, "energy_note": dark})
             continue
         joules += got[0]
         seconds = max(seconds, got[1])
         sources.append(got[2])
         if got[3]:
             notes.append(got[3])
-        info = held[key]
-        per_gpu.append({"index": info["index"], "energy_j": got[0], "energy_s": got[1],
-                        "energy_source": got[2], "energy_note": got[3], "engines": sorted(info["engines"]),
-                        "unnamed": info["unnamed"], "unseen": info["unseen"], "vendor": info["vendor"],
-                        "complete": info["complete"]})
-    if not sources:
-        return {"energy_j": None, "energy_s": None, "energy_source": None, "energy_note": None,
-                "energy_gpus_busy": sorted(busy), "energy_gpus": []}
-    return {"energy_j": joules, "energy_s": seconds, "energy_source": merge_sources(sources),
-            "energy_note": "; ".join(dict.fromkeys(notes)) or None, "energy_gpus_busy": sorted(busy),
-            "energy_gpus": sorted(per_gpu, key=lambda x: x["index"])}
+        per_gpu.append({**info, "engines": sorted(info["engines"]), "energy_j": got[0], "energy_s": got[1],
+                        "energy_source": got[2], "energy_note": got[3]})
+    out: dict[str, Any] = {"energy_j": joules if sources else None, "energy_s": seconds if sources else None,
+                           "energy_source": merge_sources(sources),
+                           "energy_note": "; ".join(dict.fromkeys(notes)) or None,
+                           "energy_gpus_busy": sorted(busy),
+                           "energy_gpus": sorted(per_gpu, key=lambda x: x["index"]),
+                           "energy_gpus_unreadable": sorted(set(unreadable.values()) - set(lost))}
+    if lost:
+        said = "; ".join(f"gpu {i}: {why}" for i, why in sorted(lost.items()))
+        out.update(energy_j=None, energy_s=None, energy_source=None, sampling_failed=True,
+                   energy_note=f"a GPU was lost during the run ({said}): no energy figure")
+    return out
 
 
 def _run_scope(gpus: list[dict[str, Any]], engine: str | None, matched: bool) -> str:
@@ -429,10 +451,20 @@ def run_energy(gpu: dict[str, Any] | None, cpu: dict[str, Any] | None, tokens: i
     busy = [g for g in per_gpu if g["engines"] or g["unnamed"]]
     summed = mine or (busy if engine is None else [])
     unnamed = [g for g in per_gpu if g["unnamed"] or g.get("unseen")]
-    if not summed and engine is not None and unnamed:  # as the column says it (attribute)
-        where = "gpu " + "+".join(str(g["index"]) for g in unnamed)
+    unreadable = gpu.get("energy_gpus_unreadable") or []
+    dark = [g for g in summed if g["energy_j"] is None]
+    if dark:
+        out["energy_note"] = "; ".join(g["energy_note"] for g in dark) + ": no energy figure"
+        return out
+    if not summed and (unnamed or unreadable):  # as the column says it (attribute)
+        where = "gpu " + "+".join(str(i) for i in sorted({g["index"] for g in unnamed} | set(unreadable)))
         out["energy_note"] = (f"not attributed: its processes held no GPU, but {where} had processes "
-                              "enginetop cannot name (a container?)")
+                              "enginetop cannot name (a container?) or could not be read")
+        return out
+    if not summed and engine is None and cpu.get("cpu_energy_j") is not None:
+        # the CPU package's joules only for an engine seen on no GPU: here it was not seen at all
+        out["energy_note"] = ("not attributed: the engine's processes were not found on this machine, so "
+                              "whether it ran on a GPU or the CPU is not known")
         return out
     if summed:
         notes = [g["energy_note"] for g in summed if g.get("energy_note")]

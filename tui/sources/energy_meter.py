@@ -80,9 +80,10 @@ class EnergyMeter:
         self._closed = False
 
     def _take(self) -> None:
+        pids = self._pids() if self._pids is not None else None  # looked up without a GPU too: was it found?
         if self._gpu is not None:
             try:
-                self._reports.append(self._gpu(self._pids() if self._pids is not None else None))
+                self._reports.append(self._gpu(pids))
             except Exception as e:  # a sampler surprise costs this run its energy figure, nothing else
                 self._gpu = None
                 self._failed = (f"GPU sampling failed during the run ({type(e).__name__}: {e}): "
@@ -127,5 +128,10 @@ class EnergyMeter:
             return run_energy(failed, None, None, local, engine)
         out = run_energy(span_of_reports(self._reports), self._cpu_result, tokens, local, engine)
         if shared_with and out.get("energy_scope"):
+            # the joules are every engine's that ran at once: over this engine's tokens alone they would
+            # count the others' work as its own, so the joules stand, per token does not
             out["energy_scope"] = f"{out['energy_scope']}, shared with {', '.join(shared_with)} (ran at once)"
+            out.update(joules_per_token=None, tokens_per_joule=None,
+                       energy_note=f"per token not attributed: {', '.join(shared_with)} ran at once on the "
+                                   "same devices")
         return out

@@ -41,9 +41,10 @@ def _counter(prev: float | None, cur: float | None) -> float | None:
     return None if prev is None or cur is None or cur < prev else cur - prev
 
 
-def request_stats(readings: Sequence[tuple[float, EngineReading]]) -> RequestStats | None:
+def request_stats(readings: Sequence[tuple[float, EngineReading]],
+                  running: Sequence[float | None] | None = None) -> RequestStats | None:
     """Over readings[0]..readings[-1] (monotonic time, reading), oldest first; None where the engine
-    publishes none of these series."""
+    publishes none of these series. `running`: see serving."""
     if len(readings) < 2:
         return None
     (t0, first), (t1, last) = readings[0], readings[-1]
@@ -66,7 +67,7 @@ def request_stats(readings: Sequence[tuple[float, EngineReading]]) -> RequestSta
         ended = hist[-1][1] if hist else None if went_back else 0.0
     steps = _counter(first.iteration_steps_total, last.iteration_steps_total)
     tokens = _counter(first.iteration_tokens_sum, last.iteration_tokens_sum)
-    busy_share, gen_tps_serving = serving(readings)
+    busy_share, gen_tps_serving = serving(readings, running)
     preempted = _counter(first.preemptions_total, last.preemptions_total)
     kv = [r.kv_cache_usage for _, r in readings if r.kv_cache_usage is not None]
     return RequestStats(
@@ -84,12 +85,17 @@ def request_stats(readings: Sequence[tuple[float, EngineReading]]) -> RequestSta
     )
 
 
-def serving(readings: Sequence[tuple[float, EngineReading]]) -> tuple[float | None, float | None]:
+def serving(readings: Sequence[tuple[float, EngineReading]],
+            running: Sequence[float | None] | None = None) -> tuple[float | None, float | None]:
     """The share of the polls that found a request running, and generation tok/s over that time (any engine
-    whose readings say what runs: /metrics, or llama.cpp's /slots)."""
+    whose readings say what runs: /metrics, or llama.cpp's /slots). `running`: what every poll over the
+    same span found running, where `readings` keeps fewer of them (a recording's report keeps the first and
+    the last)."""
     if len(readings) < 2 or readings[-1][0] <= readings[0][0]:
         return None, None
-    running = [r.running for _, r in readings]
+    running = [r.running for _, r in readings] if running is None else list(running)
+    if len(running) < 2:
+        return None, None
     busy = None if None in running else sum(1 for n in running[1:] if n and n > 0) / (len(running) - 1)
     generated = _counter(readings[0][1].generation_tokens_total, readings[-1][1].generation_tokens_total)
     window = readings[-1][0] - readings[0][0]

@@ -676,6 +676,9 @@ class EnginetopApp(App[None]):
                                              store.throttle_spans(now - horizon), store.gpu, store.host,
                                              ttft_gap_factor=self.config.ttft_gap_factor)
 
+    def on_resize(self) -> None:
+        self.sub_title = self._subtitle()
+
     def _subtitle(self) -> str:
         fleet = self.config.fleet
         if self.config.fleet_table and fleet is not None:
@@ -687,7 +690,11 @@ class EnginetopApp(App[None]):
         rec = self.recorder
         where = "not recording" if rec is None else (
             f"RECORDING STOPPED: {rec.error}" if rec.error else f"recording to {rec.path}")
-        return f"{names} — {state} — {where}"
+        full = f"{names} — {state} — {where}"
+        if len(full) + 30 <= self.size.width:
+            return full
+        # a narrow terminal: the columns name the engines; the recording's path waits for a wider one
+        return f"{state} — {'recording' if rec is not None and not rec.error else where}"
 
     # ---- recording ------------------------------------------------------------------------------
     def record_event(self, kind: str, source: str | None, data: dict) -> None:
