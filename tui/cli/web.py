@@ -72,7 +72,10 @@ def _check(args: argparse.Namespace) -> Listen:
         if parsed.basic_auth is not None:
             raise ValueError(f"--engine {parsed.name}: user:password@ in the URL would be on every browser "
                              "tab's command line; put a key in a file and give --api-key-file NAME=PATH")
-    build_targets(args.engine, args.api_key_file, args.api_key_env)  # a missing key file: said once, here
+    # a missing key file: said once, here; with no --engine or --profile, a key names a discovered engine,
+    # which each tab's dashboard finds and checks
+    build_targets(args.engine, args.api_key_file, args.api_key_env,
+                  discovering=not (args.engine or args.profile))
     # with nothing to watch, each tab's dashboard finds the engines running here: it starts none
     if getattr(args, "demo", None):
         enginetop = install.command()

@@ -40,10 +40,11 @@ class EngineKnowledge:
 def program_name(argv: Sequence[str]) -> str:
     """The program a command line runs, as a user would name it: its executable, or `python -m MODULE`'s
     module, or the script a Python runs."""
-    if len(argv) == 1 and len(argv[0].split()) > 1:
-        # a process that rewrote its title (setproctitle) shows its whole command line as one string, a key
-        # among its words maybe: only its first word names it
-        argv = argv[0].split()
+    words = [a for a in argv if a]
+    if len(words) == 1 and len(words[0].split()) > 1:
+        # a process that rewrote its title (setproctitle) shows its whole command line as one string (the
+        # rest of its argv area NULs: empty entries), a key among its words maybe: its first word names it
+        argv = words[0].split()
     if not argv:
         return "an unknown process"
     exe = argv[0].replace("\\", "/").rsplit("/", 1)[-1]

@@ -312,9 +312,15 @@ class ProbeMetrics:
     def devices(self, gpu: GpuReport | None, host: HostSample | None) -> None:
         """This machine's energy counters as last read."""
         values: dict[tuple[str, str], float] = {}
+        last = self.energy_counters.values
         for g in gpu.gpus if gpu is not None else ():
+            key = (f"gpu{g.index}", g.vendor or "")
             if g.energy_j is not None:
-                values[(f"gpu{g.index}", g.vendor or "")] = g.energy_j
+                values[key] = g.energy_j
+            elif g.error is None and key in last:
+                # read between its counter's readings (amd-smi is run every few seconds): the last value
+                # stands, so the counter does not vanish and come back from one scrape to the next
+                values[key] = last[key]
         if host is not None and host.cpu_energy_j is not None:
             values[("cpu-package", "")] = host.cpu_energy_j
         self.energy_counters.set(values)

@@ -41,7 +41,7 @@ from tui.sources.energy import (
     gpu_key,
     gpu_label,
     holders,
-    used_unseen,
+    may_hold_an_engine,
     whole_gpu_words,
     with_attribution,
 )
@@ -528,8 +528,7 @@ class Store:
         host = self.host
         if host is None or name not in {m.engine for m in host.engines}:
             return "not on this machine"
-        unseen = [g for g in (self.gpu.gpus if self.gpu else ()) if g.host is None
-                  and (g.error or holders(g)[1] or used_unseen(g))]
+        unseen = [g for g in (self.gpu.gpus if self.gpu else ()) if g.host is None and may_hold_an_engine(g)]
         if unseen:  # as the column says (attribute): the engine may be what holds them
             return (f"not attributed: its processes hold no GPU, but {gpu_label(unseen)} is used by "
                     "processes enginetop cannot name or cannot be read")

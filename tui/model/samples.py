@@ -232,6 +232,7 @@ class GpuProcess:
     pid: int
     used_bytes: int | None
     engine: str | None = None  # name of the watched engine whose process tree holds this PID
+    graphics: bool = False  # listed by NVML as a graphics process only (a desktop's Xorg, a compositor)
 
 
 @dataclass(frozen=True, slots=True)

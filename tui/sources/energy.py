@@ -219,6 +219,18 @@ def used_unseen(g: GpuSample) -> bool:
     return unseen is not None and unseen > UNSEEN_VRAM_BYTES
 
 
+def may_hold_an_engine(g: GpuSample) -> bool:
+    """Could an engine whose processes enginetop did not find on any GPU be on this one after all? A compute
+    process it cannot name, VRAM its complete list (NVML) does not account for, or no reading at all. A
+    desktop's graphics processes (Xorg) and AMD's or Intel's partial lists are no such sign: a CPU engine on a
+    workstation keeps its figure."""
+    if g.error:
+        return True
+    if any(p.engine is None and not p.graphics for p in g.processes):
+        return True
+    return lists_every_process(g) and used_unseen(g)
+
+
 def holders(g: GpuSample) -> tuple[set[str], bool]:
     """The watched engines holding the GPU, and whether a process enginetop cannot name holds it too: one
     listed without an engine, or, on a GPU whose list should be complete (NVML), VRAM in use that no listed
@@ -301,8 +313,8 @@ def attribute(name: str, gen_tps: Rate, gpu: GpuReport | None, host: HostSample 
         return Attribution()  # not on this machine (or its process was not found): nothing here is its energy
     # a GPU any process enginetop cannot see may be using (its processes may be this engine's, unmatched),
     # or one that cannot be read at all
-    unnamed_gpus = [g for g in gpus if holders(g)[1] or used_unseen(g)] + \
-        [g for g in (gpu.gpus if gpu is not None else ()) if g.host is None and g.error]
+    unnamed_gpus = [g for g in (gpu.gpus if gpu is not None else ())
+                    if g.host is None and may_hold_an_engine(g)]
     if unnamed_gpus:
         return Attribution(energy_note="not attributed: its processes hold no GPU, but "
                            f"{gpu_label(unnamed_gpus)} "
@@ -375,7 +387,7 @@ def span_of_reports(reports: Sequence[GpuReport]) -> dict[str, Any]:
             named, other = holders(g)
             info["engines"] |= named
             info["unnamed"] = info["unnamed"] or other
-            info["unseen"] = info["unseen"] or used_unseen(g)
+            info["unseen"] = info["unseen"] or may_hold_an_engine(g)
             if g.processes:
                 busy.add(g.index)
         for key in set(tracks) - present:
@@ -450,7 +462,7 @@ def run_energy(gpu: dict[str, Any] | None, cpu: dict[str, Any] | None, tokens: i
     mine = [g for g in per_gpu if engine is not None and engine in g["engines"]]
     busy = [g for g in per_gpu if g["engines"] or g["unnamed"]]
     summed = mine or (busy if engine is None else [])
-    unnamed = [g for g in per_gpu if g["unnamed"] or g.get("unseen")]
+    unnamed = [g for g in per_gpu if g.get("unseen")]  # may hold the engine (may_hold_an_engine)
     unreadable = gpu.get("energy_gpus_unreadable") or []
     dark = [g for g in summed if g["energy_j"] is None]
     if dark:

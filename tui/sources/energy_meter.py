@@ -119,7 +119,8 @@ class EnergyMeter:
 
     def result(self, tokens: int | None, local: bool, shared_with: tuple[str, ...] = ()) -> dict[str, Any]:
         """Energy over the run and per generated token (run_energy); `shared_with`: engines that ran at the
-        same time on this machine, whose energy is in the figure too (said in its scope)."""
+        same time on this machine, whose energy is in the figure too (said in its scope) unless the GPUs
+        summed held this engine alone."""
         engine = self._pids.name if self._pids is not None and self._pids.found else None
         if self._failed is not None:
             # the GPU readings stop short of the run: neither their joules over all its tokens, nor the CPU
@@ -127,7 +128,8 @@ class EnergyMeter:
             failed = {"sampling_failed": True, "energy_note": self._failed}
             return run_energy(failed, None, None, local, engine)
         out = run_energy(span_of_reports(self._reports), self._cpu_result, tokens, local, engine)
-        if shared_with and out.get("energy_scope"):
+        alone = str(out.get("energy_scope")).endswith("(the engine's alone)")
+        if shared_with and out.get("energy_scope") and not alone:
             # the joules are every engine's that ran at once: over this engine's tokens alone they would
             # count the others' work as its own, so the joules stand, per token does not
             out["energy_scope"] = f"{out['energy_scope']}, shared with {', '.join(shared_with)} (ran at once)"

@@ -352,8 +352,9 @@ class GpuSampler:
                 if pid in seen and (used is None or seen[pid].used_bytes is not None):
                     continue  # a process in both lists: keep the entry that knows its memory
                 engine = next((name for name, pids in engine_pids.items() if pid in pids), None)
+                graphics = fn_name == "nvmlDeviceGetGraphicsRunningProcesses" and pid not in seen
                 seen[pid] = GpuProcess(pid=pid, used_bytes=int(used) if used is not None else None,
-                                       engine=engine)
+                                       engine=engine, graphics=graphics)
         return tuple(seen.values())
 
     # ---- GPM (Hopper+): DRAM bandwidth utilisation between this sample and the previous one -----------

@@ -690,10 +690,12 @@ class EnginetopApp(App[None]):
         rec = self.recorder
         where = "not recording" if rec is None else (
             f"RECORDING STOPPED: {rec.error}" if rec.error else f"recording to {rec.path}")
-        full = f"{names} — {state} — {where}"
-        if len(full) + 30 <= self.size.width:
-            return full
-        # a narrow terminal: the columns name the engines; the recording's path waits for a wider one
+        # the header leaves ~30 cells around it; a narrow terminal loses the engines' names first (the columns
+        # name them), then the polling interval (never PAUSED), then the recording's path
+        shorter = [f"{names} — {state} — {where}", f"{state} — {where}"] + ([] if self.paused else [where])
+        for text in shorter:
+            if len(text) + 30 <= self.size.width:
+                return text
         return f"{state} — {'recording' if rec is not None and not rec.error else where}"
 
     # ---- recording ------------------------------------------------------------------------------
