@@ -22,6 +22,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from textual import events
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.css.query import NoMatches
@@ -676,10 +677,10 @@ class EnginetopApp(App[None]):
                                              store.throttle_spans(now - horizon), store.gpu, store.host,
                                              ttft_gap_factor=self.config.ttft_gap_factor)
 
-    def on_resize(self) -> None:
-        self.sub_title = self._subtitle()
+    def on_resize(self, event: events.Resize) -> None:
+        self.sub_title = self._subtitle(event.size.width)  # the app's own size follows later (debounced)
 
-    def _subtitle(self) -> str:
+    def _subtitle(self, width: int | None = None) -> str:
         fleet = self.config.fleet
         if self.config.fleet_table and fleet is not None:
             state = "PAUSED" if self.paused else f"refreshing every {fleet.refresh_s:g}s"
@@ -694,7 +695,7 @@ class EnginetopApp(App[None]):
         # name them), then the polling interval (never PAUSED), then the recording's path
         shorter = [f"{names} — {state} — {where}", f"{state} — {where}"] + ([] if self.paused else [where])
         for text in shorter:
-            if len(text) + 30 <= self.size.width:
+            if len(text) + 30 <= (width or self.size.width):
                 return text
         return f"{state} — {'recording' if rec is not None and not rec.error else where}"
 

@@ -152,7 +152,7 @@ class ReplayApp(EnginetopApp):
             self._damage_shown = True
             self.notify(damage, title="damaged recording", severity="error", timeout=30)
 
-    def _subtitle(self) -> str:
+    def _subtitle(self, width: int | None = None) -> str:  # short enough as it is, at any width
         rec, replay = self.recording, getattr(self, "replay", None)
         if replay is None or rec.empty:
             return f"replay of {rec.path.name} — empty recording"
