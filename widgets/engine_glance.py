@@ -230,14 +230,18 @@ def _slot_lines(grid: Rows, slots: SlotsReading, room: int) -> None:
 def _slot_line(slot: SlotState, room: int) -> Text:
     """The slot's context filled (a bar against n_ctx), and its phase: idle, prefill progress, or decoding."""
     held, ctx = slot.held, slot.n_ctx
+    if not slot.processing:
+        phase = Text("idle", style="dim")
+    elif not slot.decoded and slot.prompt_tokens:
+        phase = Text(f"prefill {slot.prompt_processed or 0}/{slot.prompt_tokens}", style="yellow")
+    else:
+        phase = Text(f"gen {slot.decoded or 0}", style="green")
     text = Text(f"{held:,}/{ctx:,}" if held is not None and ctx else "",
                 style="" if slot.processing else "dim")
-    if not slot.processing:
-        text.append("  idle", style="dim")
-    elif not slot.decoded and slot.prompt_tokens:
-        text.append(f"  prefill {slot.prompt_processed or 0}/{slot.prompt_tokens}", style="yellow")
-    else:
-        text.append(f"  gen {slot.decoded or 0}", style="green")
+    text.append("  ")
+    text.append_text(phase)
+    if len(text.plain) > room:  # a narrow column: the phase and its progress before the context's count
+        return phase
     width = min(16, room - len(text.plain) - 1)
     if held is None or not ctx or width < 4:
         _fit_text(text, room)
