@@ -48,9 +48,9 @@ def _cut_at(text: str, width: int) -> int:
 
 
 def _fit(text: str, width: int) -> str:
-    if len(text) <= width:
-        return text
-    return text[:_cut_at(text, width)].rstrip(" ·,:;") + "…"
+    line = Text(text)
+    _fit_text(line, width)
+    return line.plain
 
 
 def _fit_text(text: Text, width: int) -> None:

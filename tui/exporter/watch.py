@@ -18,7 +18,7 @@ import logging
 from collections.abc import Sequence
 
 from tui.exporter.metrics import ProbeMetrics
-from tui.live.store import Store
+from tui.live.store import Store, relayed
 from tui.model.samples import EngineStats
 from tui.model.targets import EngineTarget
 from tui.net.keepalive import Transports
@@ -55,8 +55,8 @@ async def watch_engines(targets: Sequence[EngineTarget], metrics: ProbeMetrics, 
             except Exception as exc:  # the machine's figures are extra: the engines' go on without them
                 log.warning("reading this machine's GPUs and host failed: %r", exc)
             for proxy in proxies:  # first: the engines' stats then carry the proxy's per-request figures
-                for relayed in await proxy.read():
-                    store.add(relayed)
+                for answers in await proxy.read():
+                    store.add(answers)
             read = await asyncio.gather(*(s.read() for s in sources), return_exceptions=True)
             for target, samples in zip(targets, read, strict=True):
                 if isinstance(samples, BaseException):
@@ -74,10 +74,7 @@ async def watch_engines(targets: Sequence[EngineTarget], metrics: ProbeMetrics, 
                 elif state.sample.reading is None:
                     # nothing read this time (llama-server with neither --metrics nor /slots): what it was
                     # last found to be is of an earlier reading, but the proxy's requests are not of one
-                    proxied = state.traffic
-                    answers = proxied.stats.per_request if proxied is not None and proxied.error is None \
-                        else None
-                    metrics.engine(target.name, (), EngineStats(requests=answers))
+                    metrics.engine(target.name, (), EngineStats(requests=relayed(state)))
                 else:
                     metrics.engine(target.name, state.findings, state.stats)
             await asyncio.sleep(every_s)
