@@ -89,7 +89,7 @@ STATUS_STATES = 1 << 32  # RAPL's ENERGY_STATUS register: 32 bits of energy unit
 
 
 def rapl_package(root: Path, n: int, energy_uj: int = 0, unit_nj: int = 61_035,
-                 control: str = "intel-rapl") -> Counter:
+                 control: str = "intel-rapl", max_power_uw: tuple[int, int] | None = None) -> Counter:
     """/sys/class/powercap/intel-rapl:N (name package-N) with a core sub-zone intel-rapl:N:0 that must not be
     added again. Real sysfs has these as symlinks into /sys/devices/virtual/powercap/...: plain directories
     are read the same way.
@@ -98,12 +98,22 @@ def rapl_package(root: Path, n: int, energy_uj: int = 0, unit_nj: int = 61_035,
     register of energy units of `unit_nj` nJ (61,035 = 2^-14 J, the usual client unit; 15,258 = 2^-16 J on
     servers and AMD), `energy_uj` = raw x unit / 1000, `max_energy_range_uj` = 0xffffffff x unit / 1000 (both
     truncated to whole µJ); the register wraps from 0xffffffff to 0, so the µJ counter's period is 2^32 units,
-    one unit more than max_energy_range_uj."""
+    one unit more than max_energy_range_uj.
+
+    `max_power_uw` (long term, short term): the package's power constraints as powercap.rst lays them out,
+    constraint_N_{name,power_limit_uw,time_window_us,max_power_uw}; the limits set at the maximum (an Intel
+    package; AMD's rapl zones have none, nor do trees made without it)."""
     zone = root / "class" / "powercap" / f"{control}:{n}"
     max_uj = (STATUS_STATES - 1) * unit_nj // 1000
     write(zone / "name", f"package-{n}")
     write(zone / "max_energy_range_uj", max_uj)
     write(zone / "enabled", 1)
+    for i, (name, window_us, uw) in enumerate(zip(("long_term", "short_term"), (27_983_872, 2_440),
+                                                  max_power_uw or (), strict=False)):
+        write(zone / f"constraint_{i}_name", name)
+        write(zone / f"constraint_{i}_power_limit_uw", uw)
+        write(zone / f"constraint_{i}_time_window_us", window_us)
+        write(zone / f"constraint_{i}_max_power_uw", uw)
     sub = root / "class" / "powercap" / f"{control}:{n}:0"
     write(sub / "name", "core")
     write(sub / "energy_uj", 999_999)

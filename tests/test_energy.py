@@ -23,7 +23,7 @@ from tui.probe.results import ProbeResult
 from tui.sources.energy import MIXED, POWER_TIME, Point, Track, over, run_energy, span_of_reports
 from tui.sources.gpu import GpuSampler
 from tui.sources.host import HostSampler
-from tui.sources.rapl import RaplReader, RaplSpan, root_only_line
+from tui.sources.rapl import DEFAULT_MAX_W, UDEV_RULE, RaplReader, RaplReading, RaplSpan, root_only_line
 from tui.sources.sysfs_gpu import SysfsGpus, amd_throttle_words, parse_gpu_metrics
 
 GiB = 1 << 30
@@ -229,19 +229,24 @@ def test_rapl_wrap_is_undone_exactly_as_the_kernel_wraps(tmp_path: Path) -> None
     """intel_rapl_common.c: energy_uj is a 32-bit register of energy units (61.035 µJ here) and
     max_energy_range_uj is 0xffffffff of them, so the counter comes back to where it was after one unit MORE
     than max_energy_range_uj. 1000 units (61,035 µJ) across the wrap read as 61,035 µJ, within the µJ the
-    kernel truncates each reading to; a wrap of max_energy_range_uj (or + 1) would lose ~61 µJ each time."""
+    kernel truncates each reading to; a wrap of max_energy_range_uj (or + 1) would lose ~61 µJ each time.
+    Each step takes the time a package needs to draw it (a wrap must be energy the package could draw in the
+    time between reads: else it was a reset, test_a_rapl_step_back_no_package_could_draw_is_a_reset)."""
     zone = rapl_package(tmp_path, 0, unit_nj=61_035)
     max_uj = int((tmp_path / "class" / "powercap" / "intel-rapl:0" / "max_energy_range_uj").read_text())
     assert max_uj == 262_143_328_850  # 0xffffffff x 61.035 µJ, truncated
     period = 2**32 * 61.035
     zone.add(period - 10 * 61.035)  # 10 units below the wrap
-    reader = RaplReader(tmp_path)
+    clock = Clock()
+    reader = RaplReader(tmp_path, clock=clock)
     start = reader.read().joules
     zone.add(1000 * 61.035)  # 1000 units: past the wrap, the register at 990
+    clock.now += 0.01
     assert zone.value == int(990 * 61.035)
     assert (reader.read().joules - start) * 1e6 == pytest.approx(61_035.0, abs=2.0)
     for _ in range(5):  # around the range several times, read at each step (each under one wrap)
         zone.add(0.9 * period)
+        clock.now += 600.0  # 236 kJ in 10 minutes: 393 W
         reader.read()
     assert (reader.read().joules - start) * 1e6 == pytest.approx(61_035.0 + 4.5 * period, abs=10.0)
     # AMD's and servers' unit, 2^-16 J (15.258 µJ as the driver truncates it): the same rule
@@ -252,6 +257,100 @@ def test_rapl_wrap_is_undone_exactly_as_the_kernel_wraps(tmp_path: Path) -> None
     first = amd_reader.read().joules
     amd.add(7 * 15.258)
     assert (amd_reader.read().joules - first) * 1e6 == pytest.approx(7 * 15.258, abs=2.0)
+
+
+def test_a_rapl_step_back_no_package_could_draw_is_a_reset_and_counts_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """energy_uj also goes back when the register starts again (a resume from suspend, a CPU reset). Taken for
+    a wrap, that adds period - before + after: up to a whole range (65-262 kJ) never drawn. A wrap is what a
+    package could draw in the time between the reads: at most twice its largest constraint_N_max_power_uw
+    (here 250 W: 500 W), else DEFAULT_MAX_W (AMD's zones have no constraints); more than that is a reset,
+    counted as nothing and said so (the reading's note, a span's and a run's energy_note)."""
+    from tui.sources.energy import run_energy
+
+    intel = tmp_path / "intel"
+    zone = rapl_package(intel, 0, energy_uj=100_000_000_000, max_power_uw=(125_000_000, 250_000_000))
+    period = zone.period
+    assert period is not None
+    clock = Clock()
+    reader = RaplReader(intel, clock=clock)
+    last = {"joules": reader.read().joules}
+
+    def step(amount_uj: float, seconds: float) -> tuple[float, RaplReading]:
+        """The counter moved by `amount_uj` (mod its period), read `seconds` on: joules counted, reading."""
+        zone.add(amount_uj)
+        clock.now += seconds
+        got = reader.read()
+        assert got.joules is not None and got.error is None and last["joules"] is not None
+        moved, last["joules"] = got.joules - last["joules"], got.joules
+        return moved, got
+
+    # the register back to 5 J from 100 kJ, a second on: as a wrap 162 kJ (162 kW), so a reset: nothing
+    moved, got = step(5_000_000 - zone.exact, 1.0)
+    assert moved == 0.0  # today: 162,148 J
+    assert got.note is not None and got.note.startswith(
+        "intel-rapl:0 package-0: energy_uj went back from 100,000.0 J to 5.0 J in 1.0 s: as a wrap that is "
+        "162,148 J, more than the package draws at 500 W: a reset")
+    assert got.note.endswith("nothing counted for it")
+    moved, got = step(10_000_000, 1.0)  # counting on from the reset
+    assert moved == pytest.approx(10.0) and got.note is None
+    # 300 J below the top, then 800 J on: across the wrap. In 2 s (400 W) a wrap, counted whole...
+    step(period - 300_000_000 - zone.exact, 1000.0)
+    moved, got = step(800_000_000, 2.0)
+    assert moved == pytest.approx(800.0, abs=1e-3) and got.note is None
+    # ... in 1 s (800 W, above the package's 500 W) no wrap: a reset
+    step(period - 300_000_000 - zone.exact, 1000.0)
+    moved, got = step(800_000_000, 1.0)
+    assert moved == 0.0 and got.note is not None and "a reset" in got.note
+
+    # AMD (2^-16 J units, a 65.5 kJ range, no power constraints): DEFAULT_MAX_W bounds a wrap
+    amd_root = tmp_path / "amd"
+    amd = rapl_package(amd_root, 0, energy_uj=30_000_000_000, unit_nj=15_258)
+    assert amd.period is not None and not list((amd_root / "class" / "powercap" / "intel-rapl:0")
+                                               .glob("constraint_*"))
+    clock = Clock()
+    reader = RaplReader(amd_root, clock=clock)
+    start = reader.read().joules
+    amd.add(1_000_000_000 - amd.exact)  # 30 kJ back to 1 kJ: as a wrap 36.5 kJ in 1 s
+    clock.now += 1.0
+    got = reader.read()
+    assert got.joules == start  # today: start + 36.5 kJ
+    assert got.note is not None and f"at {DEFAULT_MAX_W:.0f} W: a reset" in got.note
+    amd.add(amd.period - 500_000_000 - amd.exact)  # 500 J below the top, a long while on
+    clock.now += 600.0
+    before = reader.read().joules
+    amd.add(900_000_000)  # 900 J on in 1 s: a wrap a package can draw
+    clock.now += 1.0
+    got = reader.read()
+    assert got.note is None and got.joules - before == pytest.approx(900.0, abs=1e-3)
+
+    # a span (an A/B block, a bench run) with a reset in it says so in its result, and the run's figure too
+    zone = rapl_package(intel, 0, energy_uj=100_000_000_000, max_power_uw=(125_000_000, 250_000_000))
+    clock = Clock()
+    span = RaplSpan(RaplReader(intel, clock=clock), clock=clock)
+    zone.add(20_000_000)
+    clock.now += 1.0
+    span.tick()
+    zone.add(5_000_000 - zone.exact)  # the reset
+    clock.now += 1.0
+    span.tick()
+    zone.add(30_000_000)
+    clock.now += 1.0
+    result = span.result()
+    assert result["cpu_energy_j"] == pytest.approx(20.0 + 30.0)  # what was drawn around the reset, no range
+    assert "a reset" in result["cpu_energy_note"]
+    run = run_energy(None, result, 100, local=True, engine="llama")
+    assert run["energy_scope"] == "cpu package" and run["joules_per_token"] == pytest.approx(0.5)
+    assert run["energy_note"] == result["cpu_energy_note"]
+
+    # the dashboard's host sampler, reading the tree through ENGINETOP_SYSFS_ROOT: its counter never jumps
+    # by a range at a reset (the reads are milliseconds apart here)
+    monkeypatch.setenv("ENGINETOP_SYSFS_ROOT", str(intel))
+    sampler = HostSampler()
+    first = sampler.sample().cpu_energy_j
+    zone.add(1_000_000 - zone.exact)
+    second = sampler.sample().cpu_energy_j
+    assert first is not None and second == first
 
 
 def test_a_rapl_span_reads_between_its_ends_so_no_wrap_is_lost(tmp_path: Path) -> None:
@@ -265,6 +364,9 @@ def test_a_rapl_span_reads_between_its_ends_so_no_wrap_is_lost(tmp_path: Path) -
     step = 0.6 * zone.period
     reads = {"n": 0}
 
+    def minutes() -> float:  # the reader's clock: each read 10 minutes after the one before (262 W)
+        return reads["n"] * 600.0
+
     def advancing(path: Path) -> str:
         if path.name == "energy_uj" and path.parent.name == "intel-rapl:0":
             reads["n"] += 1
@@ -276,7 +378,7 @@ def test_a_rapl_span_reads_between_its_ends_so_no_wrap_is_lost(tmp_path: Path) -
         while reads["n"] < n and time.monotonic() < deadline:
             time.sleep(0.01)
 
-    with RaplSpan(RaplReader(tmp_path, read_file=advancing), every_s=0.005) as span:
+    with RaplSpan(RaplReader(tmp_path, read_file=advancing, clock=minutes), every_s=0.005) as span:
         wait_for(6)
     got = span.result()
     assert reads["n"] >= 7  # the start, the thread's reads, the end
@@ -284,7 +386,7 @@ def test_a_rapl_span_reads_between_its_ends_so_no_wrap_is_lost(tmp_path: Path) -
 
     reads["n"] = 0
     pids = EnginePids("llama", "http://127.0.0.1:9", pid=os.getpid())  # this process stands in for it
-    with EnergyMeter(None, interval_s=0.005, rapl=RaplReader(tmp_path, read_file=advancing),
+    with EnergyMeter(None, interval_s=0.005, rapl=RaplReader(tmp_path, read_file=advancing, clock=minutes),
                      pids=pids) as meter:
         wait_for(6)
         time.sleep(1.05)  # a run shorter than MIN_SPAN_S is "too short to read"
@@ -293,9 +395,12 @@ def test_a_rapl_span_reads_between_its_ends_so_no_wrap_is_lost(tmp_path: Path) -
     assert out["energy_j"] * 1e6 == pytest.approx((reads["n"] - 1) * step, rel=1e-9)
 
 
-def test_rapl_root_only_says_the_one_line_that_makes_it_readable(tmp_path: Path) -> None:
-    """Since Linux 5.10 energy_uj is 0400 root. Tests run as root here, where chmod cannot take a read away,
-    so the reader's file read is replaced by one that raises what open() raises for a non-root user."""
+def test_rapl_root_only_names_the_side_channel_and_the_safer_ways_to_read_it(tmp_path: Path) -> None:
+    """Since Linux 5.10 energy_uj is 0400 root: readable by everyone it is the PLATYPUS power side channel
+    (CVE-2020-8694). The line says so, offers the safer ways first (enginetop as root; one group's read
+    through a udev rule that runs at each boot), and says what the quick chmod re-opens. Tests run as root
+    here, where chmod cannot take a read away, so the reader's file read is replaced by one that raises what
+    open() raises for a non-root user."""
     rapl_package(tmp_path, 0)
 
     def denied(path: Path) -> str:
@@ -306,8 +411,16 @@ def test_rapl_root_only_says_the_one_line_that_makes_it_readable(tmp_path: Path)
     got = RaplReader(tmp_path, read_file=denied).read()
     path = tmp_path / "class" / "powercap" / "intel-rapl:0" / "energy_uj"
     assert got.joules is None and got.error == root_only_line([path])
-    assert got.error == (f"CPU energy (RAPL) is readable by root only here: `sudo chmod o+r {path}` makes it "
-                         "readable (until the next boot)")
+    assert got.error.startswith("CPU energy (RAPL) is readable by root only here (since Linux 5.10: the "
+                                "PLATYPUS power side channel, CVE-2020-8694): run enginetop as root, or let "
+                                "one group (here `power`) read it with a udev rule in /etc/udev/rules.d/: ")
+    assert f"`{UDEV_RULE}`" in got.error
+    assert got.error.endswith(f"`sudo chmod o+r {path}` works until the next boot but re-opens that side "
+                              "channel to every local user")
+    # the rule: each powercap zone with a counter (%p its device path under /sys), added at boot, gives the
+    # group the read; control types (no energy_uj) are skipped
+    assert UDEV_RULE.startswith('ACTION=="add", SUBSYSTEM=="powercap", TEST=="energy_uj", ')
+    assert 'RUN+="/bin/chmod g+r /sys%p/energy_uj"' in UDEV_RULE and "o+r" not in UDEV_RULE
     # the same line reaches the engine's column for an engine on this machine's CPU
     store = Store()
     store.add(HostSampler(RaplReader(tmp_path, read_file=denied)).sample())

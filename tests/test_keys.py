@@ -87,11 +87,13 @@ async def test_every_dashboard_screen_closes_on_q_and_the_dashboard_quits_on_it(
         source = app.slots[0].source
         await pilot.press("plus")
         assert source.interval_s == 0.25
+        assert "polling every 0.25s" in app.sub_title  # the header follows the interval it polls at
         await pilot.press("plus")
         assert source.interval_s == 0.25  # the lower bound
         for _ in range(8):
             await pilot.press("minus")
         assert source.interval_s == 10.0  # the upper bound
+        assert "polling every 10s" in app.sub_title
         footer_says(app, "plus,equals_sign", "minus", "r")
         app.store.engines["dead"].probes.append((1.0, None))
         await pilot.press("r")

@@ -147,7 +147,58 @@ def test_api_key_on_argv_is_rejected_in_every_spelling(tmp_path: Path, argv: str
     assert "s3cret" not in str(issue)
 
 
-NOT_KEY_FLAGS = ["--api-key-file", "--api-key-file=/k", "--api", "--api-", "--api-server-count"]
+# A secret inside a shell's command string, read as the shell splits it with each engine's own table: the
+# string is the element named (argv[2], or argv[4] behind env or shell options)
+SHELL_SPELLINGS = [
+    ('["sh", "-c", "exec llama-server -hft hf_s3cret --port ${PORT}"]', 2),
+    ('["/bin/sh", "-c", "llama-server -hft=hf_s3cret"]', 2),
+    ('["bash", "-lc", "llama-server --hf-token=hf_s3cret"]', 2),
+    ('["bash", "-lc", \'exec llama-server --hf_token "hf_s3cret" --port 8080\']', 2),
+    ('["sh", "-c", "cd /m && exec vllm serve m --api-key hf_s3cret"]', 2),
+    ('["sh", "-c", "exec python3 -m vllm.entrypoints.openai.api_server --hf-t hf_s3cret"]', 2),  # a prefix
+    ('["env", "LANG=C", "sh", "-c", "llama-server --hf-token hf_s3cret"]', 4),
+    ('["bash", "-o", "pipefail", "-ec", "my-server -hft hf_s3cret 2>&1 | tee log"]', 4),
+    ('["sh", "-c", "HF_TOKEN=hf_s3cret exec llama-server"]', 2),
+    ('["sh", "-c", "bash -c \'llama-server -hft hf_s3cret\'"]', 2),
+    ('["env", "-S", "llama-server -hft hf_s3cret"]', 2),
+    ('["sh", "-c", "echo start\\nexec sglang serve --admin-api-key hf_s3cret"]', 2),
+    # the words after the string are its "$@" (or $1...): the secret is one of them, named where it is
+    ('["sh", "-c", "exec llama-server \\"$@\\"", "sh", "-m", "m.gguf", "--api-key", "hf_s3cret"]', 6),
+    ('["bash", "-c", "exec \\"$@\\"", "bash", "llama-server", "-hft", "hf_s3cret"]', 5),
+]
+
+
+@pytest.mark.parametrize(("argv", "field"), SHELL_SPELLINGS)
+def test_a_secret_in_a_shell_string_is_rejected_as_if_given_directly(tmp_path: Path, argv: str,
+                                                                      field: int) -> None:
+    profile, issue = only_issue(GOOD.replace('["/bin/true", "--port", "${PORT}"]', argv), tmp_path)
+    assert profile is None and issue.line == 3 and issue.field == f"argv[{field}]"
+    assert "holds a secret" in issue.message and "runs" in issue.message and "api_key_file" in issue.message
+    assert "s3cret" not in str(issue)
+
+
+URL_CREDENTIALS = [
+    '["srv", "-mu", "https://hf_s3cret@huggingface.co/o/m/resolve/main/m.gguf"]',
+    '["srv", "-mu", "https://me:s3cret@host/m.gguf"]',
+    '["srv", "-mu", "https://host/m.gguf?download=1&token=s3cret"]',
+    '["srv", "-mu", "https://b.s3.amazonaws.com/m.gguf?X-Amz-Date=20250101T000000Z&X-Amz-Signature=s3cret"]',
+    '["srv", "--model-url=https://a.blob.core.windows.net/c/m.gguf?sv=2022-11-02&sp=r&sig=s3cret"]',
+    '["sh", "-c", "exec llama-server -mu \'https://host/m.gguf?access_token=s3cret\'"]',
+]
+
+
+@pytest.mark.parametrize("argv", URL_CREDENTIALS)
+def test_a_url_that_carries_a_credential_is_rejected(tmp_path: Path, argv: str) -> None:
+    profile, issue = only_issue(GOOD.replace('["/bin/true", "--port", "${PORT}"]', argv), tmp_path)
+    assert profile is None and issue.field in ("argv[1]", "argv[2]") and "holds a secret" in issue.message
+    assert "s3cret" not in str(issue)
+
+
+NOT_KEY_FLAGS = ["--api-key-file", "--api-key-file=/k", "--api", "--api-", "--api-server-count",
+                 # vLLM's options named for tokens that hold numbers or names, never a secret
+                 "--long-prefill-token-threshold", "--long-prefill-token-threshold=512",
+                 "--dbo-decode-token-threshold", "--dbo-prefill-token-threshold", "--max-num-batched-tokens",
+                 "--tokenizer", "--tokenizer-mode", "--return-tokens-as-token-ids"]
 
 
 @pytest.mark.parametrize("arg", NOT_KEY_FLAGS)
@@ -170,6 +221,25 @@ def test_key_flag_or_key_from_a_variable_is_rejected_when_resolved(tmp_path: Pat
         [issue] = err.value.issues
         assert issue.field == "argv[1]" and issue.line == 3 and "command line" in issue.message
         assert "sk-" not in str(err.value)
+
+
+def test_options_named_for_tokens_in_a_shell_string_pass(tmp_path: Path) -> None:
+    argv = ('["sh", "-c", "exec vllm serve m --long-prefill-token-threshold 512 '
+            '--max-num-batched-tokens 8192 --tokenizer t --port ${PORT}"]')
+    text = GOOD.replace('["/bin/true", "--port", "${PORT}"]', argv)
+    assert parse_profile(text, write(tmp_path, "p.toml", text), environ={})[1] == []
+
+
+def test_a_secret_a_variable_puts_into_a_shell_string_is_rejected_when_resolved(tmp_path: Path) -> None:
+    text = GOOD.replace('["/bin/true", "--port", "${PORT}"]', '["sh", "-c", "exec llama-server ${EXTRA}"]')
+    path = write(tmp_path, "p.toml", text)
+    profile, issues = parse_profile(text, path, environ={"EXTRA": "-hft hf_s3cret"})
+    assert profile is not None and issues == []  # the text as written is clean
+    with pytest.raises(ProfileError) as err:
+        resolve(profile, environ={"EXTRA": "-hft hf_s3cret"})
+    [issue] = err.value.issues
+    assert issue.field == "argv[2]" and "'-hft' holds a secret" in issue.message
+    assert "s3cret" not in str(err.value)
 
 
 def test_sweep_arm_that_sets_the_key_flag_cannot_start(tmp_path: Path) -> None:

@@ -2,19 +2,28 @@
 takes (and the target's own key anywhere on it) is read into a configuration, and every place a
 configuration goes is searched for the secret: snapshot JSON and text, the engine column as drawn, a
 recording's row encoded and decoded, the HTML report's configuration table, the findings and the exporter.
-The real engines started with secrets are in tests/test_secret_engines.py."""
+The command line may be run by a shell (`sh -c "exec ..."`, `bash -lc`, `env ... sh -c`), hold a URL that
+carries a credential, and options named for tokens that hold numbers, which are kept. The A/B result and
+its report, which keep each arm's argv, are searched the same way. The real engines started with secrets
+are in tests/test_secret_engines.py."""
 
 from __future__ import annotations
 
 import json
+import shlex
 import string
+from collections.abc import Callable
 
 import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import generate_latest
 
+from tests.sse_server import SSEServer
 from tui.cli.snapshot import table
+from tui.compare.ab import ABConfig, Arm, run_comparison
+from tui.compare.engines import Started, Target
+from tui.compare.report import render_html
 from tui.engines.argv import Options
 from tui.engines.known import ENGINES
 from tui.exporter.metrics import ProbeMetrics
@@ -47,9 +56,46 @@ def _plain_options(table_: Options) -> list[str]:
     return sorted(s for s, n in table_.nargs.items() if n == 1 and table_.canonical(s) not in table_.secret)
 
 
+def _token_options(table_: Options) -> list[str]:
+    """Options named for tokens that hold a number or a name (vLLM's --long-prefill-token-threshold)."""
+    return [s for s in _plain_options(table_) if "token" in s]
+
+
+# How a shell or a wrapper runs a command line (given as one string, and the secret, which some of them also
+# put in an environment variable)
+Wrapper = Callable[[str, str], list[str]]
+WRAPPERS: list[Wrapper] = [
+    lambda cmd, _: ["sh", "-c", f"exec {cmd}"],
+    lambda cmd, _: ["/bin/sh", "-c", cmd],
+    lambda cmd, _: ["bash", "-lc", f"cd /srv && {cmd}"],
+    lambda cmd, _: ["bash", "-o", "pipefail", "-ec", f"{cmd} 2>&1 | tee engine.log"],
+    lambda cmd, secret: ["env", f"HF_TOKEN={secret}", "sh", "-c", f"echo starting\nexec {cmd}"],
+    lambda cmd, secret: ["sh", "-c", f"HF_TOKEN={shlex.quote(secret)} exec {cmd}"],
+    lambda cmd, _: ["env", "LANG=C", "/usr/bin/env", "-S", cmd],
+    lambda cmd, _: ["sh", "-c", f"sh -c {shlex.quote('exec ' + cmd)}"],
+]
+# A model's URL that carries a credential (the secret is URL-safe)
+URLS = [
+    "https://{}@huggingface.co/org/m/resolve/main/m.gguf",
+    "https://me:{}@host/m.gguf",
+    "https://{}:x-oauth-basic@github.com/org/m",
+    "https://host/m.gguf?download=1&token={}",
+    "https://host/m.gguf#access_token={}&state=1",
+    "https://b.s3.amazonaws.com/m.gguf?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=AKIA%2F20250101"
+    "&X-Amz-Security-Token={0}&X-Amz-Signature={0}",
+    "https://storage.googleapis.com/b/m.gguf?X-Goog-Algorithm=GOOG4-RSA-SHA256&X-Goog-Signature={}",
+    "https://acct.blob.core.windows.net/c/m.gguf?sv=2022-11-02&sp=r&sig={}",
+    "s3://b/m.gguf?key={}",
+]
+url_secrets = st.text(string.ascii_letters + string.digits + "-_.~", min_size=10, max_size=40).map(
+    lambda s: "Zu" + s)
+KEPT = "4711"  # the value of an option named for tokens: a number, never masked
+
+
 @st.composite
-def command_lines(draw: st.DrawFn) -> tuple[str, list[str], str, str]:
-    """(engine, argv, the secret on it, the target's own key placed in some other value)."""
+def command_lines(draw: st.DrawFn) -> tuple[str, list[str], list[str], str, bool]:
+    """(engine, argv, the secrets on it, the target's own key placed in some other value, whether an option
+    named for tokens holds KEPT)."""
     engine = draw(st.sampled_from(ENGINES))
     options = engine.options
     secret, key = draw(secrets), draw(secrets)
@@ -76,8 +122,19 @@ def command_lines(draw: st.DrawFn) -> tuple[str, list[str], str, str]:
                                  ["/v/bin/python", "-u", "-m", "engine.main"]]))
     if engine.dialect == "vllm" and draw(st.booleans()):  # a secret member of a JSON-valued option
         args += ["--model-loader-extra-config", f'{{"s3_secret_access_key": "{secret}", "uri": "s3://b"}}']
+    hidden = [secret]
+    if plain and draw(st.booleans()):  # a URL that carries a credential, as any option's value
+        url_secret = draw(url_secrets)
+        args += [draw(st.sampled_from(plain)), draw(st.sampled_from(URLS)).format(url_secret)]
+        hidden.append(url_secret)
+    tokens = _token_options(options)
+    kept = bool(tokens) and draw(st.booleans())
+    if kept:
+        args += [draw(st.sampled_from(tokens)), KEPT]
     argv = [*head, *args[:where * 2], *secret_args, *args[where * 2:], "--port", "8000"]
-    return engine.dialect, argv, secret, key
+    if draw(st.booleans()):  # run by a shell, or behind env
+        argv = draw(st.sampled_from(WRAPPERS))(shlex.join(argv), secret)
+    return engine.dialect, argv, hidden, key, kept
 
 
 def _config(dialect: str, argv: list[str], key: str):
@@ -108,11 +165,66 @@ def _every_output(config) -> str:
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(command_lines())
-def test_no_generated_secret_survives_any_output_path(case: tuple[str, list[str], str, str]) -> None:
-    dialect, argv, secret, key = case
+def test_no_generated_secret_survives_any_output_path(case: tuple[str, list[str], list[str], str, bool]
+                                                     ) -> None:
+    dialect, argv, hidden, key, kept = case
     config = _config(dialect, argv, key)
     assert config.argv, "the argv was read"
     out = _every_output(config)
-    assert secret not in out
+    for secret in hidden:
+        assert secret not in out
     assert key not in out
     assert "--port" in out  # the rest of the command line is still shown
+    assert not kept or KEPT in out  # an option named for tokens that holds a number keeps it
+
+
+class _Launched:
+    """An arm that says it launched `argv` and serves from a shared fake server."""
+
+    attached = False
+
+    def __init__(self, name: str, url: str, argv: list[str]) -> None:
+        self.name, self.url, self.argv = name, url, argv
+
+    def start(self) -> Started:
+        return Started(Target(self.name, self.url), 0.0, None, None, argv=tuple(self.argv))
+
+    def stop(self) -> None:
+        pass
+
+
+HF = "hf_ab_secret_3c9e"
+# (engine kind, what the arm launched, what must still be in the result): each a secret in a spelling its
+# engine takes, inside a shell's string or a URL; the A/B result masks the argv by the arm's engine kind
+AB_ARMS = [
+    ("llama.cpp", ["sh", "-c", f"exec llama-server -hft {HF} --port 8080"], "-hft"),
+    ("llama.cpp", ["bash", "-lc", f"llama-server --hf-token={HF}"], "--hf-token"),
+    (None, ["/bin/sh", "-c", f"exec llama-server -hft {HF}"], "-hft"),
+    ("vllm", ["env", f"HF_TOKEN={HF}", "sh", "-c", f"exec vllm serve m --api-key {HF} --port 8000"],
+     "--api-key"),
+    ("vllm", ["vllm", "serve", "m", "--long-prefill-token-threshold", KEPT, "--tokenizer-mode", "slow"],
+     f"--long-prefill-token-threshold {KEPT}"),
+    ("vllm", ["sh", "-c", f"exec vllm serve m --dbo-prefill-token-threshold {KEPT}"],
+     f"--dbo-prefill-token-threshold {KEPT}"),
+    ("llama.cpp", ["llama-server", "-mu", f"https://b.s3.amazonaws.com/m.gguf?X-Amz-Expires=900&"
+                                          f"X-Amz-Signature={HF}"], "X-Amz-Expires=900"),
+    ("llama.cpp", ["llama-server", "--hf-repo", f"https://{HF}@huggingface.co/org/m"],
+     "huggingface.co/org/m"),
+]
+
+
+def test_the_ab_result_and_its_report_keep_no_secret_of_any_arm() -> None:
+    server = SSEServer().start()
+    try:
+        arms = [Arm(f"arm{i}", _Launched(f"arm{i}", server.url, argv), engine_kind=kind)
+                for i, (kind, argv, _) in enumerate(AB_ARMS)]
+        config = ABConfig(instances=1, blocks=1, requests_per_block=1, max_tokens=4, warmup_requests=0,
+                          mode="coresident", bootstrap_samples=50)
+        result = run_comparison(arms, config)
+    finally:
+        server.stop()
+    kept_argv = {arm["name"]: " ".join(arm["argv"]) for arm in result["arms"]}
+    for i, (_, _, kept) in enumerate(AB_ARMS):
+        assert kept in kept_argv[f"arm{i}"], kept_argv[f"arm{i}"]
+    for out in (json.dumps(result), render_html(result)):
+        assert HF not in out

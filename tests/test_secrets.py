@@ -180,3 +180,111 @@ def test_engine_log_gets_the_argv_redacted(tmp_path: Path) -> None:
     text = instance.log_path.read_text()
     assert "--api-key '***' '--tag=***'" in text
     assert "sk-flag-secret" not in text and KEY not in text
+
+
+HF = "hf_shell_secret_5e1d"
+# A command line as a shell or a wrapper runs it: the first command exits, so nothing else starts
+LOGGED = [
+    ("llama.cpp", ["sh", "-c", f"exit 0; exec llama-server -hft {HF} --port 8080"], "-hft"),
+    ("other", ["/bin/sh", "-c", f"exit 0; llama-server -hft={HF}"], "-hft"),
+    ("llama.cpp", ["bash", "-lc", f"exit 0; llama-server --hf-token={HF}"], "--hf-token"),
+    ("other", ["bash", "-lc", f"exit 0; exec llama-server --hf_token '{HF}' --port 8080"], "--hf_token"),
+    ("vllm", ["env", "LANG=C", "sh", "-c", f"exit 0; exec vllm serve m --api-key {HF} k2 --port 8000"],
+     "--api-key"),
+    ("other", ["sh", "-c", f"exit 0\nexec python3 -m vllm.entrypoints.openai.api_server --hf-t {HF}"],
+     "--hf-t"),
+    ("other", ["env", f"HF_TOKEN={HF}", "sh", "-c", "exit 0"], "HF_TOKEN="),
+    ("other", ["sh", "-c", f"exit 0; HF_TOKEN={HF} exec llama-server"], "HF_TOKEN="),
+    ("other", ["sh", "-c", 'exit 0; exec llama-server --hf-token "$1"', "sh", HF], "--hf-token"),
+    ("other", ["sh", "-c", 'exit 0; exec llama-server "$@"', "sh", "-m", "m.gguf", "--api-key", HF],
+     "--api-key"),
+    ("llama.cpp", ["bash", "-c", 'exit 0; exec "$@"', "bash", "llama-server", "-hft", HF], "-hft"),
+    ("llama.cpp", ["sh", "-c", f"exit 0; exec llama-server -mu 'https://host/m.gguf?token={HF}'"], "?token="),
+    ("other", ["true", f"--model-url=https://{HF}@huggingface.co/o/m"], "https://"),
+    ("other", ["true", f"https://b.s3.amazonaws.com/m.gguf?X-Amz-Expires=900&X-Amz-Signature={HF}"],
+     "X-Amz-Expires=900"),
+]
+
+
+@pytest.mark.parametrize(("engine", "argv", "kept"), LOGGED, ids=[" ".join(a[:2]) + f" {i}"
+                                                                  for i, (_, a, _) in enumerate(LOGGED)])
+def test_engine_log_masks_a_secret_inside_a_shell_string_or_a_url(tmp_path: Path, engine: str,
+                                                                  argv: list[str], kept: str) -> None:
+    """A shell's command string is read with the table of the engine it runs (whatever the profile's engine
+    kind says), a URL's credentials are masked, and the rest of the command line is still written."""
+    from tui.base.process import free_port, stop_group
+    from tui.lifecycle.engine import launch_instance
+    from tui.lifecycle.profiles import Profile, ResolvedProfile
+
+    profile = Profile(name="shell", engine=engine, port=free_port(), path=tmp_path / "s.toml",
+                      argv=tuple(argv))
+    resolved = ResolvedProfile(profile=profile, argv=tuple(argv), env={}, workdir=None, api_key=None)
+    instance = launch_instance(resolved, log_dir=tmp_path)
+    stop_group(instance.launched)
+    text = instance.log_path.read_text()
+    assert "# argv: " in text and kept in text and "***" in text
+    assert HF not in text
+
+
+def test_options_named_for_tokens_keep_their_numbers_in_the_engine_log(tmp_path: Path) -> None:
+    from tui.base.process import free_port, stop_group
+    from tui.lifecycle.engine import launch_instance
+    from tui.lifecycle.profiles import Profile, ResolvedProfile
+
+    argv = ("sh", "-c", "exit 0; exec vllm serve m --long-prefill-token-threshold 4711 "
+            "--dbo-decode-token-threshold 4712 --max-num-batched-tokens 8192 --tokenizer-mode slow")
+    profile = Profile(name="tokens", engine="vllm", port=free_port(), path=tmp_path / "t.toml", argv=argv)
+    resolved = ResolvedProfile(profile=profile, argv=argv, env={}, workdir=None, api_key=None)
+    instance = launch_instance(resolved, log_dir=tmp_path)
+    stop_group(instance.launched)
+    text = instance.log_path.read_text()
+    for kept in ("--long-prefill-token-threshold 4711", "--dbo-decode-token-threshold 4712",
+                 "--max-num-batched-tokens 8192", "--tokenizer-mode slow"):
+        assert kept in text
+    assert "***" not in text
+
+
+def test_a_url_is_masked_of_its_credentials_and_keeps_the_rest() -> None:
+    from tui.base.secrets import mask_urls
+
+    cases = {
+        "https://hf_x9@huggingface.co/o/m": "https://***@huggingface.co/o/m",  # the token as the user
+        "https://ghp_x9:x-oauth-basic@github.com/o/r": "https://***:***@github.com/o/r",
+        "https://me:pw9@host/x": "https://me:***@host/x",
+        "https://host/m.gguf?download=1&token=t9&access_token=a9#frag": (
+            "https://host/m.gguf?download=1&token=***&access_token=***#frag"),
+        "https://host/cb#access_token=a9&state=s": "https://host/cb#access_token=***&state=s",
+        "https://b.s3.amazonaws.com/m?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=AKIA9%2F20250101"
+        "&X-Amz-Date=20250101T000000Z&X-Amz-Expires=900&X-Amz-Security-Token=st9&X-Amz-SignedHeaders=host"
+        "&X-Amz-Signature=sg9": (
+            "https://b.s3.amazonaws.com/m?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=***"
+            "&X-Amz-Date=20250101T000000Z&X-Amz-Expires=900&X-Amz-Security-Token=***&X-Amz-SignedHeaders=host"
+            "&X-Amz-Signature=***"),
+        "https://storage.googleapis.com/b/m?X-Goog-Credential=c9&X-Goog-Signature=sg9": (
+            "https://storage.googleapis.com/b/m?X-Goog-Credential=***&X-Goog-Signature=***"),
+        "https://b.s3.amazonaws.com/m?AWSAccessKeyId=AKIA9&Expires=1700000000&Signature=sg9": (
+            "https://b.s3.amazonaws.com/m?AWSAccessKeyId=***&Expires=1700000000&Signature=***"),
+        "https://a.blob.core.windows.net/c/m?sv=2022-11-02&se=2025-01-01&sp=r&sig=sg9": (
+            "https://a.blob.core.windows.net/c/m?sv=2022-11-02&se=2025-01-01&sp=r&sig=***"),
+        "https://generativelanguage.googleapis.com/v1/models?key=AIza9": (
+            "https://generativelanguage.googleapis.com/v1/models?key=***"),
+        # names that hold no credential keep their values; a path's @ is no user
+        "https://host/v1?max_tokens=5&token_threshold=3&revision=main": (
+            "https://host/v1?max_tokens=5&token_threshold=3&revision=main"),
+        "https://host/p@x?email=a@b": "https://host/p@x?email=a@b",
+    }
+    for url, masked in cases.items():
+        assert mask_urls(url) == masked, url
+        assert mask_urls(f'{{"uri": "{url}"}}') == f'{{"uri": "{masked}"}}', url  # a URL within a JSON text
+
+
+def test_names_that_say_a_number_about_tokens_are_no_secret() -> None:
+    from tui.engines.argv import says_secret
+
+    for name in ("--long-prefill-token-threshold", "--dbo-decode-token-threshold", "VLLM_TOKEN_THRESHOLD",
+                 "--return-tokens-as-token-ids", "--max-token", "max_token_len", "--token-limit",
+                 "--api-key-file", "tokenizer_mode", "--max-num-batched-tokens"):
+        assert not says_secret(name), name
+    for name in ("--hf-token", "HF_TOKEN", "--api_key", "X-Amz-Security-Token", "X-Amz-Credential",
+                 "access_token", "--auth-token-value-2", "s3_secret_access_key", "hftoken"):
+        assert says_secret(name), name

@@ -280,3 +280,27 @@ def test_add_many_leaves_the_store_as_adding_one_by_one_does() -> None:
             assert one.engines["e1"].reset_t is not None and one.engines["e2"].reset_t is not None
             assert sum(v is not None for _, v in one.engines["e1"].series["ttft_p50_s"].points) > 20
             assert any(v for _, v in one.throttle.points)
+
+
+def test_a_sparkline_spans_the_same_time_whatever_the_poll_interval():
+    """`+`/`-` change the poll interval: a sparkline's cells are seconds, not polls, so 24 cells are the last
+    24 s at 0.25 s polls as at 1 s polls and at 4 s ones (a cell no poll fell in holds the one before)."""
+    from tui.live.store import Series
+
+    def series(every_s: float) -> Series:
+        s = Series(600.0, 3600)
+        t = 0.0
+        while t <= 120.0:
+            s.add(1000.0 + t, 10.0 if t < 100.0 else 20.0)  # the rate doubled 20 s ago
+            t += every_s
+        return s
+
+    for every in (0.25, 1.0, 4.0):
+        cells = series(every).cells(24)
+        assert len(cells) == 24, every
+        assert cells[-20:] == [20.0] * 20 and set(cells[:3]) == {10.0}, (every, cells)
+    # a young series is right-aligned by spark(): only the cells since its first point
+    young = Series(600.0, 3600)
+    for k in range(5):
+        young.add(float(k), float(k))
+    assert young.cells(24) == [0.0, 1.0, 2.0, 3.0, 4.0]

@@ -12,6 +12,7 @@ import os
 import signal
 import threading
 import time
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from tui.cli.main import main
 from tui.model.targets import EngineTarget
 from tui.model.workload import WorkloadRequest
 from tui.probe.results import ProbeResult
+from tui.workload.bench import mean_in_flight, summarize
 from tui.workload.schedule import Planned
 from tui.workload.workers import WorkerBench, WorkerPool, parse_workers, peak_in_flight, shares, split
 
@@ -32,16 +34,29 @@ def test_split_keeps_each_session_on_one_worker_in_order_and_sends_everything_on
     planned = [Planned(0, reqs[0], 0.0), Planned(1, reqs[1], 0.1), Planned(2, reqs[2], None, after=0),
                Planned(3, reqs[3], 0.2), Planned(4, reqs[4], None, after=2),
                Planned(5, reqs[5], None, after=1), Planned(6, reqs[6], 0.3)]
-    parts = split(planned, 3)
+    parts = split(planned, [1, 1, 1])
     assert sorted(p.index for part in parts for p in part) == list(range(7))
     where = {p.index: k for k, part in enumerate(parts) for p in part}
     assert where[0] == where[2] == where[4] and where[1] == where[5]  # each session on one worker
     for part in parts:
         assert [p.index for p in part] == sorted(p.index for p in part)  # turns in plan order
-    assert [len(part) for part in parts] == [4, 2, 1]  # dealt in turn: sessions 0 and 1, request 3, then 6
+    # by requests: session 0 (three), session 1 (two), request 3, then 6 to the worker with the fewest
+    assert [len(part) for part in parts] == [3, 2, 2]
     assert parse_workers("2") == 2 and parse_workers("auto") >= 1
     with pytest.raises(ValueError, match="at least 1"):
         parse_workers("0")
+
+
+def test_split_deals_requests_in_proportion_to_each_workers_share_of_the_bound() -> None:
+    """A closed loop's worker sends at the pace of its share: 2 + 1 gets two thirds and one third, dealt so
+    that the plan's first requests fill every place at once (0, 1 to the 2-slot worker, 2 to the other)."""
+    def lone(n: int) -> list[Planned]:
+        return [Planned(i, WorkloadRequest(line=i), None) for i in range(n)]
+
+    two, one = split(lone(12), [2, 1])
+    assert [p.index for p in two] == [0, 1, 3, 4, 6, 7, 9, 10] and [p.index for p in one] == [2, 5, 8, 11]
+    assert [len(part) for part in split(lone(60), [3, 2])] == [36, 24]
+    assert [len(part) for part in split(lone(12), [1, 1])] == [6, 6]
 
 
 def _workload(tmp_path: Path, n: int) -> Path:
@@ -177,6 +192,9 @@ async def test_the_peak_in_flight_is_measured_from_the_results_not_summed_from_t
     as the first came back, so there never were two at once."""
     assert peak_in_flight([_result(0, 10.0, 11.0), _result(1, 11.0, 12.0)]) == 1  # [sent, ended)
     assert peak_in_flight([_result(0, 10.0, 11.0), _result(1, 10.5, 12.0), _result(2, 10.9, 10.95)]) == 3
+    # the time-weighted mean beside it: two out for 1 s of the 2 s, one for the other
+    assert mean_in_flight([_result(0, 10.0, 12.0), _result(1, 10.5, 11.5)]) == pytest.approx(1.5)
+    assert mean_in_flight([]) is None
     bench = WorkerBench(EngineTarget("e", "http://127.0.0.1:9"), _chats(2), _QuietPool())  # type: ignore[arg-type]
     bench._replies = asyncio.Queue()
     for item in [("status", 0, 1, 1, 0.5), ("status", 1, 1, 1, 0.1),
@@ -201,6 +219,41 @@ async def test_a_bound_smaller_than_the_workers_holds_across_them_on_loopback() 
     assert bench.max_in_flight == 1 == peak_in_flight(r for _, r in run.results)
     assert [w["planned"] for w in run.workers] == [6]
     assert any("1 of the 2 workers sent the requests" in note for note in run.worker_notes)
+
+
+def _mean_in_flight(results: list[ProbeResult]) -> float:
+    """The time-weighted mean number of requests out, from the first send to the last end: the area under the
+    in-flight step curve (each request's own send and end) over the run's span."""
+    events = sorted((t, step) for r in results if r.sent_at is not None and r.ended_at is not None
+                    for t, step in ((r.sent_at, 1), (r.ended_at, -1)))
+    area, out = 0.0, 0
+    for (t, step), (t_next, _) in pairwise(events):
+        out += step
+        area += out * (t_next - t)
+    return area / (events[-1][0] - events[0][0])
+
+
+@pytest.mark.parametrize(("concurrency", "planned"), [(3, [24, 12]), (5, [36, 24])])
+async def test_an_uneven_bound_over_two_workers_keeps_its_whole_concurrency_for_the_whole_run_on_loopback(
+        concurrency: int, planned: list[int]) -> None:
+    """--concurrency 3 over 2 workers is split 2 + 1: the requests are dealt 2 : 1 too, so both workers end
+    together and three are out for the whole run. Dealt half and half, the 2-slot worker ended half-way and
+    the rest went at one: the peak held (3), the load did not (a time-weighted mean of 2). 5 is 3 + 2."""
+    with SSEServer(default=Scenario(first_token_delay_s=0.1)) as server:
+        pool = WorkerPool(2)
+        try:
+            bench = WorkerBench(EngineTarget("e", server.url), _chats(12 * concurrency), pool,
+                                concurrency=concurrency)
+            run = await asyncio.wait_for(bench.go(), 120)
+        finally:
+            await asyncio.to_thread(pool.close)
+    results = [r for _, r in run.results]
+    assert run.error is None and len(results) == 12 * concurrency and all(r.ok for r in results)
+    assert bench.max_in_flight == peak_in_flight(results) == concurrency
+    mean = _mean_in_flight(results)
+    assert mean >= 0.87 * concurrency, f"{mean:.2f} in flight on average, of {concurrency}"
+    assert summarize(run).mean_in_flight == pytest.approx(mean)
+    assert [w["planned"] for w in run.workers] == planned  # in proportion to each worker's share
 
 
 async def test_a_worker_that_cannot_read_its_tokenizer_fails_the_start_and_the_reply_thread_ends() -> None:

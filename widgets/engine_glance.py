@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from rich.text import Text
 
+from tui.live.provenance import generation_note
 from tui.live.store import TRAFFIC_TTFT, EngineState
 from tui.model.findings import Finding
 from tui.model.samples import EngineReading, RequestStats
@@ -95,9 +96,8 @@ def render_glance(state: EngineState, status: EngineStatus | None = None, roof: 
     if sample.metrics_error:
         grid.add_line(Text(_fit(sample.metrics_error, width), style="bold red"))
     reading = sample.reading
-    if reading is not None and reading.origin is not None:
-        grid.add_line(Text(_fit(f"figures from {reading.origin}: --metrics adds waiting, decode time and "
-                                   "totals", width), style="dim"))
+    if (note := generation_note(sample)) is not None:
+        grid.add_line(Text(_fit(note, width), style="dim"))
     _finding_lines(grid, state.findings, width)
     if sample.models is not None:
         router_rows(grid, state, sample.models)
@@ -169,9 +169,9 @@ def _rate_rows(grid: Rows, state: EngineState, reading: EngineReading, room: int
     def row(label: str, key: str, value: str) -> None:
         """The figure, then its sparkline as wide as the room beside it leaves (up to 24; none under 4)."""
         series = state.series.get(key) or state.glance.get(key)
-        points = [v for _, v in series.points] if series is not None else []
         value = value.ljust(7)
         width = min(24, room - len(value) - 1)
+        points = series.cells(width) if series is not None else []
         text = Text(value[:room])
         grid.add_row(label, text + Text(" ") + Text(spark(points, width).lstrip(), style="cyan")
                      if width >= 4 else text)
@@ -268,7 +268,7 @@ def render_row(state: EngineState, width: int = 120) -> Text:
             line.append(f" wait {reading.waiting:.0f}", style="bold yellow")
         series = state.series.get("gen_tps")
         line.append(" ")
-        line.append(spark([v for _, v in series.points] if series else [], 8), style="cyan")
+        line.append(spark(series.cells(8) if series else [], 8), style="cyan")
         line.append(f" {num(stats.gen_tps, missing=IDLE)} tok/s")
         if stats.ttft_p50_s is not None:
             line.append(f"  TTFT {ms(stats.ttft_p50_s)}")

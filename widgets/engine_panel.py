@@ -10,6 +10,7 @@ from rich.text import Text
 from textual.binding import Binding
 from textual.message import Message
 
+from tui.live.provenance import COUNTER_ONLY, counter_only, missed_note
 from tui.live.store import EngineState
 from tui.model.config import EngineConfig
 from tui.model.findings import Finding
@@ -270,6 +271,10 @@ def render_engine(state: EngineState, status: EngineStatus | None = None,
     if reading.origin is not None:  # not the engine's /metrics: say where the figures came from
         _wrapped(grid, "source", f"from {reading.origin}: llama-server runs without --metrics, which adds "
                  "waiting requests, decode time and totals since its start", width, style="dim")
+    if (missed := missed_note(reading)) is not None:
+        _wrapped(grid, "missed", missed, width, style="dim")
+    if counter_only(sample):
+        _wrapped(grid, "gen source", COUNTER_ONLY, width, style="dim")
     grid.add_row("running", num(reading.running, "{:.0f}"))
     grid.add_row("waiting", num(reading.waiting, "{:.0f}"))
     grid.add_row("gen tok/s", _shown(has("generation_tokens_total"), num(stats.gen_tps)))

@@ -1,14 +1,82 @@
 """API keys: read from a file or an environment variable, never from argv, never echoed.
 
-Error messages name the file or the variable, never the content, so they are safe to print.
+Error messages name the file or the variable, never the content, so they are safe to print. Also what a
+name or a URL says about a secret (`says_secret`, `mask_urls`), for every masking above this layer.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 REDACTED = "***"
+
+_SECRET_WORDS = frozenset({"key", "apikey", "token", "secret", "password", "passwd", "pwd", "credential",
+                           "credentials", "pass", "auth"})
+# A word that ends so is a secret's name run together ("hftoken", "secretkey", "accesstoken")
+_SECRET_ENDS = ("token", "secret", "password", "passwd", "apikey", "credential", "credentials", "secretkey",
+                "accesskey")
+# The last word names what the value is ("hf-token" is a token, "long-prefill-token-threshold" a threshold):
+# a name ending in one of these holds a path to a secret, or a number or a setting about tokens or keys
+# (vLLM's --long-prefill-token-threshold 512, --return-tokens-as-token-ids), never the secret itself.
+_NOT_SECRET_HEADS = frozenset({"file", "path", "dir", "threshold", "thresholds", "limit", "limits", "size",
+                               "len", "length", "count", "budget", "ratio", "rate", "interval", "timeout",
+                               "ttl", "ids", "mode", "type"})
+# and a name that starts so is a number ("max-token", "num-token")
+_NUMBER_LEADS = frozenset({"max", "min", "num"})
+_WORD = re.compile(r"[a-z0-9]+")
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+
+
+def says_secret(name: str) -> bool:
+    """An option, variable or parameter name that says it holds a key, token, secret, password or credential
+    (and not a path to one, nor a number about one): in any case, `-`, `_`, `.` or camelCase between its
+    words, or run together."""
+    words = _WORD.findall(_CAMEL.sub("-", name).lower())
+    return bool(words) and words[-1] not in _NOT_SECRET_HEADS and words[0] not in _NUMBER_LEADS and any(
+        w in _SECRET_WORDS or w.endswith(_SECRET_ENDS) or w.startswith(("secret", "passw")) for w in words)
+
+
+# Query and fragment parameters that make a URL a credential by themselves, beyond every name that
+# says_secret (token, access_token, api_key, apikey, key, X-Amz-Credential, X-Amz-Security-Token...):
+# presigned object-store URLs are bearer credentials until they expire, and whoever reads one can download
+# with it. Their signature is the secret (AWS SigV4 X-Amz-Signature, GCS X-Goog-Signature, Alibaba
+# x-oss-signature, Azure SAS sig, SigV2/CloudFront/GCS V2 Signature); the key ids that signed them
+# (AWSAccessKeyId, GoogleAccessId, OSSAccessKeyId) name an account's key and go with it. The rest of such a
+# URL (X-Amz-Date, X-Amz-Expires, se, sp, sv, a revision) says which object and until when, and is kept.
+URL_SECRET_PARAMS = frozenset({"sig", "signature", "x-amz-signature", "x-goog-signature", "x-oss-signature",
+                               "awsaccesskeyid", "googleaccessid", "ossaccesskeyid"})
+# A placeholder password that says the user name is the token (GitHub's https://TOKEN:x-oauth-basic@host)
+_TOKEN_AS_USER = frozenset({"", "x-oauth-basic"})
+_URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s\"'<>]+")
+_USERINFO = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)([^/?#@\s]+)@")
+_PARAM = re.compile(r"([?&#])([^=&#]+)=([^&#]*)")
+
+
+def _param_secret(name: str) -> bool:
+    return name.lower() in URL_SECRET_PARAMS or says_secret(name)
+
+
+def _mask_url(url: str) -> str:
+    def userinfo(m: re.Match[str]) -> str:
+        user, colon, password = m.group(2).partition(":")
+        if not colon or password.lower() in _TOKEN_AS_USER:  # https://hf_x@host: the user is the token
+            return f"{m.group(1)}{REDACTED}{colon}{password and REDACTED}@"
+        return f"{m.group(1)}{user}:{REDACTED}@"
+
+    def param(m: re.Match[str]) -> str:
+        return f"{m.group(1)}{m.group(2)}={REDACTED}" if m.group(3) and _param_secret(m.group(2)) else m[0]
+
+    return _PARAM.sub(param, _USERINFO.sub(userinfo, url, count=1))
+
+
+def mask_urls(text: str) -> str:
+    """`text` with the credentials of every URL in it masked: the user information (`https://hf_x@host` and
+    `https://TOKEN:x-oauth-basic@host` whole, a password alone otherwise: `https://me:***@host`), and each
+    query or fragment parameter whose name says secret or that signs a presigned URL (URL_SECRET_PARAMS)."""
+    return _URL.sub(lambda m: _mask_url(m[0]), text) if "://" in text else text
+
 
 class SecretError(ValueError):
     """The key could not be read; the message says why in words a user can act on."""

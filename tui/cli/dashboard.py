@@ -172,12 +172,16 @@ def _discovered(off: bool, key_files: list[str] | None = None,
     found, and what to say of them (also said on stderr now)."""
     from tui.run.targets import discovered_targets
     from tui.sources.discover import discover, start_hints
+    from tui.sources.discover_keys import check_unnamed_keys
 
     found = None if off else discover()
     notes = found.report() if found is not None else [
         "no engine given, and --no-discover: nothing to watch", *start_hints()]
     for line in notes:  # before a key flag naming none of them is refused: the names it could give
         print(f"enginetop: {line}", file=sys.stderr, flush=True)
+    # a key that names no engine goes only to the one found that is this user's own (UnnamedKeyError, a
+    # ValueError: said by the caller, which exits with EXIT_BAD_INPUT)
+    check_unnamed_keys(found.engines if found is not None else [], key_files, key_envs)
     return discovered_targets(found.engines if found is not None else [], key_files, key_envs), notes
 
 

@@ -33,7 +33,8 @@ def add_targets(parser: argparse.ArgumentParser, *, profiles: bool = False) -> N
     parser.add_argument("--api-key-file", action="append", metavar="NAME=PATH",
                         help="read engine NAME's API key from PATH (sent as a Bearer header, never shown; "
                              "NAME= may be left out with one engine); with no --engine, NAME as discovery "
-                             "names a found engine; with --prometheus, NAME as the fleet table shows it, "
+                             "names a found engine (NAME= left out: only when the one engine found runs "
+                             "as this user); with --prometheus, NAME as the fleet table shows it, "
                              "or * for every engine")
     parser.add_argument("--api-key-env", action="append", metavar="NAME=VAR",
                         help="read engine NAME's API key from environment variable VAR")

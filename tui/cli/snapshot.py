@@ -39,6 +39,32 @@ def _na(value: Any, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
 
 
+def _window(fields: dict[str, Any] | None) -> str | None:
+    """A GPU's or the CPU package's energy window from the snapshot's JSON, as the panels say it."""
+    from tui.model.samples import EnergyWindow
+    from widgets.energy import window_text
+
+    return window_text(EnergyWindow(**fields)) if fields else None
+
+
+def _energy_lines(e: dict[str, Any]) -> list[str]:
+    """An engine's energy rows as its column shows them (widgets.energy.energy_rows): J/token, tok/J and watts
+    with whose and how measured, or why there is none; nothing for an engine whose energy is not read here."""
+    from tui.model.samples import EngineStats
+    from widgets.energy import energy_rows
+    from widgets.fmt import Rows
+
+    stats = EngineStats(energy_w=e.get("energy_w"), joules_per_token=e.get("joules_per_token"),
+                        tokens_per_joule=e.get("tokens_per_joule"), energy_source=e.get("energy_source"),
+                        energy_scope=e.get("energy_scope"),
+                        energy_shared_with=tuple(e.get("energy_shared_with") or ()),
+                        energy_note=e.get("energy_note"))
+    grid = Rows()
+    energy_rows(grid, stats)
+    text = grid.text().plain
+    return text.splitlines() if text else []
+
+
 def table(snapshot: dict[str, Any]) -> str:
     lines = [f"{'engine':<16} {'health':<9} {'gen tok/s':>9} {'prompt tok/s':>12} {'running':>7} "
              f"{'waiting':>7}  model"]
@@ -53,13 +79,21 @@ def table(snapshot: dict[str, Any]) -> str:
                 lines.append(f"{'':<16} model: {e['config']['facts']}")
             lines.append(f"{'':<16} config: {e['config']['summary'] or 'n/a'}")
             lines += [f"{'':<16} not published: {why}" for why in e["config"]["lacks"]]
+        lines += [f"{'':<16} {line}" for line in _energy_lines(e)]
         for f in e.get("findings") or ():
             lines.append(f"{'':<16} {f['severity'].upper()} {f['id']}: {f['title']}")
             lines.append(f"{'':<16}   try: {f['suggestion']}")
     for g in snapshot["gpus"]:
         lines.append(f"GPU {g.get('index')}: {g.get('name')} util {_na(g.get('util_pct'), '.0f')} %")
+        if (energy := _window(g.get("energy"))) is not None:
+            lines.append(f"{'':<16} energy {energy}")
     if snapshot.get("gpu_unavailable"):
         lines.append(f"GPU: {snapshot['gpu_unavailable']}")
+    host = snapshot.get("host") or {}
+    # the host panel's CPU energy row: the package's window, else why it cannot be read
+    cpu = _window(host.get("cpu_energy")) or host.get("cpu_energy_error")
+    if cpu:
+        lines.append(f"CPU energy: {cpu}")
     return "\n".join(lines)
 
 
@@ -75,6 +109,7 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
         from tui.base.install import command
         from tui.run.targets import discovered_targets
         from tui.sources.discover import DiscoverError, discover, start_hints
+        from tui.sources.discover_keys import UnnamedKeyError, check_unnamed_keys
 
         try:
             found = None if args.no_discover else discover()
@@ -91,6 +126,11 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
             return EXIT_BAD_INPUT
         for line in found.report():
             print(f"enginetop snapshot: {line}", file=sys.stderr)
+        try:  # a key that names no engine goes only to the one found that is this user's own
+            check_unnamed_keys(found.engines, args.api_key_file, args.api_key_env)
+        except UnnamedKeyError as exc:
+            print(f"enginetop snapshot: {exc}", file=sys.stderr)
+            return EXIT_BAD_INPUT
         targets = discovered_targets(found.engines, args.api_key_file, args.api_key_env)
     for url in args.traffic or ():
         if not url.startswith(("http://", "https://")):

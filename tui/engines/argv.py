@@ -4,19 +4,29 @@ Each engine module (tui.engines.llamacpp, .vllm, .sglang) gives its option table
 of every option and how many values it takes, which options hold secrets, and how its parser matches names
 (llama.cpp: exact names, `_` read as `-`; vLLM and SGLang: argparse, which also takes any unambiguous prefix
 of a long option and `--opt=value`). `mask_argv` is the project's one masking function: the config reader,
-the launcher's log line and every result that keeps an argv use it.
+the launcher's log line and every result that keeps an argv use it; `secrets_on_argv`, the profiles' check,
+reads a command line the same way.
+
+A command line is read as what it runs: a shell's command string (`sh -c`, `bash -lc`, `/bin/sh -c`, `env -S`)
+is split the way the shell splits it (its `;`, `&&`, `|`, newlines between commands), and `env`'s, `exec`'s,
+`nohup`'s and a shell's `NAME=VALUE` prefixes are passed over; each command is then read with its own
+engine's table (recognized by its program, whatever table the caller gave), else with the caller's.
 
 What is masked, for any program (an engine, or whatever else listens on a port):
 - the value of an option the table marks secret, in every spelling (short, long, alias, prefix, `=value`,
   `_` for `-`), every value of an option that takes several (vLLM's `--api-key a b`), and none when the
-  option was given without one (the next option is left alone);
-- the value of any option whose name says key, token, secret, password or credential (a generic rule, for
-  programs with no table and options an engine added after its table was read), except a path (`...-file`);
+  option was given without one (the next option is left alone); an option the table knows and does not mark
+  secret keeps its value whatever its name reads like (vLLM's `--long-prefill-token-threshold 512`);
+- the value of an option the table does not know whose name says key, token, secret, password or
+  credential (a generic rule, for programs with no table and options an engine added after its table was
+  read), except a path (`...-file`) or a number (`...-threshold`); with no table, also an option any
+  engine's table marks secret (`-hft`);
 - every value after an option the table does not know: how many it takes cannot be known, so nothing is
   guessed;
 - `NAME=VALUE` where NAME says key, token, secret, password or credential (`-e HF_TOKEN=...`);
-- the password of a URL's `user:password@`, and every occurrence of a secret the caller knows (the target's
-  own API key), wherever it appears.
+- a URL's credentials (tui.base.secrets.mask_urls: `user:password@`, a token as the user, `?token=`,
+  `X-Amz-Signature`...), and every occurrence of a secret the caller knows (the target's own API key),
+  wherever it appears.
 """
 
 from __future__ import annotations
@@ -24,21 +34,16 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from tui.base.secrets import REDACTED
+from tui.base.secrets import REDACTED, mask_urls, says_secret
 
 # nargs of an option: a switch, one value, an optional value, one or more values
 SWITCH, ONE, OPTIONAL, MANY = 0, 1, "?", "+"
 Nargs = int | str
 
-_SECRET_WORDS = frozenset({"key", "apikey", "token", "secret", "password", "passwd", "pwd", "credential",
-                           "credentials", "pass", "auth"})
-_PATH_WORDS = frozenset({"file", "path", "dir"})
-_WORD = re.compile(r"[a-z0-9]+")
 _ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_.-]*)=(.+)$", re.DOTALL)
-_URL_PASSWORD = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s:@]*:)([^/\s@]+)(@)")
 
 
 @dataclass(frozen=True)
@@ -71,18 +76,29 @@ class Options:
         return self.aliases.get(name, name)
 
 
-# A word that ends so is a secret's name run together ("hftoken", "secretkey", "accesstoken")
-_SECRET_ENDS = ("token", "secret", "password", "passwd", "apikey", "credential", "credentials", "secretkey",
-                "accesskey")
-_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+IsEngine = Callable[[Sequence[str]], bool]
+# Each engine's test of a command line and its table, as each engine's knowledge is made
+# (tui.engines.knowledge registers them: this module is below the engines' and cannot import them), so a
+# command found inside a shell string or behind `env` is read with its own engine's table. Every module that
+# masks imports the engines first (tui.engines.known, or all three engine modules).
+_ENGINE_TABLES: list[tuple[IsEngine, Options]] = []
 
 
-def says_secret(name: str) -> bool:
-    """An option or variable name that says it holds a key, token, secret, password or credential (and is
-    not a path to one): in any case, `-`, `_`, `.` or camelCase between its words, or run together."""
-    words = _WORD.findall(_CAMEL.sub("-", name).lower())
-    return bool(words) and words[-1] not in _PATH_WORDS and any(
-        w in _SECRET_WORDS or w.endswith(_SECRET_ENDS) or w.startswith(("secret", "passw")) for w in words)
+def register_engine(is_engine: IsEngine, options: Options) -> None:
+    if all(known is not options for _, known in _ENGINE_TABLES):
+        _ENGINE_TABLES.append((is_engine, options))
+
+
+def _own_table(argv: Sequence[str]) -> Options | None:
+    return next((options for is_engine, options in _ENGINE_TABLES if is_engine(argv)), None)
+
+
+def _any_engine_secret(name: str) -> bool:
+    """`name` is a secret option's spelling in some engine's table (`-hft`, or `-hftTOKEN` joined to its
+    value): for a program with no table, which may be an engine under another name."""
+    return any(name in options.secret or name.lower() in options.secret
+               or any(not s.startswith("--") and name.startswith(s) for s in options.secret)
+               for _, options in _ENGINE_TABLES)
 
 
 def _is_option(arg: str) -> bool:
@@ -116,11 +132,11 @@ def _mask_json(value: object) -> tuple[object, bool]:
 
 
 def _mask_text(arg: str, secrets: Sequence[str]) -> str:
-    """One argument: the known secrets, a URL's password, `NAME=VALUE` (also after an option's `=`), secret
-    members of a JSON value, and a command line given as one string (`sh -c "vllm serve --api-key K"`)."""
+    """One argument: the known secrets, a URL's credentials, `NAME=VALUE` (also after an option's `=`), secret
+    members of a JSON value, and a command line given as one string (`ssh host "vllm serve --api-key K"`)."""
     for secret in secrets:
         arg = arg.replace(secret, REDACTED)
-    arg = _URL_PASSWORD.sub(lambda m: m.group(1) + REDACTED + m.group(3), arg)
+    arg = mask_urls(arg)
     head, eq, rest = arg.partition("=") if arg.startswith("-") else ("", "", arg)
     match = _ASSIGNMENT.match(rest)
     if match and says_secret(match.group(1)):
@@ -133,15 +149,169 @@ def _mask_text(arg: str, secrets: Sequence[str]) -> str:
         if hit:
             rest = json.dumps(masked)
     elif " " in rest.strip() and ("-" in rest or "=" in rest):
-        try:
-            words = shlex.split(rest)
-        except ValueError:
-            words = []
-        if len(words) > 1:
-            masked_words = mask_argv(words, None, secrets)
-            if list(masked_words) != words:
-                rest = shlex.join(masked_words)
+        rest = _mask_command(rest, None, secrets)
     return head + eq + rest
+
+
+# ---------------------------------------------------------------- what a command line runs
+
+_SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "yash"})
+# Commands that run the rest of their words as a command: `exec llama-server ...` in a shell string
+_PREFIXES = frozenset({"exec", "command", "nohup", "time"})
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+# A shell's operators: what separates one command of a string from the next (newline included)
+_OPERATORS = ";&|()<>\n"
+# A shell string that reads its positional parameters ($1, ${2}, "$@") gets them from the words after it
+_POSITIONAL = re.compile(r"\$(?:\{?[1-9]|[@*])")
+
+
+@dataclass(frozen=True)
+class _Wrapped:
+    """The command a wrapper runs: from argv[at] on, or in the string argv[at] after `prefix`."""
+
+    at: int
+    string: bool  # argv[at] is a command line in one string (a shell's -c, env's -S)
+    name: str  # the wrapper as a user writes it ("sh -c"), for the words of a finding
+    prefix: str = ""  # what precedes the string in its argument (`--split-string=`)
+    positional: bool = False  # the words after the string are its $0, $1...
+
+
+def _exe(arg: str) -> str:
+    return arg.replace("\\", "/").rsplit("/", 1)[-1].removesuffix(".exe")
+
+
+def _shell(argv: Sequence[str], exe: str) -> _Wrapped | None:
+    """`sh [options] -c STRING [$0 [$1...]]`: -c among the options (`-lc`, `-ec`, `-o pipefail -c`), the
+    string the first word after them."""
+    command, i = "", 1
+    while i < len(argv):
+        arg = argv[i]
+        if arg in ("--", "-"):  # the end of the options
+            i += 1
+            break
+        if arg.startswith("--"):  # --login, --norc, --posix; --rcfile/--init-file take a file
+            i += 2 if arg in ("--rcfile", "--init-file") else 1
+            continue
+        if len(arg) > 1 and arg[0] in "-+":
+            if arg[0] == "-" and "c" in arg:
+                command = arg
+            i += 2 if "o" in arg[1:] or "O" in arg[1:] else 1  # -o OPTION, bash's -O SHOPT
+            continue
+        break
+    return _Wrapped(i, True, f"{exe} {command}", positional=True) if command and i < len(argv) else None
+
+
+def _env(argv: Sequence[str]) -> _Wrapped | None:
+    """`env [options] [NAME=VALUE...] COMMAND...`, or the command line in one string of `env -S STRING`."""
+    i = 1
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            i += 1
+            break
+        if arg in ("-S", "--split-string"):
+            return _Wrapped(i + 1, True, "env -S") if i + 1 < len(argv) else None
+        for joined in ("-S", "--split-string="):  # -SSTRING, --split-string=STRING
+            if arg.startswith(joined):
+                return _Wrapped(i, True, "env -S", prefix=joined)
+        if arg in ("-u", "--unset", "-C", "--chdir"):
+            i += 2
+            continue
+        if arg.startswith("-"):
+            i += 1
+            continue
+        break
+    while i < len(argv) and _ENV_NAME.match(argv[i]):
+        i += 1
+    return _Wrapped(i, False, "env") if i < len(argv) else None
+
+
+def _wrapped(argv: Sequence[str]) -> _Wrapped | None:
+    """The command this command line runs in its stead, or None when it runs none (it is the program)."""
+    if not argv:
+        return None
+    exe = _exe(argv[0])
+    if exe in _SHELLS:
+        return _shell(argv, exe)
+    if exe == "env":
+        return _env(argv)
+    i = 0
+    if exe in _PREFIXES:
+        i = 1
+        while i < len(argv) and argv[i].startswith("-"):
+            i += 2 if argv[i] == "-a" else 1  # exec -a NAME
+    while i < len(argv) and _ENV_NAME.match(argv[i]):  # a shell's `HF_TOKEN=... llama-server ...`
+        i += 1
+    return _Wrapped(i, False, exe) if 0 < i < len(argv) else None
+
+
+def _shell_words(text: str) -> list[str]:
+    """`text` split the way a shell splits it, its operators (`;`, `&&`, `|`, a newline) words of their own;
+    split at whitespace where it cannot be (an unbalanced quote)."""
+    lexer = shlex.shlex(text, posix=True, punctuation_chars=_OPERATORS)
+    lexer.whitespace = " \t\r"  # a newline ends a command: an operator, not a space
+    lexer.whitespace_split = True
+    lexer.commenters = ""  # a secret in a comment is still in the text
+    try:
+        return list(lexer)
+    except ValueError:
+        return text.split()
+
+
+def _is_operator(word: str) -> bool:
+    return bool(word) and all(ch in _OPERATORS for ch in word)
+
+
+def _commands(words: list[str]) -> list[list[str]]:
+    """The words of each command of a shell string, and each run of operators, in order."""
+    runs: list[list[str]] = []
+    for word in words:
+        if runs and _is_operator(word) == _is_operator(runs[-1][0]):
+            runs[-1].append(word)
+        else:
+            runs.append([word])
+    return runs
+
+
+_WHOLE_POSITIONAL = re.compile(r"^\$(?:\{([1-9])\}|([1-9])|\{?([@*])\}?)$")
+
+
+def _expanded(argv: Sequence[str], wrapped: _Wrapped) -> list[list[tuple[str, int | None]]]:
+    """The commands a shell string runs, its positional parameters put in ("$@", "$1" as whole words: `sh -c
+    'exec llama-server "$@"' sh -m M --api-key K`), each word with the index of the argv element it came
+    from (None: the string's own), so a secret among the words after the string is found where it is."""
+    words = _shell_words(argv[wrapped.at][len(wrapped.prefix):])
+    after = list(range(wrapped.at + 2, len(argv)))  # $1... (argv[at + 1] is $0)
+    pairs: list[tuple[str, int | None]] = []
+    for word in words:
+        m = _WHOLE_POSITIONAL.match(word) if wrapped.positional else None
+        if m is None:
+            pairs.append((word, None))
+        elif m.group(3):  # $@, $*: every one
+            pairs += [(argv[k], k) for k in after]
+        elif (n := int(m.group(1) or m.group(2))) <= len(after):
+            pairs.append((argv[after[n - 1]], after[n - 1]))
+    runs: list[list[tuple[str, int | None]]] = []
+    for pair in pairs:
+        if runs and _is_operator(pair[0]) == _is_operator(runs[-1][0][0]):
+            runs[-1].append(pair)
+        else:
+            runs.append([pair])
+    return [run for run in runs if not _is_operator(run[0][0])]
+
+
+def _mask_command(text: str, table: Options | None, secrets: Sequence[str]) -> str:
+    """A command line in one string, each of its commands masked as its own argv; `text` itself when
+    nothing in it was."""
+    words = _shell_words(text)
+    if len(words) < 2:
+        return text
+    out: list[str] = []
+    for run in _commands(words):
+        out += run if _is_operator(run[0]) else _mask(run, table, secrets, inner=True)
+    if out == words:
+        return text
+    return " ".join(word if _is_operator(word) else shlex.quote(word) for word in out)
 
 
 @dataclass(frozen=True)
@@ -262,33 +432,78 @@ def parse(argv: Sequence[str], table: Options) -> Parsed:
 
 
 def _secret_option(opt: _Option, table: Options | None) -> bool:
+    if table is not None and opt.nargs is not None:
+        # the engine's own parser knows it: its table says whether it holds a secret, whatever its name
+        # reads like (vLLM's --long-prefill-token-threshold holds a number)
+        return table.canonical(opt.name) in table.secret
     if says_secret(opt.name):
         return True
+    if table is None:
+        return _any_engine_secret(opt.name)
     # case-insensitively too: "--API_KEY" is no key to a parser, but it says what it holds
-    return table is not None and any(name is not None and table.canonical(name) in table.secret
-                                     for name in (opt.name, table.resolve(opt.name.lower())))
+    resolved = table.resolve(opt.name.lower())
+    return resolved is not None and table.canonical(resolved) in table.secret
+
+
+def _short_secrets(table: Options | None) -> set[str]:
+    """The short spellings of secret options (`-hft`): the table's, and any engine's (the caller's table may
+    not be the engine's)."""
+    tables = [options for _, options in _ENGINE_TABLES] + ([table] if table is not None else [])
+    return {s for options in tables for s in options.secret if not s.startswith("--")}
 
 
 def secrets_on_argv(argv: Sequence[str], table: Options | None = None, secrets: Iterable[str | None] = ()
                     ) -> list[tuple[int, str]]:
     """(index, why) for every argv element that puts a secret on the command line, where every user of the
     machine can read it: an option that holds one (in any spelling `table`'s engine accepts, or whose name
-    says so), a `NAME=VALUE` whose name says so, or an element containing one of `secrets`. The words
-    never quote the value."""
-    values = [s for s in secrets if s]
+    says so), a `NAME=VALUE` whose name says so, a URL's credentials, or an element containing one of
+    `secrets`; in a shell's command string, the same read in each of its commands, each with its own
+    engine's table (the string is the element named). The words never quote the value."""
+    return sorted(_found(argv, table, [s for s in secrets if s]).items())
+
+
+def _element(arg: str, values: Sequence[str]) -> str | None:
+    """Why one element holds a secret by itself, or None."""
+    if any(value in arg for value in values):
+        return "it contains the API key itself"
+    if _mask_text(arg, ()) != arg:  # NAME=VALUE, a URL's credentials, a JSON member, a command in a string
+        return "it holds a secret (a key, token or password within it)"
+    return None
+
+
+def _found(argv: Sequence[str], table: Options | None, values: Sequence[str], inner: bool = False
+           ) -> dict[int, str]:
+    """secrets_on_argv's findings by index; `inner`: argv is a command another runs (see _mask)."""
     found: dict[int, str] = {}
+    wrapped = _wrapped(argv)
+    if wrapped is not None and not wrapped.string:  # env's or a shell's NAME=VALUE, then the command
+        found = {i: why for i, arg in enumerate(argv[:wrapped.at]) if (why := _element(arg, values))}
+        found.update({wrapped.at + i: why
+                      for i, why in _found(argv[wrapped.at:], table, values, inner=True).items()})
+        return found
+    if wrapped is not None:
+        for i, arg in enumerate(argv):
+            if i != wrapped.at and (why := _element(arg, values)):
+                found[i] = why
+        whys = []
+        for run in _expanded(argv, wrapped):
+            for k, why in sorted(_found([w for w, _ in run], table, values, inner=True).items()):
+                if (src := run[k][1]) is None:
+                    whys.append(why)
+                else:  # a word after the string, which the string runs as one of its command's words
+                    found.setdefault(src, f"{why}, in the command line {wrapped.name} runs")
+        if whys:
+            found[wrapped.at] = f"{whys[0]}, in the command line {wrapped.name} runs"
+        return dict(sorted(found.items()))
+    table = (_own_table(argv) if inner else None) or table
     for opt in _walk(argv, table):
         if _secret_option(opt, table):
             name = argv[opt.at].strip().partition("=")[0]
             found[opt.at] = f"{name!r} holds a secret (an API key, token or password)"
     for i, arg in enumerate(argv):
-        if i in found:
-            continue
-        if any(value in arg for value in values):
-            found[i] = "it contains the API key itself"
-        elif _mask_text(arg, ()) != arg:  # NAME=VALUE, a URL's password, a JSON member, a command in a string
-            found[i] = "it holds a secret (a key, token or password within it)"
-    return sorted(found.items())
+        if i not in found and (why := _element(arg, values)):
+            found[i] = why
+    return found
 
 
 def mask_argv(argv: Sequence[str], table: Options | None = None, secrets: Iterable[str | None] = ()
@@ -296,15 +511,40 @@ def mask_argv(argv: Sequence[str], table: Options | None = None, secrets: Iterab
     """argv with every secret value replaced by ***: see the module's docstring for what counts as one.
     `table`: the engine's options (None for a program enginetop has no table for); `secrets`: values that
     are secret wherever they appear (the target's API key)."""
-    known = sorted({s for s in secrets if s}, key=len, reverse=True)
+    return _mask(argv, table, sorted({s for s in secrets if s}, key=len, reverse=True))
+
+
+def _mask(argv: Sequence[str], table: Options | None, known: Sequence[str], inner: bool = False
+          ) -> tuple[str, ...]:
+    """mask_argv's work. `inner`: argv is a command another runs (in a shell string, after `env`), which is
+    read with the table of the engine it runs, if it runs one; the caller's table is the one for its own
+    command line."""
+    wrapped = _wrapped(argv)
+    if wrapped is not None:
+        head = tuple(_mask_text(arg, known) for arg in argv[:wrapped.at])
+        if not wrapped.string:
+            return head + _mask(argv[wrapped.at:], table, known, inner=True)
+        text = argv[wrapped.at][len(wrapped.prefix):]
+        masked = _mask_command(text, table, known)
+        rest = [_mask_text(arg, known) for arg in argv[wrapped.at + 1:]]
+        for run in _expanded(argv, wrapped):  # the words after the string that its commands run
+            masked_run = _mask([w for w, _ in run], table, known, inner=True)
+            for (word, src), shown in zip(run, masked_run, strict=True):
+                if src is not None and shown != word:
+                    rest[src - wrapped.at - 1] = shown
+        if wrapped.positional and masked != text and _POSITIONAL.search(text):
+            # `sh -c 'llama-server --hf-token=$1' sh hf_...` (within a word): every word after the string
+            rest = rest[:1] + [REDACTED] * len(rest[1:])
+        return (*head, wrapped.prefix + masked, *rest)
+    table = (_own_table(argv) if inner else None) or table
     out = [_mask_text(arg, known) for arg in argv]
     for opt in _walk(argv, table):
         if not (_secret_option(opt, table) or (opt.nargs is None and table is not None)):
             continue
         if opt.inline is not None:
             out[opt.at] = f"{argv[opt.at].partition('=')[0]}={REDACTED}"
-        elif opt.nargs is None and table is not None:  # "-hftTOKEN": a secret's short spelling and value
-            joined = next((s for s in table.secret if not s.startswith("--") and opt.name.startswith(s)),
+        elif opt.nargs is None:  # "-hftTOKEN": a secret's short spelling and value
+            joined = next((s for s in _short_secrets(table) if opt.name.startswith(s) and opt.name != s),
                           None)
             if joined is not None:
                 out[opt.at] = joined + REDACTED

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from tui.engines.argv import Options, python_program
+from tui.engines.argv import Options, python_program, register_engine
 
 DraftKind = Literal["draft model", "model heads", "n-gram", "unknown"]
 
@@ -35,6 +35,11 @@ class EngineKnowledge:
     slots_option: str  # the option that sets how many requests run at once
     memory_options: str  # what lowers what its start and its KV cache take
     draft_kind: Callable[[str | None], DraftKind]  # the speculative type -> what drafts the tokens
+
+    def __post_init__(self) -> None:
+        # the masking reads a command found inside a shell string (`sh -c "exec llama-server -hft ..."`)
+        # with the table of the engine it runs, whatever table its caller had
+        register_engine(self.is_engine, self.options)
 
 
 def program_name(argv: Sequence[str]) -> str:

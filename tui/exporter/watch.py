@@ -79,6 +79,8 @@ async def watch_engines(targets: Sequence[EngineTarget], metrics: ProbeMetrics, 
                     metrics.engine(target.name, state.findings, state.stats)
             await asyncio.sleep(every_s)
     finally:
+        for source in sources:
+            await source.aclose()  # a llama-server's slot watch, a router's event stream
         for proxy in proxies:
             await proxy.aclose()
         await transports.aclose()

@@ -51,7 +51,9 @@ def engine_options(engine: str | None) -> Options | None:
 def _secrets_on_argv(argv: list[str] | tuple[str, ...], secrets: list[str | None] | None = None
                      ) -> list[tuple[int, str]]:
     """A secret on the argv in a spelling any engine takes (a profile's engine kind may be "other", or
-    wrong): each engine's table is asked, and the generic rule."""
+    wrong): each engine's table is asked, and the generic rule. A shell's command string (`sh -c "exec
+    llama-server -hft ..."`, `bash -lc`, `env ... sh -c`) is split as the shell splits it and each of its
+    commands read the same way, with its own engine's table where it runs an engine (tui.engines.argv)."""
     found: dict[int, str] = {}
     for table in (*(e.options for e in ENGINES), None):
         for i, why in secrets_on_argv(argv, table, secrets or ()):

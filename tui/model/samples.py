@@ -69,6 +69,12 @@ class EngineReading:
     # none asked): the context, not the client, cut them. vLLM refuses what would not fit, so its "length"
     # is this already; llama.cpp says "length" for both.
     length_unasked: float | None = None
+    # origin "/slots" only: requests whose last tokens, or all of them, ended between two readings of /slots
+    # and so are not in generation_tokens_total (said beside the rate, never hidden in it)
+    slots_uncounted_total: float | None = None
+    # llama.cpp with --metrics: the tokens its running requests generated so far, from /slots (its counter
+    # moves only when a request ends), counted in generation_tokens_total ahead of the counter (None: none)
+    generation_in_progress: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -84,8 +84,10 @@ async def take_snapshot(options: RunOptions, interval: float = 1.0, *,
     """Every source read into one store, twice `interval` apart (the fleet's once: Prometheus has its own
     rate window), and the store's engines, GPUs and host as JSON."""
     store = Store()
+    # the engines' interval too: a llama-server's slots are watched while busy until the second reading,
+    # which comes `interval` later (tui.sources.slot_watch stops when not read for a few intervals)
     run = build_sources(dataclasses.replace(options, machine=True, gpu_interval_s=interval,
-                                            host_interval_s=interval),
+                                            host_interval_s=interval, poll_interval_s=interval),
                         gpu_report=lambda: store.gpu, gpu_sampler=gpu_sampler, host_sampler=host_sampler)
 
     async def read(sources: list[Source]) -> None:
@@ -93,12 +95,22 @@ async def take_snapshot(options: RunOptions, interval: float = 1.0, *,
             for sample in samples:
                 store.add(sample)
 
-    direct: list[Source] = [*run.engines, *([run.machine] if run.machine else [])]
+    # The machine first in each round, and alone. First: an engine's energy per token is attributed as its
+    # reading is added (Store.add_engine_sample), against the host and GPU readings the store holds then. The
+    # dashboard's feed polls on, so its next engine reading meets the newest host reading; a snapshot has two
+    # rounds only, and with the engines added first their second readings met the host's first reading alone
+    # ("CPU energy not read yet (two readings needed)") while the host's own window had two. Alone: a host
+    # reading is timed before its process walk and RAPL read, and beside the engines' first polls (their
+    # clients made, their replies parsed, in this thread) its RAPL read came tens of ms late in the first
+    # round only: over one second, the package's watts read 5-10 % low.
+    machine: list[Source] = [run.machine] if run.machine else []
     try:
         started = asyncio.get_running_loop().time()
-        await read(direct)  # the host's first reading primes its CPU meter
+        await read(machine)  # the host's first reading primes its CPU meter
+        await read(list(run.engines))
         await asyncio.sleep(max(0.0, interval - (asyncio.get_running_loop().time() - started)))
-        await read([*direct, *run.traffic, *(run.fleet.all() if run.fleet else [])])
+        await read(machine)
+        await read([*run.engines, *run.traffic, *(run.fleet.all() if run.fleet else [])])
     finally:
         await run.aclose()
     names = {e.target.name for e in run.engines}

@@ -486,8 +486,9 @@ def run_energy(gpu: dict[str, Any] | None, cpu: dict[str, Any] | None, tokens: i
                    energy_scope=_run_scope(summed, engine, bool(mine)),
                    energy_note="; ".join(dict.fromkeys(notes)) or None)
     elif cpu.get("cpu_energy_j") is not None:
+        # the note: a reset of the counter in the run (RaplSpan), whose step counted nothing
         out.update(energy_j=cpu["cpu_energy_j"], energy_s=cpu.get("cpu_energy_s"), energy_source=COUNTER,
-                   energy_scope="cpu package")
+                   energy_scope="cpu package", energy_note=cpu.get("cpu_energy_note"))
     else:
         out["energy_note"] = cpu.get("cpu_energy_error") or gpu.get("energy_note") or "no energy reading"
         return out

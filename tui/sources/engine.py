@@ -55,6 +55,17 @@ def _where(url: str) -> str:
     return f"{u.host}:{port}" if port else u.host or url
 
 
+# What a poll says when nothing listened on the engine's port: its process is gone (or not there yet), so the
+# next answer is from a new run of the server (tui.sources.engine_source starts /slots' counters again)
+REFUSED = "connection refused at"
+NOT_YET = "not accepting connections yet at"
+
+
+def nothing_listened(sample: EngineSample) -> bool:
+    reason = sample.health_reason or ""
+    return sample.health != "up" and reason.startswith((REFUSED, NOT_YET))
+
+
 def _transport_failure(exc: Exception, where: str, timeout: float, path: str) -> _Failed:
     if isinstance(exc, (httpx.TimeoutException, TimeoutError)):
         return _Failed(f"no answer within {timeout:g}s from {where}{path}")
@@ -62,7 +73,7 @@ def _transport_failure(exc: Exception, where: str, timeout: float, path: str) ->
     low = text.lower()
     if isinstance(exc, httpx.ConnectError):
         if "refused" in low or "connect call failed" in low or "all connection attempts failed" in low:
-            return _Failed(f"connection refused at {where} — is the engine running?", refused=True)
+            return _Failed(f"{REFUSED} {where} — is the engine running?", refused=True)
         if "name or service not known" in low or "nodename nor servname" in low or "getaddrinfo" in low:
             return _Failed(f"cannot resolve the host of {where}: check the engine URL")
         return _Failed(f"cannot connect to {where}: {text or type(exc).__name__}")
@@ -176,7 +187,8 @@ async def poll_engine(transport: Transport, target: EngineTarget, *, timeout: fl
                       max_body: int = 8 * 2**20, launched_by_us: bool = False,
                       known_model: str | None = None, check_health: bool = True,
                       router: RouterKind | None = None, only: NameFilter | None = None,
-                      idle_slots: tuple[EngineReading, SlotsReading] | None = None) -> EngineSample:
+                      idle_slots: tuple[EngineReading, SlotsReading] | None = None,
+                      slots_read: SlotsReading | None = None) -> EngineSample:
     """One poll. `launched_by_us`: a refused connection means "still starting" (vLLM binds its port only
     after loading the model), not "down". `known_model`: the model id from a recent poll, so /v1/models
     need not be asked again (a dashboard polling every second asks it only now and then). `check_health`
@@ -186,7 +198,9 @@ async def poll_engine(transport: Transport, target: EngineTarget, *, timeout: fl
     its models are read at once (/metrics without a model only answers 400 on llama-server's). `only`: ask
     /metrics for the series read here alone (NameFilter). `idle_slots`: a llama-server's /slots as last read
     and the /metrics reading taken with them, every slot idle then: while /metrics reads exactly the same, no
-    request has run since, so those slots are given again without asking (the caller bounds how long)."""
+    request has run since, so those slots are given again without asking (the caller bounds how long).
+    `slots_read`: a llama-server without --metrics whose /slots are being read meanwhile
+    (tui.sources.slot_watch): the latest reading, given instead of asking again."""
     where = _where(target.url)
 
     def sample(health: Health, reason: str | None = None, model: str | None = None,
@@ -234,8 +248,9 @@ async def poll_engine(transport: Transport, target: EngineTarget, *, timeout: fl
     if not check_health and known_model is not None:
         reading, metrics_error = await _metrics(transport, target, headers, timeout, max_body, only)
         if reading is not None or metrics_error == METRICS_OFF:
-            slots = await _slots(transport, target, headers, timeout, reading, idle_slots,
-                                 llama=metrics_error == METRICS_OFF)
+            slots = slots_read if slots_read is not None and metrics_error == METRICS_OFF else \
+                await _slots(transport, target, headers, timeout, reading, idle_slots,
+                             llama=metrics_error == METRICS_OFF)
             return sample("up", None, known_model, reading, metrics_error, slots)
 
     # /health first: when the engine is down or loading, /models and /metrics would only repeat that.
@@ -245,7 +260,7 @@ async def poll_engine(transport: Transport, target: EngineTarget, *, timeout: fl
                                       _ERROR_BODY_BYTES)
     except _Failed as exc:
         if exc.refused and launched_by_us:
-            return sample("starting", f"not accepting connections yet at {where} (starting up)")
+            return sample("starting", f"{NOT_YET} {where} (starting up)")
         return sample("down", str(exc))
     no_health_route = status == 404
     if status == 503:
@@ -281,8 +296,9 @@ async def poll_engine(transport: Transport, target: EngineTarget, *, timeout: fl
         return await routed(health)  # /metrics wants a model: a router, whose models are read one by one
     if reading is None and (states := await _swap_states(transport, target, headers, timeout)) is not None:
         return await swapped(states)  # /running answers: llama-swap, whose /metrics is not an engine's
-    slots = await _slots(transport, target, headers, timeout, reading, idle_slots,
-                         llama=metrics_error == METRICS_OFF)
+    llama = metrics_error == METRICS_OFF
+    slots = slots_read if slots_read is not None and llama else \
+        await _slots(transport, target, headers, timeout, reading, idle_slots, llama=llama)
     return sample(health, None, model, reading, metrics_error, slots)
 
 
@@ -360,13 +376,14 @@ async def _inflight(transport: Transport, target: EngineTarget, headers: dict[st
 
 
 async def poll_slots(transport: Transport, target: EngineTarget, timeout: float,
-                     reading: EngineReading | None) -> SlotsReading | None:
-    """A llama-server's /slots alone (an engine whose figures come from elsewhere: Prometheus)."""
+                     reading: EngineReading | None, llama: bool = False) -> SlotsReading | None:
+    """A llama-server's /slots alone (an engine whose figures come from elsewhere: Prometheus; `llama`: one
+    known to be a llama-server, whose /slots are being watched)."""
     try:
         headers = target_headers(target)
     except InsecureSecret as exc:
         return SlotsReading(error=str(exc))
-    slots = await _slots(transport, target, headers, timeout, reading)
+    slots = await _slots(transport, target, headers, timeout, reading, llama=llama)
     if slots is not None and slots.error is not None:
         return SlotsReading(error=_scrub(slots.error, target))
     return slots

@@ -15,14 +15,16 @@ from urllib.parse import urlsplit
 from tui.base.process import pid_alive
 from tui.model.config import EngineConfig
 from tui.model.samples import EngineSample
+from tui.model.slots import SlotsReading
 from tui.model.targets import EngineTarget
 from tui.net.keepalive import Transports, exchange
 from tui.net.policy import is_loopback_host, target_headers
-from tui.sources.engine import METRICS_OFF, NameFilter, poll_config, poll_engine
+from tui.sources.engine import METRICS_OFF, NameFilter, nothing_listened, poll_config, poll_engine, poll_slots
 from tui.sources.host import pids_listening
 from tui.sources.rates import went_back
 from tui.sources.router import SSE_PATH, LoadProgress
-from tui.sources.slot_counters import SlotCounters
+from tui.sources.slot_counters import RunningTokens, SlotCounters
+from tui.sources.slot_watch import SlotWatch
 
 MODEL_REFRESH_S = 30.0
 HEALTH_REFRESH_S = 5.0  # while /metrics answers; any failure asks /health at once
@@ -58,6 +60,11 @@ class EngineSource:
         self._slots_asked: tuple[EngineTarget, float] | None = None  # whose /slots were last asked, and when
         self._config: tuple[EngineTarget, float, EngineConfig | None] | None = None  # whose, when read, what
         self._counters: tuple[EngineTarget, SlotCounters] | None = None  # a llama-server without --metrics
+        self._watch: tuple[EngineTarget, SlotWatch] | None = None  # its /slots read often while busy
+        self._running: tuple[EngineTarget, RunningTokens] | None = None  # a llama-server with --metrics
+        # nothing listened on the port, or another build or model answers, since the last /slots reading: the
+        # next one is of a new run of the server
+        self._new_run = False
 
     async def read(self) -> list[EngineSample]:
         started = time.monotonic()
@@ -89,31 +96,70 @@ class EngineSource:
         if recent and last is not None and last.reading is not None and last.slots is not None \
                 and last.slots.error is None and not any(s.processing for s in last.slots.slots):
             reuse = (last.reading, last.slots)
+        watch = self._watch[1] if self._watch is not None and self._watch[0] is target else None
+        watched = watch.latest if watch is not None and watch.running else None
+        if watch is not None:
+            watch.touch()
         sample = await poll_engine(self.transports.for_url(target.url), target,
                                    timeout=self.timeout_s, launched_by_us=self.launched_by_us,
                                    known_model=known, check_health=check_health, router=router, only=only,
-                                   idle_slots=reuse)
+                                   idle_slots=reuse, slots_read=watched)
         if target is not self.target:
             return []  # switched meanwhile: the old engine's answer
         if reuse is None or sample.slots is not reuse[1]:  # asked (or none to ask)
             self._slots_asked = (target, started)
         sample = self._with_load_progress(sample)
-        sample = self._with_slot_counters(sample)
+        sample = self._with_slot_counters(sample, counted=watched is not None and sample.slots is watched)
         sample = await self._with_config(sample, last, started)
         if target is not self.target:
             return []
         self._last = sample
         return [sample]
 
-    def _with_slot_counters(self, sample: EngineSample) -> EngineSample:
-        """A llama-server without --metrics: the counters its slots give (tui.sources.slot_counters), as the
-        sample's reading, which says it came from /slots."""
-        if sample.reading is not None or sample.metrics_error != METRICS_OFF or sample.slots is None:
+    def _with_slot_counters(self, sample: EngineSample, counted: bool) -> EngineSample:
+        """llama-server's generated tokens as they are generated. Without --metrics: the counters its slots
+        give (tui.sources.slot_counters), as the sample's reading, which says it came from /slots; while a
+        slot is busy its /slots are read back to back (tui.sources.slot_watch) and counted as they come
+        (`counted`: this sample's slots are the watch's, counted already). With --metrics: the tokens its
+        running requests generated so far added to its counter, which moves only when a request ends."""
+        target = self.target
+        reading = sample.reading
+        if reading is not None:
+            if reading.dialect != "llamacpp" or reading.origin is not None or sample.router is not None:
+                return sample
+            if self._running is None or self._running[0] is not target:
+                self._running = (target, RunningTokens())
+            return replace(sample, reading=self._running[1].add(reading, sample.slots))
+        if nothing_listened(sample):
+            self._new_run = True
+        if sample.metrics_error != METRICS_OFF or sample.slots is None:
             return sample
-        if self._counters is None or self._counters[0] is not self.target:
-            self._counters = (self.target, SlotCounters())
-        reading = self._counters[1].add(sample.slots)
-        return sample if reading is None else replace(sample, reading=reading, metrics_error=None)
+        if self._counters is None or self._counters[0] is not target:
+            self._counters = (target, SlotCounters())
+        counters = self._counters[1]
+        if self._new_run and counters.seen:
+            counters.restart()  # the old process is gone: its tasks' ids mean nothing to the new one
+        self._new_run = False
+        made = counters.reading(sample.slots) if counted else counters.add(sample.slots)
+        if made is None:
+            return sample
+        if made.running:
+            self._watch_slots(target, counters, sample.slots)
+        return replace(sample, reading=made, metrics_error=None)
+
+    def _watch_slots(self, target: EngineTarget, counters: SlotCounters, counted: SlotsReading) -> None:
+        if self._watch is None or self._watch[0] is not target:
+            if self._watch is not None:
+                self._watch[1].cancel()  # another engine's: it stops at its next answer anyway
+            transport = self.transports.for_url(target.url)
+
+            async def ask() -> SlotsReading | None:
+                if target is not self.target:
+                    return None
+                return await poll_slots(transport, target, self.timeout_s, None, llama=True)
+
+            self._watch = (target, SlotWatch(ask, counters.add, lambda: self.interval_s))
+        self._watch[1].start(counted)
 
     async def _with_config(self, sample: EngineSample, last: EngineSample | None,
                            started: float) -> EngineSample:
@@ -142,6 +188,9 @@ class EngineSource:
             pid = next(iter(found.values()), None)
         config = await poll_config(self.transports.for_url(target.url), target, dialect,
                                    slots=sample.slots, pid=pid, remote=remote, timeout=self.timeout_s * 2)
+        if kept is not None and kept[2] is not None and config is not None and not restarted \
+                and (kept[2].version, kept[2].model) != (config.version, config.model):
+            self._new_run = True  # another build or model answers (/props): its /slots' counters start again
         self._config = (target, started, config)
         return sample if config is None else replace(sample, config=config)
 
@@ -179,6 +228,8 @@ class EngineSource:
             self._follow = None
 
     async def aclose(self) -> None:
+        if self._watch is not None:
+            await self._watch[1].stop()
         if self._follow is not None:
             self._follow.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -217,8 +268,10 @@ async def read_once(target: EngineTarget, timeout_s: float = 5.0) -> EngineSampl
     """One poll of an engine with its configuration: what a run (bench, capacity, A/B) records of the engine
     it measured, before and after."""
     transports = Transports()
+    source = EngineSource(target, transports, timeout_s=timeout_s)
     try:
-        [sample] = await EngineSource(target, transports, timeout_s=timeout_s).read()
+        [sample] = await source.read()
     finally:
+        await source.aclose()
         await transports.aclose()
     return sample

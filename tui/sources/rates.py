@@ -108,6 +108,15 @@ def _busy_rate(tokens: float | None, seconds: float | None) -> float | None:
     return tokens / seconds
 
 
+def _ended(generated: float | None, prev: EngineReading, cur: EngineReading) -> float | None:
+    """The generated tokens of the requests that ended in the window: llama.cpp's busy seconds move only when
+    a request ends, so the tokens counted ahead of its counter while requests run (generation_in_progress)
+    are left out of tokens per busy second."""
+    if generated is None:
+        return None
+    return generated - (cur.generation_in_progress or 0.0) + (prev.generation_in_progress or 0.0)
+
+
 def _computed(d: dict[str, float | None]) -> float | None:
     """Prompt tokens prefilled in the window: the engine's own count, else processed minus cached."""
     if d["prompt_tokens_computed_total"] is not None:
@@ -192,7 +201,8 @@ def derive(prev: EngineReading, prev_t: float, cur: EngineReading, cur_t: float,
         prompt_processed_tps=rate(d["prompt_tokens_processed_total"]),
         prompt_computed_tps=rate(_computed(d)),
         gen_tps=rate(d["generation_tokens_total"]),
-        decode_tps_busy=_busy_rate(d["generation_tokens_total"], d["generation_seconds_total"]),
+        decode_tps_busy=_busy_rate(_ended(d["generation_tokens_total"], prev, cur),
+                                   d["generation_seconds_total"]),
         prefix_cache_hit_rate=hit_rate,
         spec_accept_rate=accept_rate,
         spec_accept_length=accept_length,

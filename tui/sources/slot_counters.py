@@ -1,7 +1,7 @@
 """A llama-server started without --metrics (its default) still answers /slots: what each slot is doing, and
 its task's token counts so far. SlotCounters turns successive /slots readings into the same counters /metrics
-would give (generated, prompt, prefilled and cached tokens, requests ended), counted from the first reading
-on, so the store's rates work unchanged and the column says where they came from.
+would give (generated, prompt, prefilled and cached tokens, requests ended), so the store's rates work
+unchanged and the column says where they came from.
 
 What one slot says of its task, as llama-server 2026 gives it (checked against the real server):
 - while processing: n_prompt_tokens = the prompt so far + n_decoded; n_prompt_tokens_processed = the prompt
@@ -10,17 +10,29 @@ What one slot says of its task, as llama-server 2026 gives it (checked against t
 - once the task ended (is_processing false, the same id_task): n_decoded and n_prompt_tokens_processed read 0,
   and n_prompt_tokens = prompt + generated - 1 (the tokens in the slot's cache), so the generated tokens the
   last poll did not see are recovered from it.
-A task that ends and is followed by the next one on the same slot between two polls loses its last tokens;
-one that starts and ends between two polls is counted as ended but its tokens are not: `uncounted` says how
-many were missed, and polling more often while slots are busy keeps it small.
+A task that ends and is followed by the next one on the same slot between two readings loses its last tokens;
+one that starts and ends between two readings is counted as ended but its tokens are not. `uncounted` says how
+many tasks were missed so; tui.sources.slot_watch asks /slots back to back while a slot is busy, which sees
+every end (llama-server answers /slots between two decode steps, before the next request can take the slot).
+
+A restart is seen here too, since the counters of a new server must start again (the store then voids the
+window, as for /metrics counters that went back): within one run a slot never forgets its last task, a task
+never returns to processing once ended nor un-decodes a token, the slots' number and context are fixed, and
+task ids only grow. Not strictly per slot (two requests sent at once may be served in the other order:
+seen here, one id back), but every request and every reading of /slots takes the next id, so a watched
+server is hundreds of ids along within seconds, while a new one starts again from 0: an id less than half
+the one last seen, and ID_SLACK lower, is a new run. The caller adds what it knows besides (nothing listened
+on the port for a while): `restart()`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tui.model.samples import EngineReading
 from tui.model.slots import SlotsReading, SlotState
+
+ID_SLACK = 64  # more requests than this sent at once can be served out of their ids' order
 
 
 @dataclass
@@ -38,35 +50,75 @@ class SlotCounters:
     computed: int = 0
     cached: int = 0
     ended: int = 0
-    uncounted: int = 0  # tasks whose last tokens, or all of them, ended between two polls
+    uncounted: int = 0  # tasks whose last tokens, or all of them, ended between two readings
+    restarts: int = 0  # runs of the server seen to begin after the first
+    # A run seen from its start (after a restart): what its slots hold at the first sight is this run's, and
+    # counted; at the very first reading the server's past is not (the window starts there).
+    _fresh: bool = False
     _tasks: dict[int, _Task] = field(default_factory=dict)
+    _shape: tuple[tuple[int, int | None], ...] | None = None  # (slot id, n_ctx) of this run
 
     def add(self, reading: SlotsReading) -> EngineReading | None:
         """Counters as of this /slots reading (None when it has no slots to read)."""
         if reading.error is not None or not reading.slots:
             return None
+        shape = tuple((s.id, s.n_ctx) for s in reading.slots)
+        if self._shape is not None and (shape != self._shape or any(map(self._went_back, reading.slots))):
+            self.restart()
+        self._shape = shape
         for slot in reading.slots:
             self._slot(slot)
+        return self.reading(reading)
+
+    @property
+    def seen(self) -> bool:
+        """A reading of this run was taken."""
+        return self._shape is not None
+
+    def reading(self, slots: SlotsReading) -> EngineReading:
         return EngineReading(
             dialect="llamacpp", origin="/slots",
-            running=float(sum(s.processing for s in reading.slots)),
+            running=float(sum(s.processing for s in slots.slots)),
             generation_tokens_total=float(self.generated),
             prompt_tokens_computed_total=float(self.computed),
             prompt_tokens_cached_total=float(self.cached),
             prompt_tokens_processed_total=float(self.computed + self.cached),
             requests_finished_total=float(self.ended),
+            slots_uncounted_total=float(self.uncounted),
         )
+
+    def restart(self) -> None:
+        """A new run of the server: its counters start at 0 (the store sees them go back: a reset), and what
+        its slots hold at the next reading is counted as this run's."""
+        self.generated = self.computed = self.cached = self.ended = self.uncounted = 0
+        self.restarts += 1
+        self._tasks.clear()
+        self._shape = None
+        self._fresh = True
+
+    def _went_back(self, slot: SlotState) -> bool:
+        """What no slot of one run can do: a new run answers."""
+        task = self._tasks.get(slot.id)
+        if task is None or task.id is None:
+            return False
+        if slot.task is None or slot.task < 0:
+            return True  # a slot forgets its last task only with its server
+        if slot.task < task.id // 2 and slot.task < task.id - ID_SLACK:
+            return True
+        if slot.task == task.id:  # the same id: the same task, unless it came back to life or un-decoded
+            return slot.processing and (task.ended or (slot.decoded or 0) < task.decoded
+                                        or (slot.prompt_processed or 0) < task.computed)
+        return False
 
     def _slot(self, slot: SlotState) -> None:
         task = self._tasks.get(slot.id)
-        if task is None:  # the first sight: from here on, nothing before it
-            self._tasks[slot.id] = _Task(slot.task, ended=not slot.processing, decoded=slot.decoded or 0,
-                                         computed=slot.prompt_processed or 0, prompt=_prompt(slot))
+        if task is None:
+            self._first_sight(slot)
             return
         if slot.processing:
             if slot.task != task.id:
                 if not task.ended:
-                    self.uncounted += 1  # it ended and this one began between two polls
+                    self.uncounted += 1  # it ended and this one began between two readings
                     self.ended += 1
                 self.cached += slot.prompt_cached or 0
                 task = self._tasks[slot.id] = _Task(slot.task, ended=False)
@@ -76,16 +128,32 @@ class SlotCounters:
             task.computed = max(task.computed, slot.prompt_processed or 0)
             task.prompt = _prompt(slot) if slot.decoded else task.prompt
             return
-        if slot.task == task.id and not task.ended:  # it ended since the last poll
+        if slot.task == task.id and not task.ended:  # it ended since the last reading
             if task.prompt is not None and slot.prompt_tokens is not None:
                 self.generated += max(0, slot.prompt_tokens - task.prompt + 1 - task.decoded)
             else:
                 self.uncounted += 1  # still in its prefill when last seen: its length is not known
             self.ended += 1
-        elif slot.task != task.id and slot.task is not None:
-            self.uncounted += 1  # begun and ended between two polls
+        elif slot.task != task.id and slot.task is not None and slot.task >= 0:
+            self.uncounted += 1  # begun and ended between two readings
             self.ended += 1
         self._tasks[slot.id] = _Task(slot.task, ended=True)
+
+    def _first_sight(self, slot: SlotState) -> None:
+        """From here on; in a run seen from its start, what the slot did already is counted too."""
+        started = slot.task is not None and slot.task >= 0
+        if not slot.processing:
+            if self._fresh and started:
+                self.uncounted += 1  # it ran and ended before this run was first read
+                self.ended += 1
+            self._tasks[slot.id] = _Task(slot.task if started else None, ended=True)
+            return
+        task = self._tasks[slot.id] = _Task(slot.task, ended=False, decoded=slot.decoded or 0,
+                                            computed=slot.prompt_processed or 0, prompt=_prompt(slot))
+        if self._fresh:
+            self.generated += task.decoded
+            self.computed += task.computed
+            self.cached += slot.prompt_cached or 0
 
 
 def _prompt(slot: SlotState) -> int | None:
@@ -93,3 +161,31 @@ def _prompt(slot: SlotState) -> int | None:
     if slot.prompt_tokens is None or slot.decoded is None:
         return None
     return slot.prompt_tokens - slot.decoded
+
+
+@dataclass
+class RunningTokens:
+    """llama-server with --metrics: `llamacpp:tokens_predicted_total` moves only when a request ends, so a
+    long generation reads 0 tok/s and then a spike. The tokens its running requests generated so far (/slots'
+    n_decoded, read after /metrics) are added to it: the figure moves while the engine generates.
+
+    /slots is read after /metrics, so a request that ended between the two is in neither for one poll (a dip
+    of its tokens) and never in both; the total is held at its last value through such a dip and catches up
+    at the next poll, when the counter has it. A counter that went back (a restart) starts again from it."""
+
+    _last: tuple[float, float] | None = None  # (the engine's counter, the total given) at the last poll
+
+    def add(self, reading: EngineReading, slots: SlotsReading | None) -> EngineReading:
+        counter = reading.generation_tokens_total
+        if counter is None:
+            self._last = None
+            return reading
+        running = 0 if slots is None or slots.error is not None else \
+            sum(s.decoded or 0 for s in slots.slots if s.processing)
+        total = counter + running
+        if self._last is not None and counter >= self._last[0]:
+            total = max(total, self._last[1])  # never below what was given: no false restart
+        self._last = (counter, total)
+        if total == counter:  # nothing ahead of the counter: the reading as it came (an idle server's /slots
+            return reading   # are not asked again while its /metrics reads the same)
+        return replace(reading, generation_tokens_total=total, generation_in_progress=total - counter)

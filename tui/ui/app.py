@@ -259,6 +259,7 @@ class EnginetopApp(App[None]):
             slot.source.interval_s = min(high, max(low, slot.source.interval_s * factor))
         if self.slots:
             self.notify(f"engines polled every {self.slots[0].source.interval_s:g} s", timeout=3)
+            self.sub_title = self._subtitle()
 
     def action_filter(self) -> None:
         """`/`: filter the engines, where there are more than fit as columns (a line each)."""
@@ -686,7 +687,7 @@ class EnginetopApp(App[None]):
             state = "PAUSED" if self.paused else f"refreshing every {fleet.refresh_s:g}s"
             return f"fleet view — {state}"
         names = ", ".join(s.target.name for s in self.slots) or "no engines"
-        every = self.config.poll_interval_s
+        every = self.slots[0].source.interval_s if self.slots else self.config.poll_interval_s  # `+`/`-`
         state = "PAUSED (still recording)" if self.paused else f"polling every {every:g}s"
         rec = self.recorder
         where = "not recording" if rec is None else (

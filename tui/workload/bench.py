@@ -16,6 +16,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from itertools import pairwise
 from typing import Any
 
 import httpx
@@ -82,6 +83,9 @@ class EngineSummary:
     decode_tps_p50: float | None
     cached_share: float | None  # cached prompt tokens / prompt tokens, as the engine reported them
     lateness_s: Spread
+    # requests out on average, weighted by time from the first send to the last end: a closed loop that held
+    # its bound for the whole run is near it, one that held it only at its peak is not
+    mean_in_flight: float | None = None
     slo: str | None = None
     attainment: float | None = None  # share of requests meeting every SLO term (errors count as misses)
     goodput_rps: float | None = None  # good requests per second
@@ -98,6 +102,22 @@ class EngineSummary:
     energy_source: str | None = None
     energy_scope: str | None = None
     energy_note: str | None = None
+
+
+def mean_in_flight(results: list[ProbeResult]) -> float | None:
+    """The time-weighted mean number of requests out, from the first send to the last end: the area under
+    the in-flight count (each result's own send and end, time.monotonic(), one clock in every worker) over the
+    run's span. None: nothing was sent, or it all took no time."""
+    events = sorted((t, step) for r in results if r.sent_at is not None and r.ended_at is not None
+                    for t, step in ((r.sent_at, 1), (r.ended_at, -1)))
+    if not events or events[-1][0] <= events[0][0]:
+        return None
+    area = 0.0
+    out = 0
+    for (t, step), (after, _) in pairwise(events):
+        out += step
+        area += out * (after - t)
+    return area / (events[-1][0] - events[0][0])
 
 
 def summarize(run: EngineRun, slo: Slo | None = None) -> EngineSummary:
@@ -119,7 +139,7 @@ def summarize(run: EngineRun, slo: Slo | None = None) -> EngineSummary:
         e2el_s=Spread.of([t for r in ok if (t := r.e2e_s) is not None]),
         decode_tps_p50=median([t for r in ok if (t := r.decode_tps) is not None]),
         cached_share=cached / prompt if prompt else None,
-        lateness_s=Spread.of(run.lateness_s),
+        lateness_s=Spread.of(run.lateness_s), mean_in_flight=mean_in_flight(results),
         slo=str(slo) if slo is not None else None,
         attainment=good / len(results) if slo is not None and results else None,
         goodput_rps=good / span if slo is not None and span else None,
@@ -344,6 +364,7 @@ def table(summaries: list[EngineSummary]) -> str:
         ("cached share", ["n/a" if s.cached_share is None else f"{s.cached_share * 100:.1f}%"
                           for s in summaries]),
         ("send lateness ms p50/p99", [f"{ms(s.lateness_s.p50)} / {ms(s.lateness_s.p99)}" for s in summaries]),
+        ("mean in flight", [num(s.mean_in_flight) for s in summaries]),
     ]
     if any(s.slo for s in summaries):
         rows.append((f"SLO {summaries[0].slo} met", ["n/a" if s.attainment is None else

@@ -2,7 +2,8 @@
 its load, so that a deployment faster than one Python process can feed is measured, not the client.
 
 The plan is made once, in the parent, and split so that each request is sent by exactly one worker: a
-session's turns (linked by `after`) go to one worker, in order; the other requests are dealt in turn. Every
+session's turns (linked by `after`) go to one worker, in order; the other requests are dealt in proportion to
+each worker's share of a closed loop's bound (evenly in an open loop), so that no worker runs out early. Every
 worker prepares its prompts (the engine's one-token words, or the --tokenizer's), says it is ready, and all of
 them start on one clock: the parent picks a moment of time.monotonic(), which is the same clock in every
 process of the machine, and each worker sends its requests at that moment plus their planned offsets. Each
@@ -15,12 +16,14 @@ that could not keep up is named in the run's notes. Workers ignore SIGINT (the p
 pool is shut down with the part (a capacity search keeps one pool for all its levels).
 
 A closed loop's bound holds across the workers: --concurrency C is split into parts of at least one that sum
-to C, over at most C workers (the run's notes say when fewer than the pool sent). A worker only exits when
-told to, so one that exited on its own (the OOM killer, a SIGKILL) is noticed within POLL_S: the others are
-stopped, the run ends with every result already received, and its error names the worker and how it died;
-the pool is not used again. A worker that fails to start (its tokenizer, its prompts, or it died first) fails
-the run's start, and the thread that reads the replies ends with it. The peak in flight is measured: each
-result carries its send and end times on the shared clock, and the parent sweeps over them.
+to C, over at most C workers (the run's notes say when fewer than the pool sent), and the requests are dealt
+by those parts (2 + 1: two thirds and one third), so the run holds C in flight to its end, not only at its
+peak. A worker only exits when told to, so one that exited on its own (the OOM killer, a SIGKILL) is noticed
+within POLL_S: the others are stopped, the run ends with every result already received, and its error names
+the worker and how it died; the pool is not used again. A worker that fails to start (its tokenizer, its
+prompts, or it died first) fails the run's start, and the thread that reads the replies ends with it. The
+peak in flight is measured: each result carries its send and end times on the shared clock, and the parent
+sweeps over them; the run's summary has the time-weighted mean beside it (tui.workload.bench.mean_in_flight).
 """
 
 from __future__ import annotations
@@ -84,9 +87,13 @@ def parse_workers(text: str) -> int:
     return n
 
 
-def split(planned: list[Planned], n: int) -> list[list[Planned]]:
-    """Each planned request to exactly one of n workers: a session's turns together, in plan order; sessions
-    and lone requests dealt out in turn, by their first request's place in the plan."""
+def split(planned: list[Planned], weights: list[int]) -> list[list[Planned]]:
+    """Each planned request to exactly one worker, in proportion to the workers' weights (their shares of a
+    closed loop's bound; equal in an open loop): a session's turns together, in plan order; sessions and lone
+    requests dealt by their first request's place in the plan, each to the worker with the fewest requests
+    per share once it is added (ties: the first). A closed loop's worker sends its part at the pace of its
+    share, so parts dealt evenly over uneven shares end at different times: --concurrency 3 over 2 workers,
+    split 2 + 1 with half the requests each, ran at three for half the run and at one for the rest."""
     by_index = {p.index: p for p in planned}
     root: dict[int, int] = {}
     for p in sorted(planned, key=lambda p: p.index):
@@ -94,9 +101,13 @@ def split(planned: list[Planned], n: int) -> list[list[Planned]]:
     groups: dict[int, list[Planned]] = {}
     for p in sorted(planned, key=lambda p: p.index):
         groups.setdefault(root[p.index], []).append(p)
-    parts: list[list[Planned]] = [[] for _ in range(n)]
-    for k, key in enumerate(sorted(groups)):
-        parts[k % n].extend(groups[key])
+    parts: list[list[Planned]] = [[] for _ in weights]
+    for key in sorted(groups):
+        group = groups[key]
+        # counted in requests, not groups: a session of ten turns is ten requests of its worker's share
+        _, k = min(((len(part) + len(group)) / weight, k)
+                   for k, (part, weight) in enumerate(zip(parts, weights, strict=True)))
+        parts[k].extend(group)
     return parts
 
 
@@ -300,7 +311,8 @@ class WorkerBench:
         self.run = EngineRun(target.name, target.url)
         self.shares = shares(concurrency, pool.n)
         self.active = len(self.shares)  # the workers that send this run: the first `active` of the pool
-        self.parts = split(planned, self.active)
+        # dealt by share, so that every worker's part lasts the whole run and the bound holds to its end
+        self.parts = split(planned, [share or 1 for share in self.shares])
         self.workers = [WorkerStats(k, len(part)) for k, part in enumerate(self.parts)]
         self.notes: list[str] = []
         if self.active < pool.n:
