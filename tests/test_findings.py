@@ -637,6 +637,9 @@ async def test_the_exporter_serves_nothing_of_an_engine_while_it_is_down_or_unre
                 raise item
             return [item]  # type: ignore[list-item]
 
+        async def aclose(self) -> None:  # EngineSource's: the watcher closes its sources as it ends
+            pass
+
     metrics = ProbeMetrics(process=False)
 
     async def sleep(_: float) -> None:

@@ -111,3 +111,156 @@ def test_running_tokens_move_with_the_generation_and_never_go_back():
     assert running.add(idle, slots(SlotState(0, 4096, False, task=5))) is idle  # nothing ahead: as it came
     assert add(500, busy(9, 3), error="/slots answered HTTP 503") == 500  # unreadable: the counter alone
     assert add(10, busy(2, 4)) == 14  # the counter went back: a restart, from its new value
+
+
+def test_the_watch_reads_once_per_token_of_the_fastest_slot_within_its_bounds():
+    from tui.sources.slot_watch import LINGER_GAP_S, MAX_GAP_S, MIN_GAP_S, gap_s
+
+    before = slots(busy(5, 10), busy(6, 10, slot=1))
+    # slot 1 went 10 -> 15 tokens in 0.5 s: 10 tok/s, a reading every 0.1 s
+    assert gap_s(before, 0.0, slots(busy(5, 12), busy(6, 15, slot=1)), 0.5) == 0.1
+    # 200 tok/s: never more often than MIN_GAP_S; 2 tok/s: never less often than MAX_GAP_S
+    assert gap_s(before, 0.0, slots(busy(5, 110), busy(6, 10, slot=1)), 0.5) == MIN_GAP_S
+    assert gap_s(before, 0.0, slots(busy(5, 11), busy(6, 10, slot=1)), 0.5) == MAX_GAP_S
+    # a new task on the slot, or none yet: no rate, so as often as allowed (its next token may be its last)
+    assert gap_s(before, 0.0, slots(busy(9, 3), busy(6, 10, slot=1)), 0.5) == MIN_GAP_S
+    assert gap_s(None, 0.0, before, 0.5) == MIN_GAP_S
+    # every slot idle: the linger's pace
+    assert gap_s(before, 0.0, slots(ended(5, 12), ended(6, 15, slot=1)), 0.5) == LINGER_GAP_S
+
+
+def test_the_column_says_what_the_slots_missed_and_a_counter_that_moves_only_at_the_end():
+    from tui.live.provenance import COUNTER_ONLY, counter_only, generation_note, missed_note
+
+    counted = EngineReading("llamacpp", generation_tokens_total=10.0, origin="/slots",
+                            slots_uncounted_total=2)
+    sample = EngineSample("e", "http://e", 1.0, 1.0, "up", reading=counted, slots=slots(busy(1, 3)))
+    assert missed_note(counted) == ("2 requests ended between two readings of /slots: their last tokens are "
+                                    "not counted")
+    assert generation_note(sample) == ("figures from /slots: --metrics adds waiting, decode time and totals"
+                                       f" · {missed_note(counted)}")
+    metrics = EngineReading("llamacpp", generation_tokens_total=10.0)
+    off = EngineSample("e", "http://e", 1.0, 1.0, "up", reading=metrics,
+                       slots=SlotsReading(error="/slots is off: start llama-server without --no-slots"))
+    assert counter_only(off) and generation_note(off) == COUNTER_ONLY
+    read = EngineSample("e", "http://e", 1.0, 1.0, "up", reading=metrics, slots=slots(busy(1, 3)))
+    assert not counter_only(read) and generation_note(read) is None
+
+
+def test_tokens_per_busy_second_leave_out_the_tokens_counted_ahead_of_llama_cpps_counter():
+    """llama.cpp's busy seconds move only when a request ends: the running requests' tokens, counted ahead,
+    are not divided by seconds that do not hold them yet."""
+    from tui.sources.rates import derive
+
+    before = EngineReading("llamacpp", generation_tokens_total=150.0, generation_seconds_total=10.0,
+                           generation_in_progress=50.0)
+    after = EngineReading("llamacpp", generation_tokens_total=400.0, generation_seconds_total=12.5,
+                          generation_in_progress=150.0)
+    stats = derive(before, 0.0, after, 5.0)
+    assert stats.gen_tps == 50.0  # every token generated in the window, running or ended
+    # the counter's own (100 -> 250): the ended requests' tokens over their 2.5 s, not 250 over them
+    assert stats.decode_tps_busy == (250.0 - 100.0) / 2.5
+
+
+class _Stand:
+    """llama-server without --metrics as enginetop reads it, on a real loopback socket, its answers set by the
+    test: /health, /v1/models, /metrics (501, as llama-server answers without --metrics), /slots, /props."""
+
+    def __init__(self, port: int = 0) -> None:
+        import json
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        stand = self
+        self.slots: list[dict] = [{"id": 0, "n_ctx": 4096, "is_processing": False}]
+        self.build = "b7000-aaaa"
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                path = self.path.split("?")[0]
+                status, body = 200, {"status": "ok"}
+                if path == "/v1/models":
+                    body = {"object": "list", "data": [{"id": "m.gguf", "object": "model"}]}
+                elif path == "/metrics":
+                    status, body = 501, {"error": {"code": 501, "message": "This server does not support "
+                                                   "metrics endpoint.", "type": "not_supported_error"}}
+                elif path == "/slots":
+                    body = stand.slots
+                elif path == "/props":
+                    body = {"build_info": stand.build, "model_path": "/m/m.gguf", "total_slots": 1,
+                            "default_generation_settings": {"n_ctx": 4096}}
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def busy(self, task: int, decoded: int) -> None:
+        self.slots = [{"id": 0, "n_ctx": 4096, "is_processing": True, "id_task": task,
+                       "n_prompt_tokens": 20 + decoded, "n_prompt_tokens_processed": 20,
+                       "n_prompt_tokens_cache": 0, "next_token": [{"n_decoded": decoded, "n_remain": -1}]}]
+
+
+def test_a_port_that_refused_or_another_build_starts_the_slots_counters_again(monkeypatch):
+    """What the slots alone cannot show (the new run's task ids already past the old ones): nothing listened
+    on the port between two readings, or /props names another build when the configuration is read again."""
+    import asyncio
+
+    from tui.model.targets import EngineTarget
+    from tui.net.keepalive import Transports
+    from tui.sources import engine_source
+    from tui.sources.engine_source import EngineSource
+
+    monkeypatch.setattr(engine_source, "CONFIG_REFRESH_S", 0.0)  # /props read at every poll
+
+    async def run() -> list[float | None]:
+        stand = _Stand()
+        transports = Transports()
+        source = EngineSource(EngineTarget("s", f"http://127.0.0.1:{stand.port}"), transports)
+        totals: list[float | None] = []
+
+        async def poll() -> None:
+            await asyncio.sleep(0.3)  # a poll a while after the engine's state changed: the watch read it
+            [sample] = await source.read()
+            totals.append(sample.reading.generation_tokens_total if sample.reading else None)
+
+        try:
+            stand.busy(100, 5)
+            await poll()
+            stand.busy(100, 30)
+            await poll()  # 25 counted
+            port = stand.port
+            stand.close()  # killed: nothing listens
+            await poll()
+            stand = _Stand(port)  # a new run whose task (200) is past the old one's id
+            stand.busy(200, 7)
+            await poll()  # a new run: counted from 0, its 7 tokens its own
+            stand.busy(200, 9)
+            await poll()
+            stand.build = "b7001-bbbb"  # the same port, another build (a restart between two polls)
+            stand.busy(300, 4)
+            await poll()  # /props is read after the counting: the next reading starts again
+            await poll()  # from there (task 300's 4 tokens were counted as the old run's already)
+            stand.busy(300, 10)
+            await poll()
+            stand.close()
+        finally:
+            await source.aclose()
+            await transports.aclose()
+        return totals
+
+    totals = asyncio.run(run())
+    assert totals == [0.0, 25.0, None, 7.0, 9.0, 9.0 + 4.0, 0.0, 6.0]

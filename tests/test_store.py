@@ -304,3 +304,24 @@ def test_a_sparkline_spans_the_same_time_whatever_the_poll_interval():
     for k in range(5):
         young.add(float(k), float(k))
     assert young.cells(24) == [0.0, 1.0, 2.0, 3.0, 4.0]
+
+
+def test_a_sparkline_leaves_blank_what_no_reading_covered():
+    """A figure holds through the cells until the next reading, as long as the slowest poll (10 s); an engine
+    that did not answer for longer is a gap, never drawn as steady."""
+    from tui.live.store import Series
+    from widgets.fmt import spark
+
+    s = Series(600.0, 3600)
+    for t in (0.0, 1.0, 2.0, 20.0, 21.0):  # no reading from 2 s to 20 s
+        s.add(1000.0 + t, 5.0)
+    cells = s.cells(22)  # 3 cells read, 10 held, 7 blank, 2 read
+    assert cells == [5.0] * 13 + [None] * 7 + [5.0] * 2
+    assert spark(cells, 22) == "█" * 13 + " " * 7 + "█" * 2
+    # the point before the span holds into it only while it is recent enough
+    old = Series(600.0, 3600)
+    for t in (0.0, 30.0):
+        old.add(t, 3.0)
+    assert old.cells(5) == [None] * 4 + [3.0]
+    old.add(33.0, 3.0)
+    assert old.cells(5) == [None] + [3.0] * 4  # the cell before 30 s is 29 s after 0 s: blank

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from rich.text import Text
 
 NA = "n/a"  # the engine or GPU does not expose this value
@@ -40,14 +42,16 @@ def bar(fraction: float | None, width: int = 10) -> str:
 _TICKS = "▁▂▃▄▅▆▇█"
 
 
-def spark(values: list[float], width: int) -> str:
+def spark(values: Sequence[float | None], width: int) -> str:
     """The last `width` values as a sparkline (the lowest bar is 0, the highest the largest value): a rate's
-    last minutes at a glance, as htop and nvtop draw them. Fewer values than the width are right-aligned."""
+    last minutes at a glance, as htop and nvtop draw them. Fewer values than the width are right-aligned; a
+    value that is not available is a blank."""
     values = values[-width:]
     if not values:
         return " " * width
-    top = max(values)
-    ticks = "".join(_TICKS[min(7, int(v / top * 7.999))] if top > 0 else _TICKS[0] for v in values)
+    top = max((v for v in values if v is not None), default=0.0)
+    ticks = "".join(" " if v is None else _TICKS[min(7, int(v / top * 7.999))] if top > 0 else _TICKS[0]
+                    for v in values)
     return ticks.rjust(width)
 
 

@@ -70,6 +70,7 @@ GLANCE_SERIES = ("prompt_processed_tps", "prompt_computed_tps", "itl_p50_s")
 BENCH_TTFT = "bench_ttft_p50_s"  # a running bench's live TTFT p50, drawn beside the engine's own
 TRAFFIC_TTFT = "traffic_ttft_p50_s"  # the clients' TTFT p50 via the proxy (llama.cpp has no TTFT histogram)
 SPARK_CELL_S = 1.0  # a sparkline's cell is this much time, whatever the poll interval: its span stays put
+SPARK_HOLD_S = 10.0  # the slowest poll `-` allows: a figure holds through the cells until the next reading
 MIN_PROBES_KEPT = 10  # the probe panel lists and medians the last few, however old they are
 ENERGY_KEEP_S = 180.0  # energy readings kept per device: the window, and a probe's span read after it ended
 REMOTE_ENERGY_WINDOW_S = 60.0  # dcgm-exporter collects every 30 s by default: its counter moves that rarely
@@ -113,11 +114,12 @@ class Series:
     def since(self, t0: float) -> list[Point]:
         return [p for p in self.points if p[0] >= t0]
 
-    def cells(self, width: int, cell_s: float = SPARK_CELL_S) -> list[float]:
+    def cells(self, width: int, cell_s: float = SPARK_CELL_S) -> list[float | None]:
         """The last `width` cells of `cell_s` seconds each, oldest first, for a sparkline: the same span of
         time whatever the poll interval (`+`/`-`), each cell the mean of its points, a cell no point fell in
-        holding the one before (a rate holds until the next reading). Cells before the first point are left
-        out, so a young series is right-aligned. Reads only the points of the span, however long the
+        holding the one before (a rate holds until the next reading) for up to SPARK_HOLD_S, None after (no
+        figure then: an engine that did not answer is not drawn as steady). Cells before the first point are
+        left out, so a young series is right-aligned. Reads only the points of the span, however long the
         history."""
         if not self.points or width <= 0:
             return []
@@ -125,19 +127,23 @@ class Series:
         sums = [0.0] * width
         counts = [0] * width
         out: list[float] = []  # seeded with the last point before the span, which the first cells hold
+        since = 0  # cells since the last that had a point
         for t, v in reversed(self.points):
             back = round((newest - t) / cell_s)  # round: polls a cell apart with jitter stay a cell apart
             if back >= width:
                 out.append(v)
+                since = back - width
                 break
             sums[width - 1 - back] += v
             counts[width - 1 - back] += 1
+        held: list[float | None] = list(out)
         for total, n in zip(sums, counts, strict=True):
+            since = 0 if n else since + 1
             if n:
-                out.append(total / n)
-            elif out:
-                out.append(out[-1])
-        return out[-width:]
+                held.append(total / n)
+            elif held:
+                held.append(held[-1] if since * cell_s <= SPARK_HOLD_S else None)
+        return held[-width:]
 
 
 @dataclass

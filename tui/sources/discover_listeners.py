@@ -147,7 +147,8 @@ def served_model(argv: Sequence[str]) -> str | None:
     for names in (("--alias", "-a"), ("--served-model-name",), ("-m", "--model")):
         given = next((pairs[n] for n in names if n in pairs), None)
         if given:
-            model = given.split(",")[0].rstrip("/").rsplit("/", 1)[-1]
+            # a URL's query and fragment may sign it (X-Amz-Signature=...): never part of a name
+            model = given.split(",")[0].partition("?")[0].partition("#")[0].rstrip("/").rsplit("/", 1)[-1]
             return model[:-5] if model.lower().endswith(".gguf") else model
     return None
 

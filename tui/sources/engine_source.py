@@ -62,9 +62,6 @@ class EngineSource:
         self._counters: tuple[EngineTarget, SlotCounters] | None = None  # a llama-server without --metrics
         self._watch: tuple[EngineTarget, SlotWatch] | None = None  # its /slots read often while busy
         self._running: tuple[EngineTarget, RunningTokens] | None = None  # a llama-server with --metrics
-        # nothing listened on the port, or another build or model answers, since the last /slots reading: the
-        # next one is of a new run of the server
-        self._new_run = False
 
     async def read(self) -> list[EngineSample]:
         started = time.monotonic()
@@ -130,16 +127,13 @@ class EngineSource:
             if self._running is None or self._running[0] is not target:
                 self._running = (target, RunningTokens())
             return replace(sample, reading=self._running[1].add(reading, sample.slots))
-        if nothing_listened(sample):
-            self._new_run = True
+        if self._counters is not None and self._counters[0] is target and nothing_listened(sample):
+            self._counters[1].new_run(fresh=True)  # the old process is gone: its task ids mean nothing now
         if sample.metrics_error != METRICS_OFF or sample.slots is None:
             return sample
         if self._counters is None or self._counters[0] is not target:
             self._counters = (target, SlotCounters())
         counters = self._counters[1]
-        if self._new_run and counters.seen:
-            counters.restart()  # the old process is gone: its tasks' ids mean nothing to the new one
-        self._new_run = False
         made = counters.reading(sample.slots) if counted else counters.add(sample.slots)
         if made is None:
             return sample
@@ -189,8 +183,9 @@ class EngineSource:
         config = await poll_config(self.transports.for_url(target.url), target, dialect,
                                    slots=sample.slots, pid=pid, remote=remote, timeout=self.timeout_s * 2)
         if kept is not None and kept[2] is not None and config is not None and not restarted \
-                and (kept[2].version, kept[2].model) != (config.version, config.model):
-            self._new_run = True  # another build or model answers (/props): its /slots' counters start again
+                and (kept[2].version, kept[2].model) != (config.version, config.model) \
+                and self._counters is not None and self._counters[0] is target:
+            self._counters[1].new_run(fresh=False)  # another build or model answers (/props): seen late
         self._config = (target, started, config)
         return sample if config is None else replace(sample, config=config)
 

@@ -57,11 +57,14 @@ class SlotCounters:
     _fresh: bool = False
     _tasks: dict[int, _Task] = field(default_factory=dict)
     _shape: tuple[tuple[int, int | None], ...] | None = None  # (slot id, n_ctx) of this run
+    _pending: bool | None = None  # new_run(fresh) said, for the next reading
 
     def add(self, reading: SlotsReading) -> EngineReading | None:
         """Counters as of this /slots reading (None when it has no slots to read)."""
         if reading.error is not None or not reading.slots:
             return None
+        if self._pending is not None:
+            self.restart(fresh=self._pending)
         shape = tuple((s.id, s.n_ctx) for s in reading.slots)
         if self._shape is not None and (shape != self._shape or any(map(self._went_back, reading.slots))):
             self.restart()
@@ -87,14 +90,23 @@ class SlotCounters:
             slots_uncounted_total=float(self.uncounted),
         )
 
-    def restart(self) -> None:
+    def new_run(self, fresh: bool) -> None:
+        """The caller knows the server began a new run: its counters start again at the next reading, from
+        whichever reader it comes (the poll's, or the watch's). `fresh`: no reading of the new run was counted
+        yet (nothing listened on the port meanwhile), so what its slots hold then is the new run's; False
+        where the new run was seen late (another build in /props) and its readings were counted already."""
+        if self.seen:
+            self._pending = fresh
+
+    def restart(self, fresh: bool = True) -> None:
         """A new run of the server: its counters start at 0 (the store sees them go back: a reset), and what
-        its slots hold at the next reading is counted as this run's."""
+        its slots hold at the next reading is counted as this run's (`fresh`) or taken as where it starts."""
         self.generated = self.computed = self.cached = self.ended = self.uncounted = 0
         self.restarts += 1
         self._tasks.clear()
         self._shape = None
-        self._fresh = True
+        self._fresh = fresh
+        self._pending = None
 
     def _went_back(self, slot: SlotState) -> bool:
         """What no slot of one run can do: a new run answers."""
