@@ -13,7 +13,8 @@ from tests.fake_pynvml import FakeNvml, h200
 from tui.record.writer import Recorder
 from tui.run.targets import build_targets
 from tui.sources.gpu import GpuSampler
-from tui.ui.app import AppConfig, EnginetopApp
+from tui.ui.app import EnginetopApp
+from tui.ui.config import AppConfig
 
 
 def main() -> None:

@@ -39,7 +39,8 @@ from synthetic_fleet import make_fleet  # noqa: E402
 from tui.fleet.options import FleetOptions  # noqa: E402
 from tui.fleet.prometheus import PrometheusClient  # noqa: E402
 from tui.fleet.source import FleetSource  # noqa: E402
-from tui.ui.app import AppConfig, EnginetopApp  # noqa: E402
+from tui.ui.app import EnginetopApp  # noqa: E402
+from tui.ui.config import AppConfig  # noqa: E402
 from tui.ui.screens.fleet import FleetView  # noqa: E402
 from widgets.fleet_table import FleetTable  # noqa: E402
 

@@ -32,7 +32,7 @@ from bench.tools import ensure_tool  # noqa: E402
 from tests.conftest import start_engine, wait_openai_ready  # noqa: E402
 from tui.base.paths import cache_dir, runs_dir  # noqa: E402
 from tui.base.process import free_port, launch, stop_group  # noqa: E402
-from tui.engines.llamacpp import demo_argv  # noqa: E402
+from tui.engines.install_llamacpp import demo_argv  # noqa: E402
 
 PEERS = cache_dir() / "peers-venv"
 ENGINETOP = [sys.executable, "-m", "tui"]
@@ -207,7 +207,8 @@ def main() -> None:
             stop_group(engine.launched)
     if "vllm" in sections:
         vllmstat = peer("vllmstat")
-        from tui.lifecycle.profiles import load_profiles, repo_profiles_dir, resolve
+        from tui.lifecycle.profile_files import load_profiles, repo_profiles_dir
+        from tui.lifecycle.profile_resolve import resolve
 
         port = free_port()
         profile = dataclasses.replace(load_profiles([repo_profiles_dir()]).get("demo-vllm-tiny"), port=port)

@@ -125,7 +125,7 @@ def live_engine_hour(kind: str, minutes: float, folder: Path) -> tuple[int, int,
         engine = start_llama("bench-record", "--parallel", "4", "--threads", "2")
         launched, url = engine.launched, engine.url
     else:
-        from tui.engines.vllm import tiny_model_dir, vllm_argv, vllm_env
+        from tui.engines.install_vllm import tiny_model_dir, vllm_argv, vllm_env
 
         engine = start_engine("bench-record-vllm", "vLLM",
                               lambda port: vllm_argv(tiny_model_dir(), port, "--enforce-eager"),

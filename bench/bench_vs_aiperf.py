@@ -52,7 +52,7 @@ from bench.tools import ensure_tool  # noqa: E402
 from tui.base.paths import cache_dir  # noqa: E402
 from tui.base.process import free_port, launch, stop_group  # noqa: E402
 from tui.base.stats import median  # noqa: E402
-from tui.engines.llamacpp import demo_argv  # noqa: E402
+from tui.engines.install_llamacpp import demo_argv  # noqa: E402
 from tui.probe.workloads import WorkloadParams, short_body  # noqa: E402
 
 AIPERF_VERSION = "0.13.0"

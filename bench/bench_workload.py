@@ -63,8 +63,8 @@ from bench.bench_vs_aiperf import (  # noqa: E402
 from bench.meter import ChildRun, run_child  # noqa: E402
 from tui.base.process import free_port, launch, stop_group  # noqa: E402
 from tui.base.stats import quantile  # noqa: E402
-from tui.engines.llamacpp import demo_argv  # noqa: E402
-from tui.engines.vllm import vllm_venv as venv_dir  # noqa: E402
+from tui.engines.install_llamacpp import demo_argv  # noqa: E402
+from tui.engines.install_vllm import vllm_venv as venv_dir  # noqa: E402
 from tui.model.targets import EngineTarget  # noqa: E402
 from tui.model.workload import Workload, WorkloadRequest  # noqa: E402
 from tui.workload.bench import summarize  # noqa: E402

@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 from tui.base.paths import runs_dir  # noqa: E402
 from tui.base.process import free_port, launch, stop_group  # noqa: E402
-from tui.engines.vllm import tiny_model_dir, vllm_argv, vllm_env  # noqa: E402
+from tui.engines.install_vllm import tiny_model_dir, vllm_argv, vllm_env  # noqa: E402
 
 OUT = ROOT / "tests" / "data" / "metrics"
 

@@ -27,7 +27,7 @@ from synthetic_fleet import make_fleet  # noqa: E402
 
 from tui.base.paths import runs_dir  # noqa: E402
 from tui.base.process import free_port, launch, stop_group  # noqa: E402
-from tui.engines.llamacpp import demo_argv  # noqa: E402
+from tui.engines.install_llamacpp import demo_argv  # noqa: E402
 
 
 def wait_ready(url: str, timeout: float = 180) -> None:
@@ -86,7 +86,8 @@ def main() -> None:
                         help="no real llama-server, only the synthetic fleet")
     args = parser.parse_args()
     from tui.fleet.options import FleetOptions
-    from tui.ui.app import AppConfig, EnginetopApp
+    from tui.ui.app import EnginetopApp
+    from tui.ui.config import AppConfig
 
     print(f"starting the demo fleet: a real llama-server, {args.engines} SYNTHETIC engines, "
           "52 SYNTHETIC GPUs, Prometheus…")

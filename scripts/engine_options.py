@@ -121,9 +121,9 @@ def _module(engine: str, source: str, table: dict) -> str:
 def table(dialect: str) -> tuple[str, str, dict]:
     """(the engine, where its table was read, the table) for one dialect, read from the installed engine."""
     if dialect == "llamacpp":
-        from tui.engines.llamacpp import llama_server_binary
+        from tui.engines.install_llamacpp import llama_server_binary
         return "llama-server", "its --help", llama_table(str(llama_server_binary()))
-    from tui.engines.vllm import vllm_python
+    from tui.engines.install_vllm import vllm_python
     return "vLLM", "`vllm serve`'s argparse parser", vllm_table(str(vllm_python()))
 
 

@@ -49,7 +49,8 @@ sys.path.insert(0, str(REPO))
 sys.path.append(str(BUNDLE))  # after site-packages: an installed pynvml wins
 
 from tui.model.samples import GpuSample  # noqa: E402
-from tui.sources.energy import Point, over  # noqa: E402
+from tui.sources.energy import Point  # noqa: E402
+from tui.sources.energy import energy_of_readings as over  # noqa: E402
 from tui.sources.gpu import GpuSampler  # noqa: E402
 from tui.sources.sysfs_gpu import SysfsGpus  # noqa: E402
 

@@ -48,9 +48,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tui.base.process import free_port  # noqa: E402
-from tui.lifecycle.profiles import load_profiles, repo_profiles_dir  # noqa: E402
+from tui.lifecycle.profile_files import load_profiles, repo_profiles_dir  # noqa: E402
 from tui.probe.sweep import SweepConfig  # noqa: E402
-from tui.ui.app import AppConfig, EnginetopApp  # noqa: E402
+from tui.ui.app import EnginetopApp  # noqa: E402
+from tui.ui.config import AppConfig  # noqa: E402
 
 OUT = ROOT / "screenshots"
 

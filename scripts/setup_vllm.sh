@@ -45,9 +45,9 @@ step_done $t
 
 # 3. Gemma 3 270M as a Hugging Face folder, dequantised from the same .gguf the llama.cpp demo serves.
 t=$SECONDS
-GGUF="$("$MAIN_PY" -c 'from tui.engines.llamacpp import demo_model_path; print(demo_model_path())')"
+GGUF="$("$MAIN_PY" -c 'from tui.engines.install_llamacpp import demo_model_path; print(demo_model_path())')"
 "$VENV/bin/python" -m tui.engines.models gemma --gguf "$GGUF"
 step_done $t
 
-"$MAIN_PY" -m tui.engines.vllm --check
+"$MAIN_PY" -m tui.engines.install_vllm --check
 echo ">> vLLM ready in $(( SECONDS - TOTAL_START ))s"

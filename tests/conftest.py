@@ -13,7 +13,7 @@ import pytest
 
 from tui.base.paths import runs_dir
 from tui.base.process import Launched, free_port, launch, stop_group
-from tui.engines.llamacpp import demo_argv
+from tui.engines.install_llamacpp import demo_argv
 from tui.model.samples import EngineSample
 from tui.model.targets import EngineTarget
 from tui.sources.engine import poll_engine
@@ -114,7 +114,8 @@ def vllm_server() -> Iterator[RunningVllm]:
     A missing install fails the profile's resolution with a ProfileError that says "run `make vllm`": the
     tests using it fail, never skip.
     """
-    from tui.lifecycle.profiles import load_profiles, repo_profiles_dir, resolve
+    from tui.lifecycle.profile_files import load_profiles, repo_profiles_dir
+    from tui.lifecycle.profile_resolve import resolve
 
     port = free_port()
     log = runs_dir() / f"test-vllm-{port}.log"
@@ -135,7 +136,7 @@ def vllm_server() -> Iterator[RunningVllm]:
 # --- the `engine` marker ---------------------------------------------------------------------------------
 # Every test that starts a real engine carries it, so `pytest -m "not engine"` is the fast inner loop. Tests
 # that use an engine fixture get it here; a test that starts one by itself is marked in its module. Any other
-# test runs with engines off (tui.engines.llamacpp.refuse_when_off), so an unmarked one that starts an
+# test runs with engines off (tui.engines.install_llamacpp.refuse_when_off), so an unmarked one that starts an
 # engine fails instead of slipping into the fast loop.
 ENGINE_FIXTURES = {"llama_server", "vllm_server"}
 

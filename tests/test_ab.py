@@ -10,7 +10,8 @@ import pytest
 from fake_pynvml import FakeNvml, rtx4090
 
 from tests.sse_server import Scenario, SSEServer
-from tui.compare.ab import ABConfig, Arm, analyze, run_comparison
+from tui.compare.ab import ABConfig, Arm, run_comparison
+from tui.compare.analysis import analyze
 from tui.compare.engines import AttachedEngine, Started, Target
 from tui.compare.report import render_html
 from tui.model.samples import GpuReport

@@ -9,7 +9,8 @@ import pytest
 
 from tests.test_ab import implied_verdict
 from tests.test_report import SSEEngine
-from tui.compare.ab import ABConfig, Arm, analyze, run_comparison
+from tui.compare.ab import ABConfig, Arm, run_comparison
+from tui.compare.analysis import analyze
 from tui.compare.report import render_html
 from tui.compare.sweep_param import best_value, parse_param_spec, set_option, sweep_profiles, sweep_table
 from tui.lifecycle.profiles import Profile

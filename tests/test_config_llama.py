@@ -19,7 +19,7 @@ from tests.conftest import RunningEngine, start_llama
 from tests.shown import show
 from tests.waiting import until
 from tui.base.process import free_port, stop_group
-from tui.engines.llamacpp import demo_model_path
+from tui.engines.install_llamacpp import demo_model_path
 from tui.live.store import Store
 from tui.model.targets import EngineTarget
 from tui.net.keepalive import Transports

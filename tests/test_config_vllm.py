@@ -22,7 +22,8 @@ from tui.base.paths import runs_dir
 from tui.base.process import free_port, launch, stop_group
 from tui.cli.main import main
 from tui.findings.facts import refused_for_length, refused_tokens
-from tui.lifecycle.profiles import load_profiles, repo_profiles_dir, resolve
+from tui.lifecycle.profile_files import load_profiles, repo_profiles_dir
+from tui.lifecycle.profile_resolve import resolve
 from widgets.engine_panel import render_engine
 
 pytestmark = pytest.mark.engine

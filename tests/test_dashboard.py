@@ -14,7 +14,8 @@ from tests.screen import screen_text
 from tui.base.process import free_port
 from tui.model.targets import EngineTarget
 from tui.sources.gpu import GpuSampler
-from tui.ui.app import AppConfig, EnginetopApp
+from tui.ui.app import EnginetopApp
+from tui.ui.config import AppConfig
 from tui.ui.screens.help import HelpScreen
 
 

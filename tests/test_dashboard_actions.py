@@ -18,7 +18,8 @@ from tui.model.targets import EngineTarget
 from tui.probe.sweep import SweepConfig
 from tui.probe.workloads import WorkloadParams
 from tui.sources.gpu import GpuSampler
-from tui.ui.app import AppConfig, EnginetopApp
+from tui.ui.app import EnginetopApp
+from tui.ui.config import AppConfig
 from tui.ui.screens.ab import ABScreen
 from tui.ui.screens.logs import LogScreen
 from tui.ui.screens.sweep import SweepScreen

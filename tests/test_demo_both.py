@@ -19,11 +19,12 @@ from tests.fake_pynvml import FakeNvml, h200
 from tests.screen import screen_text
 from tests.test_dashboard import chat, wait_for
 from tui.base.process import free_port
-from tui.lifecycle.profiles import load_profiles, repo_profiles_dir
+from tui.lifecycle.profile_files import load_profiles, repo_profiles_dir
 from tui.probe.sweep import SweepConfig
 from tui.probe.workloads import WorkloadParams
 from tui.sources.gpu import GpuSampler
-from tui.ui.app import AppConfig, EnginetopApp
+from tui.ui.app import EnginetopApp
+from tui.ui.config import AppConfig
 from tui.ui.screens.sweep import SweepScreen
 from tui.ui.screens.switch import ConfirmSwitch, SwitchProgress
 

@@ -18,8 +18,8 @@ from conftest import start_engine
 from waiting import until
 
 from tui.base.process import free_port, launch, stop_group
+from tui.engines.install_llamacpp import demo_argv
 from tui.engines.known import serving_program
-from tui.engines.llamacpp import demo_argv
 from tui.sources.discover import (
     DEFAULT_PORTS,
     DiscoverError,

@@ -23,7 +23,7 @@ from waiting import until
 
 from tui.base.paths import runs_dir
 from tui.base.process import Launched, free_port, launch, stop_group
-from tui.engines.llamacpp import demo_model_path, llama_server_binary
+from tui.engines.install_llamacpp import demo_model_path, llama_server_binary
 from tui.proxy.metrics import TRAFFIC_PATH
 from tui.sources.discover import discover
 from tui.sources.discover_ask import PROXY_TRAFFIC_PATH

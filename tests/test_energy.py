@@ -20,7 +20,8 @@ from sysfs_tree import amd_card, drm_fd, intel_i915_card, intel_xe_card, rapl_pa
 from tui.live.store import Store
 from tui.model.samples import EngineReading, EngineSample, GpuProcess, GpuReport, GpuSample, HostSample
 from tui.probe.results import ProbeResult
-from tui.sources.energy import MIXED, POWER_TIME, Point, Track, over, run_energy, span_of_reports
+from tui.sources.energy import MIXED, POWER_TIME, Point, Track, run_energy, span_of_reports
+from tui.sources.energy import energy_of_readings as over
 from tui.sources.gpu import GpuSampler
 from tui.sources.host import HostSampler
 from tui.sources.rapl import DEFAULT_MAX_W, UDEV_RULE, RaplReader, RaplReading, RaplSpan, root_only_line

@@ -240,8 +240,8 @@ def test_dcgm_energy_counter_and_the_fleet_tables_joules_per_token() -> None:
 
 
 def test_ab_arms_carry_joules_per_token_beside_tok_s_in_the_analysis_and_report() -> None:
-    from tui.compare.ab import analyze_arm
-    from tui.compare.report import _joules_cell
+    from tui.compare.analysis import analyze_arm
+    from tui.compare.report_figures import _joules_cell
     from tui.compare.sweep_param import sweep_table
 
     blocks = [{"arm": "a", "instance": i, "block": b, "decode_tps": 30.0 + b, "ttft_s": 0.1,

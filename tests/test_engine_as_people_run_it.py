@@ -14,7 +14,7 @@ import pytest
 from tests.conftest import start_engine
 from tests.shown import show
 from tui.base.process import stop_group
-from tui.engines.llamacpp import demo_argv
+from tui.engines.install_llamacpp import demo_argv
 from tui.live.store import Store
 from tui.model.targets import EngineTarget
 from tui.net.keepalive import Transports

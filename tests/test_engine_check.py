@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tui.engines import llamacpp
+from tui.engines import install_llamacpp
 from tui.lifecycle import check
 
 pytestmark = pytest.mark.engine
@@ -23,7 +23,7 @@ def test_an_engine_killed_by_an_illegal_instruction_is_reported(monkeypatch: pyt
     dies = tmp_path / "llama-server"
     dies.write_text(f"#!{sys.executable}\nimport os, signal\nos.kill(os.getpid(), signal.SIGILL)\n")
     dies.chmod(0o755)
-    monkeypatch.setattr(llamacpp, "llama_server_binary", lambda: dies)
+    monkeypatch.setattr(install_llamacpp, "llama_server_binary", lambda: dies)
     assert check.main(["--check"]) == 1
     err = capsys.readouterr().err
     assert "llama-server died (exit code -4 (killed by SIGILL)) before its first answer" in err

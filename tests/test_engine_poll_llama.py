@@ -10,7 +10,7 @@ import pytest
 
 from tui.base.paths import runs_dir
 from tui.base.process import free_port, launch, stop_group
-from tui.engines.llamacpp import demo_model_path, llama_server_binary
+from tui.engines.install_llamacpp import demo_model_path, llama_server_binary
 from tui.model.targets import EngineTarget
 from tui.sources.engine import poll_engine
 from tui.sources.rates import derive

@@ -232,7 +232,7 @@ async def test_an_engine_without_a_reading_keeps_its_proxys_per_request_series(t
     from fake_pynvml import FakeNvml, h200
 
     from tui.base.process import stop_group
-    from tui.engines.llamacpp import demo_argv
+    from tui.engines.install_llamacpp import demo_argv
     from tui.exporter.watch import watch_engines
     from tui.net.listen import Listen
     from tui.proxy.options import ProxyOptions, build_proxy

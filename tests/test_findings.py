@@ -16,7 +16,7 @@ import pytest
 from waiting import until
 
 from tests.shown import show
-from tui.compare.ab import _spec_of, arm_findings
+from tui.compare.analysis import _spec_of, arm_findings
 from tui.compare.report import render_html
 from tui.exporter.metrics import ProbeMetrics
 from tui.findings.facts import refused_for_length, refused_tokens, spec_between, summarize

@@ -13,10 +13,11 @@ from screen import screen_text
 from waiting import until_async
 
 from tests.fake_pynvml import FakeNvml
-from tui.lifecycle.profiles import load_profiles
-from tui.sources.discover import start_hints
+from tui.lifecycle.profile_files import load_profiles
+from tui.run.discovery import start_hints
 from tui.sources.gpu import GpuSampler
-from tui.ui.app import AppConfig, EnginetopApp
+from tui.ui.app import EnginetopApp
+from tui.ui.config import AppConfig
 
 
 def make_app(tmp_path: Path, **config) -> EnginetopApp:

@@ -31,14 +31,15 @@ from waiting import until_async
 
 from tui.base.paths import runs_dir
 from tui.base.process import Launched, free_port, launch, stop_group
-from tui.engines.llamacpp import demo_argv
+from tui.engines.install_llamacpp import demo_argv
 from tui.fleet.options import FleetOptions
 from tui.fleet.prometheus import PrometheusClient
 from tui.fleet.source import FleetSource
 from tui.record.reader import Recording
 from tui.sources.metrics import parse_reading
 from tui.sources.rates import histogram_quantile
-from tui.ui.app import AppConfig, EnginetopApp
+from tui.ui.app import EnginetopApp
+from tui.ui.config import AppConfig
 from tui.ui.screens.fleet import EngineScreen, FleetView
 from widgets.plots import TimePlot
 

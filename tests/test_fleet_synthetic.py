@@ -39,7 +39,8 @@ from tui.fleet.prometheus import PromError, PrometheusClient
 from tui.fleet.source import ALERT_FIGURES, FleetSource
 from tui.net.policy import InsecureSecret
 from tui.record.reader import Recording
-from tui.ui.app import AppConfig, EnginetopApp
+from tui.ui.app import EnginetopApp
+from tui.ui.config import AppConfig
 from tui.ui.replay import ReplayApp, fleet_source
 from tui.ui.screens.dashboard import Dashboard
 from tui.ui.screens.fleet import EngineScreen, FleetView, GpusScreen

@@ -118,7 +118,8 @@ async def test_an_engine_screen_drawn_before_it_is_composed_waits_for_the_next_r
     from tui.base.process import free_port
     from tui.fleet.options import FleetOptions
     from tui.model.samples import EngineSample, GpuReport
-    from tui.ui.app import AppConfig, EnginetopApp
+    from tui.ui.app import EnginetopApp
+    from tui.ui.config import AppConfig
     from tui.ui.screens.fleet import EngineScreen
     from widgets.gpu_panel import GpuPanel
 
@@ -195,7 +196,7 @@ def test_gpu_figures_say_whether_they_are_the_engines_or_its_nodes() -> None:
     node's (said "8 node", dimmed), never presented as each engine's own; an engine matched by pod, GPU
     UUID or GPU index shows only its own GPUs ("1 own")."""
     from tui.fleet.match import GpuMatcher
-    from tui.live.store import EngineState
+    from tui.live.engine_state import EngineState
     from tui.model.samples import EngineSample, GpuSample
     from widgets.fleet_table import COLUMNS, GPUS, build_rows
 

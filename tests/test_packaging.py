@@ -45,7 +45,7 @@ def test_wheel_install_loads_the_bundled_profiles(tmp_path: Path) -> None:
 
     probe = (
         "import json, tui\n"
-        "from tui.lifecycle.profiles import load_profiles\n"
+        "from tui.lifecycle.profile_files import load_profiles\n"
         "loaded = load_profiles()\n"
         "print(json.dumps({'tui': tui.__file__, 'issues': [str(i) for i in loaded.issues],\n"
         "                  'profiles': {n: str(p.path) for n, p in loaded.profiles.items()}}))\n"

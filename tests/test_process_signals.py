@@ -22,7 +22,8 @@ from waiting import until
 from tui.base import process
 from tui.base.process import free_port, free_ports, launch, pid_alive, stop_group
 from tui.lifecycle.engine import EngineInstance, launch_instance, stop_instance
-from tui.lifecycle.profiles import Profile, resolve
+from tui.lifecycle.profile_resolve import resolve
+from tui.lifecycle.profiles import Profile
 from tui.lifecycle.switch import EngineManager
 
 SLEEPER = "import time\nwhile True: time.sleep(1)"

@@ -7,14 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from tui.lifecycle import profiles as prof
-from tui.lifecycle.profiles import (
-    ProfileError,
-    load_profiles,
-    parse_profile,
-    repo_profiles_dir,
-    resolve,
-)
+from tui.lifecycle import profile_resolve as prof
+from tui.lifecycle.profile_files import load_profiles, parse_profile, repo_profiles_dir
+from tui.lifecycle.profile_resolve import resolve
+from tui.lifecycle.profiles import ProfileError
 
 GOOD = """\
 name = "good"

@@ -23,10 +23,11 @@ import pytest
 from tests.fake_pynvml import FakeNvml, h200
 from tests.test_dashboard import wait_for
 from tui.base.process import free_port
-from tui.engines.llamacpp import demo_model_path, llama_server_binary
-from tui.lifecycle.profiles import load_profiles
+from tui.engines.install_llamacpp import demo_model_path, llama_server_binary
+from tui.lifecycle.profile_files import load_profiles
 from tui.sources.gpu import GpuSampler
-from tui.ui.app import AppConfig, EnginetopApp
+from tui.ui.app import EnginetopApp
+from tui.ui.config import AppConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 

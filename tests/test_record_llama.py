@@ -26,7 +26,8 @@ import pytest
 from rich.console import Console
 
 from tests.fake_pynvml import FakeNvml, h200
-from tui.live.store import EngineState, Store
+from tui.live.engine_state import EngineState
+from tui.live.store import Store
 from tui.model.samples import EngineSample, GpuReport
 from tui.probe.runner import ProbeRunner
 from tui.probe.workloads import WorkloadParams
@@ -276,7 +277,7 @@ def _live_at(live: CapturingStore, t: float) -> tuple:
 
 
 async def test_replay_dashboard_keys_move_the_cursor_and_panels_show_live_figures(recorded) -> None:
-    from tui.ui.app import AppConfig
+    from tui.ui.config import AppConfig
     from tui.ui.replay import ReplayApp
 
     path, live = recorded

@@ -12,7 +12,8 @@ from tui.record.reader import Recording
 from tui.record.schema import SUFFIX
 from tui.record.writer import Recorder
 from tui.sources.gpu import GpuSampler
-from tui.ui.app import AppConfig, EnginetopApp
+from tui.ui.app import EnginetopApp
+from tui.ui.config import AppConfig
 from tui.ui.replay import ReplayApp
 
 REPLAY_WORDS = "this is a replay"

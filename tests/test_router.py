@@ -25,15 +25,10 @@ from tests.test_dashboard import make_app, wait_for
 from tests.waiting import until
 from tui.base.paths import runs_dir
 from tui.base.process import free_port, launch, pid_alive, stop_group
-from tui.engines.llamacpp import demo_model_path, llama_server_binary
+from tui.engines.install_llamacpp import demo_model_path, llama_server_binary
 from tui.lifecycle.engine import launch_instance
-from tui.lifecycle.profiles import (
-    load_profiles,
-    parse_profile,
-    repo_profiles_dir,
-    resolve,
-    user_profiles_dir,
-)
+from tui.lifecycle.profile_files import load_profiles, parse_profile, repo_profiles_dir, user_profiles_dir
+from tui.lifecycle.profile_resolve import resolve
 from tui.lifecycle.router import model_processes
 from tui.lifecycle.switch import EngineManager
 from tui.model.targets import EngineTarget
@@ -42,7 +37,8 @@ from tui.record.reader import Recording
 from tui.record.schema import SUFFIX
 from tui.sources.engine_source import EngineSource
 from tui.sources.gpu import GpuSampler
-from tui.ui.app import AppConfig, EnginetopApp
+from tui.ui.app import EnginetopApp
+from tui.ui.config import AppConfig
 from tui.ui.screens.switch import ConfirmSwitch, SwitchProgress
 
 pytestmark = pytest.mark.engine

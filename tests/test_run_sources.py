@@ -7,7 +7,7 @@ from pathlib import Path
 from fake_pynvml import FakeNvml, h200
 
 from tui.fleet.options import FleetOptions
-from tui.lifecycle.profiles import load_profiles
+from tui.lifecycle.profile_files import load_profiles
 from tui.model.samples import GpuReport
 from tui.model.targets import EngineTarget
 from tui.run.sources import RunOptions, build_sources

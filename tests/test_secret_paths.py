@@ -29,7 +29,7 @@ from tui.engines.known import ENGINES
 from tui.exporter.metrics import ProbeMetrics
 from tui.findings.judge import judge
 from tui.html.config import config_section
-from tui.live.store import EngineState
+from tui.live.engine_state import EngineState
 from tui.model.findings import Evidence
 from tui.model.samples import EngineSample, EngineStats
 from tui.record.codec import decode, encode

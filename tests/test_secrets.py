@@ -169,7 +169,8 @@ def test_engine_log_gets_the_argv_redacted(tmp_path: Path) -> None:
     ResolvedProfile can be built by hand) is written as ***."""
     from tui.base.process import free_port, stop_group
     from tui.lifecycle.engine import launch_instance
-    from tui.lifecycle.profiles import Profile, ResolvedProfile
+    from tui.lifecycle.profile_resolve import ResolvedProfile
+    from tui.lifecycle.profiles import Profile
 
     port = free_port()
     argv = (sys.executable, "-c", "pass", "--api-key", "sk-flag-secret", f"--tag={KEY}")
@@ -214,7 +215,8 @@ def test_engine_log_masks_a_secret_inside_a_shell_string_or_a_url(tmp_path: Path
     kind says), a URL's credentials are masked, and the rest of the command line is still written."""
     from tui.base.process import free_port, stop_group
     from tui.lifecycle.engine import launch_instance
-    from tui.lifecycle.profiles import Profile, ResolvedProfile
+    from tui.lifecycle.profile_resolve import ResolvedProfile
+    from tui.lifecycle.profiles import Profile
 
     profile = Profile(name="shell", engine=engine, port=free_port(), path=tmp_path / "s.toml",
                       argv=tuple(argv))
@@ -229,7 +231,8 @@ def test_engine_log_masks_a_secret_inside_a_shell_string_or_a_url(tmp_path: Path
 def test_options_named_for_tokens_keep_their_numbers_in_the_engine_log(tmp_path: Path) -> None:
     from tui.base.process import free_port, stop_group
     from tui.lifecycle.engine import launch_instance
-    from tui.lifecycle.profiles import Profile, ResolvedProfile
+    from tui.lifecycle.profile_resolve import ResolvedProfile
+    from tui.lifecycle.profiles import Profile
 
     argv = ("sh", "-c", "exit 0; exec vllm serve m --long-prefill-token-threshold 4711 "
             "--dbo-decode-token-threshold 4712 --max-num-batched-tokens 8192 --tokenizer-mode slow")

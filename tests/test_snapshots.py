@@ -27,7 +27,7 @@ from tui.model.traffic import TrafficSample, TrafficStats
 from tui.record.reader import Recording
 from tui.record.schema import SUFFIX
 from tui.record.writer import Recorder
-from tui.ui.app import AppConfig
+from tui.ui.config import AppConfig
 from tui.ui.replay import ReplayApp
 from tui.ui.screens.ab import ABScreen
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tui.live.store import MIN_PROBES_KEPT, Series, Store, _oldest_within
+from tui.live.series import Series
+from tui.live.store import MIN_PROBES_KEPT, Store, _oldest_within
 from tui.model.config import EngineConfig
 from tui.model.findings import StartMemory
 from tui.model.samples import EngineReading, EngineSample, GpuReport, GpuSample
@@ -285,7 +286,7 @@ def test_add_many_leaves_the_store_as_adding_one_by_one_does() -> None:
 def test_a_sparkline_spans_the_same_time_whatever_the_poll_interval():
     """`+`/`-` change the poll interval: a sparkline's cells are seconds, not polls, so 24 cells are the last
     24 s at 0.25 s polls as at 1 s polls and at 4 s ones (a cell no poll fell in holds the one before)."""
-    from tui.live.store import Series
+    from tui.live.series import Series
 
     def series(every_s: float) -> Series:
         s = Series(600.0, 3600)
@@ -309,7 +310,7 @@ def test_a_sparkline_spans_the_same_time_whatever_the_poll_interval():
 def test_a_sparkline_leaves_blank_what_no_reading_covered():
     """A figure holds through the cells until the next reading, as long as the slowest poll (10 s); an engine
     that did not answer for longer is a gap, never drawn as steady."""
-    from tui.live.store import Series
+    from tui.live.series import Series
     from widgets.fmt import spark
 
     s = Series(600.0, 3600)

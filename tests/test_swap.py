@@ -19,8 +19,8 @@ import pytest
 from tests.waiting import until
 from tui.base.paths import runs_dir
 from tui.base.process import free_port, pid_alive, port_listeners
-from tui.engines.llamacpp import demo_model_path, llama_server_binary
-from tui.lifecycle.profiles import parse_profile
+from tui.engines.install_llamacpp import demo_model_path, llama_server_binary
+from tui.lifecycle.profile_files import parse_profile
 from tui.lifecycle.switch import EngineManager
 from tui.model.targets import EngineTarget
 from tui.net.keepalive import Transports

@@ -19,10 +19,13 @@ import pytest
 from fake_pynvml import NVML_ERROR_LIBRARY_NOT_FOUND, FakeNvml, h200, rtx4090
 
 from tui.base.process import free_port, port_open, stop_group
-from tui.lifecycle import switch as switch_mod
+from tui.lifecycle import drain as switch_mod
+from tui.lifecycle.drain import cuda_visible_indices
 from tui.lifecycle.engine import EngineInstance, launch_instance
-from tui.lifecycle.profiles import GIB, Profile, load_profiles, resolve
-from tui.lifecycle.switch import EngineManager, cuda_visible_indices
+from tui.lifecycle.profile_files import load_profiles
+from tui.lifecycle.profile_resolve import resolve
+from tui.lifecycle.profiles import GIB, Profile
+from tui.lifecycle.switch import EngineManager
 from tui.model.samples import GpuReport
 from tui.model.status import StepEvent
 from tui.sources.gpu import GpuSampler

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from tui.engines import models
-from tui.engines.llamacpp import EngineNotInstalled
-from tui.engines.vllm import (
+from tui.engines.install_llamacpp import EngineNotInstalled
+from tui.engines.install_vllm import (
     STAMP_NAME,
     gemma_hf_dir,
     tiny_model_dir,

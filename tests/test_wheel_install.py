@@ -255,7 +255,7 @@ def test_setup_demo_then_the_demo_runs(fresh: Fresh) -> None:
 def test_setup_vllm_from_the_wheel_finds_what_make_vllm_installed(fresh: Fresh) -> None:
     """The wheel's vLLM step (its size said in every message naming it) on the install `make vllm` made: each
     step is skipped, and the model builder runs in the vLLM venv from the wheel's own copy of it."""
-    from tui.engines.vllm import STAMP_NAME, vllm_venv
+    from tui.engines.install_vllm import STAMP_NAME, vllm_venv
 
     assert (vllm_venv() / STAMP_NAME).is_file(), "no vLLM install to reuse: run `make vllm` first"
     if not (fresh.venv / "bin" / "llama-cpp-server").exists():  # the demo model, which the gemma folder needs

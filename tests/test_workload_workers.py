@@ -25,8 +25,9 @@ from tui.model.targets import EngineTarget
 from tui.model.workload import WorkloadRequest
 from tui.probe.results import ProbeResult
 from tui.workload.bench import mean_in_flight, summarize
+from tui.workload.dealing import peak_in_flight, shares, split
 from tui.workload.schedule import Planned
-from tui.workload.workers import WorkerBench, WorkerPool, parse_workers, peak_in_flight, shares, split
+from tui.workload.workers import WorkerBench, WorkerPool, parse_workers
 
 
 def test_split_keeps_each_session_on_one_worker_in_order_and_sends_everything_once() -> None:

@@ -10,60 +10,24 @@ from typing import TYPE_CHECKING
 
 from rich.text import Text
 
+from tui.live.engine_state import EngineState
+from tui.live.glance import busy_slots, finish_shares, model_name
 from tui.live.provenance import generation_note
-from tui.live.store import TRAFFIC_TTFT, EngineState
+from tui.live.store import TRAFFIC_TTFT
 from tui.model.findings import Finding
 from tui.model.samples import EngineReading, RequestStats
-from tui.model.slots import SlotsReading, SlotState
+from tui.model.slots import SlotsReading
 from widgets.energy import joules
-from widgets.engine_rows import HEALTH_STYLE, bench_rows, lifecycle_rows, router_rows, traffic_rows
-from widgets.fmt import IDLE, Rows, mib, ms, num, spark
+from widgets.engine_rows import bench_rows, lifecycle_rows, router_rows, slot_line, traffic_rows
+from widgets.fmt import IDLE, Rows, bar, cut, cut_styled, mib, ms, num, shares, spark
+from widgets.styles import ALARM, HEALTH_STYLE, SEVERITY_STYLE
 
 if TYPE_CHECKING:
     from tui.compare.roofline import Roofline
     from tui.model.status import EngineStatus
 
-SEVERITY_STYLE = {"error": "bold white on red", "warning": "bold black on yellow",
-                  "info": "bold black on cyan"}
 MAX_SLOT_ROWS = 8
 LABEL_W = 13  # the longest label: "prefill tok/s"
-
-
-def bar(fraction: float | None, width: int, style: str = "green") -> Text:
-    """A capacity bar: filled share in `style` (yellow past 70 %, red past 90 %), the rest dim."""
-    if fraction is None:
-        return Text(" " * width)
-    filled = max(0, min(width, round(fraction * width)))
-    if fraction >= 0.9:
-        style = "red"
-    elif fraction >= 0.7:
-        style = "yellow"
-    return Text("█" * filled, style=style) + Text("░" * (width - filled), style="dim")
-
-
-def _cut_at(text: str, width: int) -> int:
-    """Where to cut `text` to leave room for "…" in `width`: at the last space, so no word is cut in two
-    (mid-word only when the line's first word is longer than half of it)."""
-    space = text.rfind(" ", 0, width)
-    return space if space >= width // 2 else max(0, width - 1)
-
-
-def _fit(text: str, width: int) -> str:
-    line = Text(text)
-    _fit_text(line, width)
-    return line.plain
-
-
-def _fit_text(text: Text, width: int) -> None:
-    """As _fit, in place, keeping the styles."""
-    if text.cell_len <= width:
-        return
-    text.truncate(_cut_at(text.plain, width))
-    text.rstrip()
-    while text.plain and text.plain[-1] in "·,:;":
-        text.right_crop(1)
-        text.rstrip()
-    text.append("…")
 
 
 def render_glance(state: EngineState, status: EngineStatus | None = None, roof: Roofline | None = None,
@@ -77,27 +41,27 @@ def render_glance(state: EngineState, status: EngineStatus | None = None, roof: 
         return grid.text()
     room = max(20, width - LABEL_W - 1)
     head = Text(f"● {sample.health}", style=HEALTH_STYLE.get(sample.health, ""))
-    model = sample.model.rsplit("/", 1)[-1] if sample.model else None
+    model = model_name(sample.model)
     if model and sample.models is None:
         head.append(f"  {model}")
     if sample.health_reason:
         head.append(f"  {sample.health_reason}", style="")
-    _fit_text(head, width)
+    cut_styled(head, width)
     grid.add_line(head)
     if sample.stale:
         grid.add_line(Text("stale: the last good values (the source did not answer)", style="bold yellow"))
     for alert in sample.alerts:
-        grid.add_line(Text(_fit(f"ALERT {alert}", width), style="bold white on red"))
+        grid.add_line(Text(cut(f"ALERT {alert}", width), style=ALARM))
     config = sample.config
     if config is not None:
         for text in (config.facts(), config.summary()):
             for line in textwrap.wrap(text, width, break_on_hyphens=False, max_lines=2, placeholder=" …"):
                 grid.add_line(Text(line, style="dim"))
     if sample.metrics_error:
-        grid.add_line(Text(_fit(sample.metrics_error, width), style="bold red"))
+        grid.add_line(Text(cut(sample.metrics_error, width), style="bold red"))
     reading = sample.reading
     if (note := generation_note(sample)) is not None:
-        grid.add_line(Text(_fit(note, width), style="dim"))
+        grid.add_line(Text(cut(note, width), style="dim"))
     _finding_lines(grid, state.findings, width)
     if sample.models is not None:
         router_rows(grid, state, sample.models)
@@ -119,7 +83,7 @@ def render_glance(state: EngineState, status: EngineStatus | None = None, roof: 
         grid.add_row("roofline", f"ceiling {roof.ceiling_tps:.0f} tok/s{reached}")
     if stats.energy_w is not None:  # one line here; whose energy, and why none, in the detail (enter)
         per_token = f"{joules(stats.joules_per_token)}/tok" if stats.joules_per_token is not None else IDLE
-        grid.add_row("energy", _fit(f"{per_token} at {stats.energy_w:.1f} W ({stats.energy_scope or '?'})",
+        grid.add_row("energy", cut(f"{per_token} at {stats.energy_w:.1f} W ({stats.energy_scope or '?'})",
                                     room))
     if stats.counter_reset:
         grid.add_line(Text("counters reset: engine restarted", style="yellow"))
@@ -129,7 +93,7 @@ def render_glance(state: EngineState, status: EngineStatus | None = None, roof: 
 def _finding_lines(grid: Rows, findings: tuple[Finding, ...], width: int) -> None:
     for f in findings:
         line = Text(f" {f.severity.upper()} ", style=SEVERITY_STYLE.get(f.severity, "bold"))
-        line.append(_fit(f" {f.id}: {f.title}", width - len(line.plain)))
+        line.append(cut(f" {f.id}: {f.title}", width - len(line.plain)))
         grid.add_line(line)
 
 
@@ -142,9 +106,9 @@ def _load_rows(grid: Rows, state: EngineState, room: int) -> None:
         """A bar as wide as the room beside `text` leaves (up to 20), the text cut to the room."""
         width = min(20, room - len(text.plain) - 1)
         if fraction is None or width < 4:
-            _fit_text(text, room)
+            cut_styled(text, room)
             return text
-        return bar(fraction, width) + Text(" ") + text
+        return bar(fraction, width, "green") + Text(" ") + text
 
     if reading.running is not None:
         slots = config.slots if config is not None else None
@@ -206,47 +170,23 @@ def _request_lines(grid: Rows, rs: RequestStats, room: int) -> None:
         parts.append(f"queue p90 {ms(rs.queue_s[1])}")
     if rs.requests_per_s is not None:
         parts.append(f"{rs.requests_per_s:.2f} req/s")
-    total = sum(n for _, n in rs.finish_window)
-    if total:
-        parts.append(" ".join(f"{reason} {n / total:.0%}" for reason, n in rs.finish_window))
+    if ended := finish_shares(rs.finish_window):
+        parts.append(shares(ended))
     if rs.preemptions_per_s:
         parts.append(f"{rs.preemptions_per_s:.2f} preempt/s")
     if parts:  # the proxy's figures say so: they are the client's view, not the engine's own series
-        grid.add_row("requests" if rs.origin is None else "proxy reqs", _fit(" · ".join(parts), room))
+        grid.add_row("requests" if rs.origin is None else "proxy reqs", cut(" · ".join(parts), room))
 
 
 def _slot_lines(grid: Rows, slots: SlotsReading, room: int) -> None:
     if slots.error:
-        grid.add_row("slots", Text(_fit(slots.error, room), style="yellow"))
+        grid.add_row("slots", Text(cut(slots.error, room), style="yellow"))
         return
     if len(slots.slots) > MAX_SLOT_ROWS:
-        busy = sum(s.processing for s in slots.slots)
-        grid.add_row("slots", f"{busy} of {len(slots.slots)} processing")
+        grid.add_row("slots", f"{busy_slots(slots)} of {len(slots.slots)} processing")
         return
     for slot in slots.slots:
-        grid.add_row(f"slot {slot.id}", _slot_line(slot, room))
-
-
-def _slot_line(slot: SlotState, room: int) -> Text:
-    """The slot's context filled (a bar against n_ctx), and its phase: idle, prefill progress, or decoding."""
-    held, ctx = slot.held, slot.n_ctx
-    if not slot.processing:
-        phase = Text("idle", style="dim")
-    elif not slot.decoded and slot.prompt_tokens:
-        phase = Text(f"prefill {slot.prompt_processed or 0}/{slot.prompt_tokens}", style="yellow")
-    else:
-        phase = Text(f"gen {slot.decoded or 0}", style="green")
-    text = Text(f"{held:,}/{ctx:,}" if held is not None and ctx else "",
-                style="" if slot.processing else "dim")
-    text.append("  ")
-    text.append_text(phase)
-    if len(text.plain) > room:  # a narrow column: the phase and its progress before the context's count
-        return phase
-    width = min(16, room - len(text.plain) - 1)
-    if held is None or not ctx or width < 4:
-        _fit_text(text, room)
-        return text
-    return bar(held / ctx, width, "cyan" if slot.processing else "blue") + Text(" ") + text
+        grid.add_row(f"slot {slot.id}", slot_line(slot, room))
 
 
 def render_row(state: EngineState, width: int = 120) -> Text:
@@ -257,7 +197,7 @@ def render_row(state: EngineState, width: int = 120) -> Text:
     if sample is None:
         return line + Text("waiting for the first poll", style="dim")
     line.append(f"● {sample.health:<8}", style=HEALTH_STYLE.get(sample.health, ""))
-    model = (sample.model or "").rsplit("/", 1)[-1]
+    model = model_name(sample.model) or ""
     line.append(f" {model[:22]:<22}", style="dim")
     reading = sample.reading
     if reading is not None:
@@ -274,7 +214,7 @@ def render_row(state: EngineState, width: int = 120) -> Text:
             line.append(f"  TTFT {ms(stats.ttft_p50_s)}")
         if reading.kv_cache_usage is not None:
             line.append("  KV ")
-            line += bar(reading.kv_cache_usage, 6)
+            line += bar(reading.kv_cache_usage, 6, "green")
     elif sample.metrics_error or sample.health_reason:
         line.append(f" {sample.metrics_error or sample.health_reason}", style="dim")
     if state.findings:
@@ -282,5 +222,5 @@ def render_row(state: EngineState, width: int = 120) -> Text:
         line.append("  ")
         line.append(f" {f.severity.upper()} ", style=SEVERITY_STYLE.get(f.severity, "bold"))
         line.append(f" {f.id}")
-    _fit_text(line, width)
+    cut_styled(line, width)
     return line

@@ -10,33 +10,28 @@ from rich.text import Text
 from textual.binding import Binding
 from textual.message import Message
 
+from tui.live.engine_state import EngineState
+from tui.live.glance import busy_slots, finish_shares, model_name
 from tui.live.provenance import COUNTER_ONLY, counter_only, missed_note
-from tui.live.store import EngineState
 from tui.model.config import EngineConfig
 from tui.model.findings import Finding
 from tui.model.samples import RequestStats
 from tui.model.slots import SlotsReading
 from widgets.energy import energy_rows
 from widgets.engine_glance import render_glance, render_row
-from widgets.engine_rows import (
-    HEALTH_STYLE,
-    bench_rows,
-    lifecycle_rows,
-    router_rows,
-    slot_line,
-    traffic_rows,
-)
-from widgets.fmt import IDLE, NA, Rows, mib, ms, num, pct
+from widgets.engine_rows import bench_rows, lifecycle_rows, router_rows, slot_line, traffic_rows
+from widgets.fmt import IDLE, NA, Rows, mib, ms, num, pct, shares
 from widgets.panel import Panel
+from widgets.styles import ALARM, HEALTH_STYLE, SEVERITY_STYLE
 
 if TYPE_CHECKING:  # a type only: widgets never reach into the lifecycle code
     from tui.compare.roofline import Roofline
     from tui.model.status import EngineStatus
 
 
-
-def _shown(exposed: bool, value: str) -> str:
-    """A value the engine exposes but has no traffic for reads "–"; one it never exposes reads "n/a"."""
+def _idle_or_na(exposed: bool, value: str) -> str:
+    """`value`, or where it is not available: "–" for a figure the engine exposes but had no traffic for,
+    "n/a" for one it never exposes."""
     if value != NA:
         return value
     return IDLE if exposed else NA
@@ -65,7 +60,7 @@ class EnginePanel(Panel, can_focus=True):
         if row:
             self.add_class("row")
         self.engine_name = name
-        self._shown: tuple[EngineState, EngineStatus | None, Roofline | None] | None = None
+        self._drawn_from: tuple[EngineState, EngineStatus | None, Roofline | None] | None = None
         self.border_title = name
 
     def action_detail(self) -> None:
@@ -73,7 +68,7 @@ class EnginePanel(Panel, can_focus=True):
 
     def show(self, state: EngineState, status: EngineStatus | None = None,
              roof: Roofline | None = None) -> None:
-        self._shown = (state, status, roof)
+        self._drawn_from = (state, status, roof)
         if self.has_class("row"):
             self.redraw(render_row(state, self.size.width or 120))
             return
@@ -83,8 +78,8 @@ class EnginePanel(Panel, can_focus=True):
         self.redraw(render_glance(state, status, roof, width=max(36, width)))
 
     def on_resize(self) -> None:
-        if self._shown is not None:
-            self.show(*self._shown)
+        if self._drawn_from is not None:
+            self.show(*self._drawn_from)
 
 
 def _prefill_row(grid: Rows, state: EngineState) -> None:
@@ -101,25 +96,26 @@ def _slot_rows(grid: Rows, slots: SlotsReading) -> None:
     if slots.error:
         grid.add_row("slots", Text(slots.error, style="yellow"))
         return
-    busy = sum(s.processing for s in slots.slots)
-    grid.add_row("slots", f"{busy} of {len(slots.slots)} processing")
+    grid.add_row("slots", f"{busy_slots(slots)} of {len(slots.slots)} processing")
     grid.add_row("KV (estimate)", Text(f"{pct(slots.kv_estimate)} of the slots' context held "
                                        "(tokens in the slots / n_ctx)", style="dim"))
     for slot in slots.slots:
         grid.add_row(f"slot {slot.id}", slot_line(slot))
 
 
-SEVERITY_STYLE = {"error": "bold white on red", "warning": "bold yellow", "info": "bold cyan"}
 LABEL_WIDTH = 16  # the widest label of a column, about
 
 
 def _wrapped(grid: Rows, label: str, text: str, width: int, style: str = "",
              first_style: str | None = None) -> None:
-    """A long value over as many rows as the column needs (a finding, the configuration)."""
+    """A long value over as many rows as the column needs (a finding, the configuration). `first_style`: the
+    first row's, its label too (a finding's severity: one coloured line, as the column draws it)."""
     lines = textwrap.wrap(text, max(20, width - LABEL_WIDTH), break_on_hyphens=False) or [""]
     for i, line in enumerate(lines):
-        shown = first_style if i == 0 and first_style else style
-        grid.add_row(label if i == 0 else "", Text(line, style=shown))
+        if i == 0 and first_style:
+            grid.add_row(label, Text(line, style=first_style), label_style=first_style)
+        else:
+            grid.add_row(label if i == 0 else "", Text(line, style=style))
 
 
 def _config_rows(grid: Rows, config: EngineConfig | None, width: int) -> None:
@@ -148,8 +144,7 @@ def _three(values: tuple[float | None, ...] | None, fmt=_secs) -> str:
 
 
 def _shares(counts: tuple[tuple[str, float], ...]) -> str:
-    total = sum(n for _, n in counts)
-    return " ".join(f"{reason} {n / total:.0%}" for reason, n in counts) if total else NA
+    return shares(ended) if (ended := finish_shares(counts)) else NA
 
 
 def _request_rows(grid: Rows, rs: RequestStats, width: int) -> None:
@@ -214,7 +209,7 @@ def _spec_rows(grid: Rows, state: EngineState, exposed: bool) -> None:
     else:
         total = stats.spec_accept_rate_total
         length = num(stats.spec_accept_length_total, "{:.2f}")
-        grid.add_row("spec accept", _shown(exposed, "n/a" if total is None else
+        grid.add_row("spec accept", _idle_or_na(exposed, "n/a" if total is None else
                                            f"{pct(total)}, length {length} since start{setting}"))
         per_pos = stats.spec_accept_per_pos_total
         since = " since start"
@@ -240,14 +235,14 @@ def render_engine(state: EngineState, status: EngineStatus | None = None,
     if sample.stale:
         grid.add_row("", Text("stale: the last good values (the source did not answer)", style="bold yellow"))
     for alert in sample.alerts:
-        grid.add_row("ALERT", Text(alert, style="bold white on red"))
+        grid.add_row("ALERT", Text(alert, style=ALARM))
     grid.add_row("url", sample.url)
     if sample.job is not None:  # read through Prometheus: the labels that tell it apart
         where = f"job {sample.job}, instance {sample.instance}, node {sample.host or NA}"
         grid.add_row("scraped", where + "".join(f", {k} {v}" for k, v in sample.labels))
     # llama-server names the model by its file path: the file name is what tells models apart
     if sample.models is None:  # a router's or llama-swap's own row below says what it serves
-        grid.add_row("model", sample.model.rsplit("/", 1)[-1] if sample.model else NA)
+        grid.add_row("model", model_name(sample.model) or NA)
     _config_rows(grid, sample.config, width)
     if sample.metrics_error:
         grid.add_row("metrics", Text(sample.metrics_error, style="bold red"))
@@ -277,24 +272,24 @@ def render_engine(state: EngineState, status: EngineStatus | None = None,
         _wrapped(grid, "gen source", COUNTER_ONLY, width, style="dim")
     grid.add_row("running", num(reading.running, "{:.0f}"))
     grid.add_row("waiting", num(reading.waiting, "{:.0f}"))
-    grid.add_row("gen tok/s", _shown(has("generation_tokens_total"), num(stats.gen_tps)))
+    grid.add_row("gen tok/s", _idle_or_na(has("generation_tokens_total"), num(stats.gen_tps)))
     # The same two quantities on every engine (help screen): all prompt tokens, and those really prefilled.
     processed = has("prompt_tokens_processed_total")
-    grid.add_row("prompt tok/s", _shown(processed, num(stats.prompt_processed_tps)))
+    grid.add_row("prompt tok/s", _idle_or_na(processed, num(stats.prompt_processed_tps)))
     computed = has("prompt_tokens_computed_total") or (processed and has("prompt_tokens_cached_total"))
-    grid.add_row("prefill tok/s", _shown(computed, num(stats.prompt_computed_tps)))
+    grid.add_row("prefill tok/s", _idle_or_na(computed, num(stats.prompt_computed_tps)))
     if has("generation_seconds_total"):
-        grid.add_row("decode busy", _shown(True, num(stats.decode_tps_busy, "{:.1f} tok/s")))
+        grid.add_row("decode busy", _idle_or_na(True, num(stats.decode_tps_busy, "{:.1f} tok/s")))
     cache_exposed = has("prefix_cache_queries_total") or has("cache_hit_rate_gauge")
-    grid.add_row("prefix hit", _shown(cache_exposed, pct(stats.prefix_cache_hit_rate)))
+    grid.add_row("prefix hit", _idle_or_na(cache_exposed, pct(stats.prefix_cache_hit_rate)))
     _spec_rows(grid, state, has("spec_draft_tokens_total") or has("spec_accept_rate_gauge"))
     grid.add_row("KV cache", pct(reading.kv_cache_usage))
     ttft_exposed = has("ttft_buckets")
     itl_exposed = has("itl_buckets")
-    grid.add_row("TTFT p50/p90", f"{_shown(ttft_exposed, ms(stats.ttft_p50_s))} / "
-                 f"{_shown(ttft_exposed, ms(stats.ttft_p90_s))}")
-    grid.add_row("ITL p50/p90", f"{_shown(itl_exposed, ms(stats.itl_p50_s))} / "
-                 f"{_shown(itl_exposed, ms(stats.itl_p90_s))}")
+    grid.add_row("TTFT p50/p90", f"{_idle_or_na(ttft_exposed, ms(stats.ttft_p50_s))} / "
+                 f"{_idle_or_na(ttft_exposed, ms(stats.ttft_p90_s))}")
+    grid.add_row("ITL p50/p90", f"{_idle_or_na(itl_exposed, ms(stats.itl_p50_s))} / "
+                 f"{_idle_or_na(itl_exposed, ms(stats.itl_p90_s))}")
     if stats.requests is not None:
         _request_rows(grid, stats.requests, width)
     grid.add_row("host RSS", mib(state.rss_bytes) if state.rss_bytes is not None else NA)

@@ -8,24 +8,23 @@ from typing import TYPE_CHECKING
 
 from rich.text import Text
 
-from tui.live.store import EngineState
+from tui.live.engine_state import EngineState
+from tui.live.glance import SlotPhase, busy_slots, slot_phase
 from tui.model.bench import BenchSample
 from tui.model.samples import RoutedModel
 from tui.model.slots import SlotState
 from tui.model.traffic import TrafficSample
-from widgets.fmt import IDLE, Rows, ms, num, pct
+from widgets.fmt import IDLE, Rows, bar, cut_styled, ms, num, pct
+from widgets.styles import ALARM
 
 if TYPE_CHECKING:
     from tui.model.status import EngineStatus
-
-HEALTH_STYLE = {"up": "bold green", "loading": "bold yellow", "starting": "bold yellow", "down": "bold red"}
-
 
 def lifecycle_rows(grid: Rows, status: EngineStatus) -> None:
     """What enginetop knows as the engine's launcher: profile, PID, cold start, or the crash."""
     line = Text(status.profile or "", style="bold")
     if status.state == "crashed":
-        line.append(f"  CRASHED: {status.message}", style="bold white on red")
+        line.append(f"  CRASHED: {status.message}", style=ALARM)
     elif status.state == "failed":
         # what to do first: a profile's file and line are in the log and on stderr, not in the column
         line.append("  " + re.sub(r"\S+\.toml:\d+: error: (?:argv\[\d+\]: )?", "", status.message),
@@ -116,8 +115,8 @@ def model_line(state: EngineState, model: RoutedModel) -> Text:
         line.append(f"  {num(r.running, '{:.0f}')} running, {num(r.waiting, '{:.0f}')} waiting, "
                     f"{num(state.model_gen_tps.get(model.id), missing=IDLE)} gen tok/s")
     if model.slots is not None and model.slots.error is None:
-        busy = sum(s.processing for s in model.slots.slots)
-        line.append(f", slots {busy}/{len(model.slots.slots)} busy, KV ≈ {pct(model.slots.kv_estimate)}")
+        line.append(f", slots {busy_slots(model.slots)}/{len(model.slots.slots)} busy, "
+                    f"KV ≈ {pct(model.slots.kv_estimate)}")
     if model.error:
         line.append(f"  {model.error}", style="red")
     return line
@@ -151,8 +150,15 @@ def bench_rows(grid: Rows, bench: BenchSample) -> None:
                                               style="bold" if (p.attainment or 0) >= 0.95 else "bold red"))
 
 
-def slot_line(slot: SlotState) -> Text:
-    if not slot.processing:
+def slot_line(slot: SlotState, room: int | None = None) -> Text:
+    """A llama-server slot in one line. In the detail and a router's rows (no `room`): its phase in words with
+    the prompt, cached and decoded tokens. In the column (`room`: the width beside its label): its context
+    filled, as a bar against n_ctx where the room allows, and its phase short (idle, prefill progress, gen N).
+    The phase is tui.live.glance.slot_phase's in both."""
+    phase = slot_phase(slot)
+    if room is not None:
+        return _slot_glance(slot, phase, room)
+    if phase == "idle":
         line = Text("idle", style="dim")
         if slot.task is not None and slot.prompt_tokens is not None:
             # llama-server zeroes an ended task's counters; what it keeps is the tokens in the slot's cache
@@ -163,7 +169,7 @@ def slot_line(slot: SlotState) -> Text:
         line.append(f"  prompt {slot.prompt_tokens - (slot.decoded or 0)}")
         if slot.prompt_cached:
             line.append(f" ({slot.prompt_cached} cached)")
-    if not slot.decoded and slot.prompt_tokens:
+    if phase == "prefill":
         line.append(f"  prefill {slot.prompt_processed or 0}/{slot.prompt_tokens}", style="yellow")
     else:
         line.append(f"  decoding {slot.decoded or 0}")
@@ -172,3 +178,25 @@ def slot_line(slot: SlotState) -> Text:
     if slot.speculative:
         line.append("  speculative", style="dim")
     return line
+
+
+def _slot_glance(slot: SlotState, phase: SlotPhase, room: int) -> Text:
+    """The column's slot line (slot_line with a room)."""
+    held, ctx = slot.held, slot.n_ctx
+    if phase == "idle":
+        short = Text("idle", style="dim")
+    elif phase == "prefill":
+        short = Text(f"prefill {slot.prompt_processed or 0}/{slot.prompt_tokens}", style="yellow")
+    else:
+        short = Text(f"gen {slot.decoded or 0}", style="green")
+    text = Text(f"{held:,}/{ctx:,}" if held is not None and ctx else "",
+                style="" if slot.processing else "dim")
+    text.append("  ")
+    text.append_text(short)
+    if len(text.plain) > room:  # a narrow column: the phase and its progress before the context's count
+        return short
+    width = min(16, room - len(text.plain) - 1)
+    if held is None or not ctx or width < 4:
+        cut_styled(text, room)
+        return text
+    return bar(held / ctx, width, "cyan" if slot.processing else "blue") + Text(" ") + text

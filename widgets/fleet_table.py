@@ -19,11 +19,12 @@ from textual.strip import Strip
 from textual.widget import Widget
 
 from tui.fleet.match import GpuMatcher
-from tui.live.store import EngineState, generated_per_s
+from tui.live.engine_state import EngineState
+from tui.live.fleet_energy import joules_per_token
+from tui.live.glance import model_name
 from tui.model.samples import EngineSample, GpuSample
 from widgets.fmt import NA, ms, num, pct
-
-HEALTH_STYLE = {"up": "green", "loading": "yellow", "starting": "yellow", "down": "bold red"}
+from widgets.styles import STATUS_STYLE
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +73,7 @@ COLUMNS = (
     Column("status", _status, str),
     Column("engine", lambda s, st, g: s.name, str),
     Column("job", lambda s, st, g: s.job or "", str),
-    Column("model", lambda s, st, g: (s.model or "").rsplit("/", 1)[-1], lambda v: v or NA),
+    Column("model", lambda s, st, g: model_name(s.model) or "", lambda v: v or NA),
     Column("host", lambda s, st, g: s.host or "", str),
     Column("gen tok/s", _stat("gen_tps"), lambda v: num(v)),
     Column("prompt tok/s", _stat("prompt_processed_tps"), lambda v: num(v)),
@@ -87,8 +88,8 @@ COLUMNS = (
     Column("GPU W", lambda s, st, g: sum(x.power_w for x in g if x.power_w is not None) if g else None,
            lambda v: num(v, "{:.0f}")),
     # joules per generated token from the GPUs' energy (dcgm's counter, field 156, or power x time) over
-    # their window, over the tokens generated in that same window (build_rows); a node's GPUs shared by
-    # several engines: the node's joules over all their tokens
+    # their window, over the tokens generated in that same window (tui.live.fleet_energy, set by build_rows);
+    # a node's GPUs shared by several engines: the node's joules over all their tokens
     Column("J/tok", lambda s, st, g: None, lambda v: num(v, "{:.2f}")),
     Column("GPU °C", _gpu_max("temp_c"), lambda v: num(v, "{:.0f}")),
     # whose the three GPU figures are: the engine's own GPUs, or its node's, shared with the engines there
@@ -99,7 +100,6 @@ COLUMNS = (
 )
 GPUS, THROTTLE, WHY, JPT = (next(i for i, c in enumerate(COLUMNS) if c.label == label)
                             for label in ("GPUs", "throttle", "alerts / why", "J/tok"))
-STATUS_STYLE = {**HEALTH_STYLE, "stale": "bold yellow", "alert": "bold white on red"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,42 +110,19 @@ class Row:
     haystack: str  # what a typed filter matches, lower case
 
 
-def _energy(gpus: Sequence[GpuSample]) -> tuple[float, float, float] | None:
-    """The GPUs' energy over their window as watts, and the window (start, end), when every one has it."""
-    windows = [(g.energy, g.t) for g in gpus if g.energy is not None]
-    if not gpus or len(windows) < len(gpus):
-        return None
-    end = max(t for _, t in windows)
-    seconds = max(w.seconds for w, _ in windows)
-    return sum(w.watts for w, _ in windows), end - seconds, end
-
-
 def build_rows(engines: dict[str, EngineState], gpus: Iterable[GpuSample]) -> list[Row]:
     matcher = GpuMatcher(gpus)  # by pod, or GPU labels, else by node (tui.fleet.match)
     rows = []
     shares = {name: matcher.share(state.sample) for name, state in engines.items()
               if state.sample is not None}
-    # GPUs shared by several engines (a node's): their joules go over the tokens of every engine on them
-    sharing: dict[frozenset[int], list[str]] = {}
-    for name, share in shares.items():
-        sharing.setdefault(frozenset(id(g) for g in share.gpus), []).append(name)
+    per_token = joules_per_token(engines, {name: (share.gpus, share.own) for name, share in shares.items()})
     for name, state in engines.items():
         s = state.sample
         if s is None:
             continue
         share = shares[name]
         values = tuple(c.value(s, state, share.gpus) for c in COLUMNS)
-        energy = _energy(share.gpus)
-        per_token = None
-        if energy is not None:
-            # the tokens over the energy's own window (dcgm's counter moves every 30 s: a minute, not the
-            # rate window the gen tok/s column shows), of this engine or of every engine on the node's GPUs
-            watts, t0, t1 = energy
-            on = [name] if share.own else sharing[frozenset(id(g) for g in share.gpus)]
-            rates = [generated_per_s(engines[e], t0, t1) for e in on]
-            rate = None if any(r is None for r in rates) else sum(r for r in rates if r is not None)
-            per_token = watts / rate if rate else None
-        values = (*values[:JPT], per_token, *values[JPT + 1:])
+        values = (*values[:JPT], per_token[name], *values[JPT + 1:])
         if share.gpus:
             whose = f"{len(share.gpus)} {'own' if share.own else 'node'}"
             values = (*values[:GPUS], whose, *values[GPUS + 1:])
@@ -300,7 +277,7 @@ def _style(style: str | Style) -> Style:
     return style if isinstance(style, Style) else Style.parse(style) if style else _NULL
 
 
-def _fit(text: str, w: int) -> str:
+def _cell(text: str, w: int) -> str:
     """`text` in exactly `w` cells: padded with spaces, or cut with an ellipsis (rich's Text.truncate with
     overflow="ellipsis" and pad=True, which the table used before). Control characters (a newline in an
     error message) would break the line: each shows as a space."""
@@ -330,7 +307,7 @@ def _strip(cells: list[tuple[str, Style]], widths: Iterable[int], width: int, ba
             if run:
                 segments.append(Segment("".join(run), run_style))
             run, run_style = [], cell_style
-        run.append(_fit(text, w))
+        run.append(_cell(text, w))
         if run_style != gap:
             segments.append(Segment("".join(run), run_style))
             run, run_style = [], gap

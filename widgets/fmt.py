@@ -1,4 +1,5 @@
-"""Formatting shared by the panels: one spelling of "not available" everywhere."""
+"""Formatting shared by the panels: one spelling of "not available" everywhere, one bar, one way to cut a
+line to its width."""
 
 from __future__ import annotations
 
@@ -32,11 +33,51 @@ def mib(n_bytes: float | None, missing: str = NA) -> str:
     return missing if n_bytes is None else f"{n_bytes / 2**20:.0f} MiB"
 
 
-def bar(fraction: float | None, width: int = 10) -> str:
+def bar(fraction: float | None, width: int = 10, style: str | None = None) -> Text:
+    """A bar of `fraction` (0 to 1) of `width` cells. With `style` (a capacity in the engine's column): the
+    filled share in it (yellow past 70 %, red past 90 %), the rest dim; without (the GPU and host panels), the
+    characters alone. Blank where the fraction is not known."""
     if fraction is None:
-        return " " * width
+        return Text(" " * width)
     filled = max(0, min(width, round(fraction * width)))
-    return "█" * filled + "░" * (width - filled)
+    if style is None:
+        return Text("█" * filled + "░" * (width - filled))
+    if fraction >= 0.9:
+        style = "red"
+    elif fraction >= 0.7:
+        style = "yellow"
+    return Text("█" * filled, style=style) + Text("░" * (width - filled), style="dim")
+
+
+def shares(parts: tuple[tuple[str, float], ...]) -> str:
+    """(name, fraction) pairs as "stop 80% length 20%" (tui.live.glance.finish_shares)."""
+    return " ".join(f"{name} {fraction:.0%}" for name, fraction in parts)
+
+
+def _cut_at(text: str, width: int) -> int:
+    """Where to cut `text` to leave room for "…" in `width`: at the last space, so no word is cut in two
+    (mid-word only when the line's first word is longer than half of it)."""
+    space = text.rfind(" ", 0, width)
+    return space if space >= width // 2 else max(0, width - 1)
+
+
+def cut(text: str, width: int) -> str:
+    """`text` in at most `width` cells: whole as it is, or cut at a word and ended with "…"."""
+    line = Text(text)
+    cut_styled(line, width)
+    return line.plain
+
+
+def cut_styled(text: Text, width: int) -> None:
+    """As cut, in place, keeping the styles (and no separator left dangling before the "…")."""
+    if text.cell_len <= width:
+        return
+    text.truncate(_cut_at(text.plain, width))
+    text.rstrip()
+    while text.plain and text.plain[-1] in "·,:;":
+        text.right_crop(1)
+        text.rstrip()
+    text.append("…")
 
 
 _TICKS = "▁▂▃▄▅▆▇█"
@@ -59,22 +100,24 @@ class Rows:
     """Label/value lines. Panels redraw every second, and one Text renders far cheaper than a Table."""
 
     def __init__(self) -> None:
-        self._rows: list[tuple[str | None, str | Text]] = []
+        self._rows: list[tuple[str | None, str | Text, str]] = []
 
-    def add_row(self, label: str, value: str | Text) -> None:
-        self._rows.append((label, value))
+    def add_row(self, label: str, value: str | Text, label_style: str = "dim") -> None:
+        """`label_style`: a label that is itself a figure (a finding's severity) in the style of what it
+        says, its padding too."""
+        self._rows.append((label, value, label_style))
 
     def add_line(self, value: str | Text) -> None:
         """A line of the whole width, with no label column."""
-        self._rows.append((None, value))
+        self._rows.append((None, value, ""))
 
     def text(self) -> Text:
-        width = max((len(label) for label, _ in self._rows if label is not None), default=0) + 1
+        width = max((len(label) for label, _, _ in self._rows if label is not None), default=0) + 1
         out = Text(no_wrap=True, overflow="ellipsis")
-        for i, (label, value) in enumerate(self._rows):
+        for i, (label, value, label_style) in enumerate(self._rows):
             if i:
                 out.append("\n")
             if label is not None:
-                out.append(label.ljust(width), style="dim")
+                out.append(label.ljust(width), style=label_style)
             out.append(value if isinstance(value, Text) else Text(value))
         return out

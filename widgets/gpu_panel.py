@@ -10,16 +10,14 @@ from tui.model.samples import GpuReport, GpuSample
 from widgets.energy import window_text
 from widgets.fmt import NA, Rows, bar, gib, num
 from widgets.panel import Panel
+from widgets.styles import ALARM
 
 
 class GpuPanel(Panel):
     DEFAULT_CSS = """
     GpuPanel { border: round $secondary; padding: 0 1; height: auto; }
     """
-
-    def __init__(self, **kwargs) -> None:
-        super().__init__(**kwargs)
-        self.border_title = "GPU"
+    BORDER_TITLE = "GPU"
 
     def show(self, report: GpuReport | None) -> None:
         self.redraw(render_gpus(report))
@@ -55,12 +53,11 @@ def _render_gpu(g: GpuSample) -> Group:
     if g.error:
         return Group(title, Text(g.error, style="bold red"))
     if g.throttled:
-        title.append("  THROTTLED: " + ", ".join(r for r in g.throttle_reasons if r != "idle"),
-                     style="bold white on red")
+        title.append("  THROTTLED: " + ", ".join(r for r in g.throttle_reasons if r != "idle"), style=ALARM)
     elif g.throttle_reasons:
         title.append("  " + ", ".join(g.throttle_reasons), style="dim")
     util = g.util_gpu_pct
-    grid.add_row("util", f"{bar(None if util is None else util / 100)} {num(util, '{:.0f}%')}"
+    grid.add_row("util", f"{bar(None if util is None else util / 100).plain} {num(util, '{:.0f}%')}"
                  f"   mem-ctrl {num(g.util_mem_pct, '{:.0f}%')}")
     bw = NA
     if g.mem_bw_gbps is not None:
@@ -80,7 +77,7 @@ def _render_gpu(g: GpuSample) -> Group:
                  f"  mem {num(g.mem_clock_mhz, '{:.0f}')} MHz")
     used, total = g.vram_used_bytes, g.vram_total_bytes
     frac = used / total if used is not None and total else None
-    grid.add_row("VRAM", f"{bar(frac)} {gib(used)} / {gib(total)}")
+    grid.add_row("VRAM", f"{bar(frac).plain} {gib(used)} / {gib(total)}")
     if g.xid_error:
         grid.add_row("XID", Text(f"last XID error {g.xid_error}", style="bold red"))
     for p in g.processes:

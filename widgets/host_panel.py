@@ -17,10 +17,7 @@ class HostPanel(Panel):
     DEFAULT_CSS = """
     HostPanel { border: round $secondary; padding: 0 1; height: auto; }
     """
-
-    def __init__(self, **kwargs) -> None:
-        super().__init__(**kwargs)
-        self.border_title = "host"
+    BORDER_TITLE = "host"
 
     def show(self, sample: HostSample | None) -> None:
         self.redraw(render_host(sample))
@@ -31,7 +28,7 @@ def render_host(h: HostSample | None) -> Text:
         return Text("reading host…", style="dim")
     grid = Rows()
     cpu = h.cpu_pct
-    grid.add_row("CPU", f"{bar(None if cpu is None else cpu / 100)} {num(cpu, '{:.0f}%')}"
+    grid.add_row("CPU", f"{bar(None if cpu is None else cpu / 100).plain} {num(cpu, '{:.0f}%')}"
                  f" of {num(h.cpu_count, '{:.0f}')} cores")
     energy = window_text(h.cpu_energy)
     if energy is not None:
@@ -41,7 +38,7 @@ def render_host(h: HostSample | None) -> Text:
     ram_frac = None
     if h.ram_used_bytes is not None and h.ram_total_bytes:
         ram_frac = h.ram_used_bytes / h.ram_total_bytes
-    ram = Text(f"{bar(ram_frac)} {gib(h.ram_used_bytes)} / {gib(h.ram_total_bytes)}")
+    ram = Text(f"{bar(ram_frac).plain} {gib(h.ram_used_bytes)} / {gib(h.ram_total_bytes)}")
     if ram_frac is not None and ram_frac > RAM_ALARM:
         ram.stylize("bold red")
     grid.add_row("RAM", ram)

@@ -28,10 +28,10 @@ class ProbePanel(Panel):
     DEFAULT_CSS = """
     ProbePanel { border: round $accent; padding: 0 1; height: auto; }
     """
+    BORDER_TITLE = "probes"
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
-        self.border_title = "probes"
         self._drawn: tuple[tuple[ProbeResult, ...], float | None] = ((), None)
 
     def show(self, results: Sequence[ProbeResult], busy: bool, every_s: float | None,

@@ -19,7 +19,8 @@ import orjson
 
 from tui.cli.options import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, add_output, add_targets
 from tui.compare.engines import ProfileEngine, StartError, new_manager
-from tui.lifecycle.profiles import Profile, ProfileError, load_profiles
+from tui.lifecycle.profile_files import load_profiles
+from tui.lifecycle.profiles import Profile, ProfileError
 from tui.model.bench import RunState
 from tui.model.findings import Finding
 from tui.model.samples import EngineSample

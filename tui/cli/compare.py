@@ -15,16 +15,17 @@ from pathlib import Path
 from typing import Any
 
 from tui.base.paths import runs_dir
-from tui.base.process import free_ports
 from tui.cli.options import add_output
-from tui.compare.ab import ABConfig, Arm, Mode, arm_findings, run_comparison, verdict_words
-from tui.compare.engines import AttachedEngine, ProfileEngine, new_manager, uses_port_variable, with_port
+from tui.compare.ab import ABConfig, Mode, run_comparison
+from tui.compare.analysis import arm_findings, verdict_words
+from tui.compare.arms import ScheduleError, arms_from_profiles, choose_mode
 from tui.compare.report import write_report
 from tui.compare.result_files import load_result, write_result
 from tui.compare.roofline import model_weight_bytes, parse_bandwidth, parse_bytes
 from tui.compare.stats import DEFAULT_CV_THRESHOLD_PCT
 from tui.compare.sweep_param import best_value, margins, parse_param_spec, sweep_profiles, sweep_table
-from tui.lifecycle.profiles import Profile, ProfileError, load_profiles
+from tui.lifecycle.profile_files import load_profiles
+from tui.lifecycle.profiles import Profile, ProfileError
 from tui.probe.client import ProbeLimits
 from tui.probe.sweep import parse_levels
 from tui.probe.workloads import WORKLOADS
@@ -156,56 +157,6 @@ def _load(args: argparse.Namespace) -> Any:
 
 def _is_url(spec: str) -> bool:
     return "://" in spec
-
-
-def _choose_mode(requested: str, profiles: list[Profile | None], has_gpu: bool) -> Mode:
-    launched = [p for p in profiles if p is not None and not p.attach]
-    if requested == "switch":
-        return "switch"
-    can_side_by_side = all(uses_port_variable(p) for p in launched)
-    if requested == "coresident":
-        if not can_side_by_side:
-            bad = ", ".join(p.name for p in launched if not uses_port_variable(p))
-            raise UsageError(
-                f"--mode coresident needs each profile's argv to use ${{PORT}} (so each arm gets its "
-                f"own port); not so in: {bad}"
-            )
-        return "coresident"
-    if not launched:
-        return "coresident"
-    return "coresident" if (not has_gpu and can_side_by_side) else "switch"
-
-
-def _arms_from_profiles(
-    named: list[tuple[str, Profile | None, EngineSpec | None]], mode: Mode, gpu: Any
-) -> list[Arm]:
-    shared = new_manager(gpu)
-    arms = []
-    ports = free_ports(len(named))  # each coresident instance its own port
-    for (name, profile, spec), port in zip(named, ports, strict=True):
-        if profile is None:
-            assert spec is not None
-            engine = AttachedEngine(name, spec.url, basic_auth=spec.basic_auth)
-            arms.append(Arm(name, engine, url=spec.url, origin=f"attached by URL {spec.url}, not started by "
-                            "enginetop"))
-            continue
-        if mode == "coresident" and not profile.attach:
-            profile = with_port(profile, port)
-        manager = new_manager(gpu) if mode == "coresident" else shared
-        arms.append(
-            Arm(
-                name,
-                ProfileEngine(profile, manager),
-                argv=list(profile.argv) if profile.argv else None,
-                engine_kind=profile.engine,
-                url=None if not profile.attach else profile.url,
-                profile_path=str(profile.path),
-                notes=profile.notes,
-                origin=f"attached through profile {profile.name}, not started by enginetop"
-                if profile.attach else None,
-            )
-        )
-    return arms
 
 
 def _block_source(args: argparse.Namespace, config: ABConfig) -> WorkloadBlocks | None:
@@ -403,11 +354,11 @@ def cmd_ab(args: argparse.Namespace) -> int:
         if len(set(names)) != len(names):
             raise UsageError(f"each arm needs a distinct name, got {', '.join(names)}")
         gpu, has_gpu = _gpu_source()
-        mode = _choose_mode(args.mode, [p for _, p, _ in named], has_gpu)
+        mode = choose_mode(args.mode, [p for _, p, _ in named], has_gpu)
         config = _config(args, mode)
         source = _block_source(args, config)
-        arms = _arms_from_profiles(named, mode, gpu)
-    except (UsageError, ProfileError, TargetError) as exc:
+        arms = arms_from_profiles(named, mode, gpu)
+    except (UsageError, ProfileError, TargetError, ScheduleError) as exc:
         print(f"enginetop ab: {exc}", file=sys.stderr)
         return 2
     units = " / ".join(sorted({arm.unit + "s" for arm in arms}))
@@ -427,10 +378,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         profile = _load(args).get(args.profile)
         derived = sweep_profiles(profile, spec)
         gpu, has_gpu = _gpu_source()
-        mode = _choose_mode(args.mode, [p for _, p in derived], has_gpu)
+        mode = choose_mode(args.mode, [p for _, p in derived], has_gpu)
         config = _config(args, mode)
         source = _block_source(args, config)
-        arms = _arms_from_profiles([(name, p, None) for name, p in derived], mode, gpu)
+        arms = arms_from_profiles([(name, p, None) for name, p in derived], mode, gpu)
     except (UsageError, ProfileError, ValueError) as exc:
         print(f"enginetop sweep-param: {exc}", file=sys.stderr)
         return 2

@@ -70,9 +70,11 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
     from tui.base.paths import runs_dir
     from tui.compare.roofline import parse_bandwidth, parse_bytes
-    from tui.lifecycle.profiles import ProfileError, load_profiles
+    from tui.lifecycle.profile_files import load_profiles
+    from tui.lifecycle.profiles import ProfileError
     from tui.probe.sweep import SweepConfig, parse_levels
-    from tui.ui.app import AppConfig, EnginetopApp
+    from tui.ui.app import EnginetopApp
+    from tui.ui.config import AppConfig
 
     fleet = fleet_options(args)
     fleet_table = fleet is not None and fleet.prometheus is not None
@@ -170,8 +172,8 @@ def _discovered(off: bool, key_files: list[str] | None = None,
                 key_envs: list[str] | None = None) -> tuple[list[Any], list[str]]:
     """The engines running on this machine as targets, with the keys the key flags give them by the names
     found, and what to say of them (also said on stderr now)."""
+    from tui.run.discovery import discover, start_hints
     from tui.run.targets import discovered_targets
-    from tui.sources.discover import discover, start_hints
     from tui.sources.discover_keys import check_unnamed_keys
 
     found = None if off else discover()
@@ -188,7 +190,8 @@ def _discovered(off: bool, key_files: list[str] | None = None,
 def _cannot_start(profiles: list[Any]) -> list[str]:
     """Why each profile cannot start, found before anything is started (a missing engine or model, a variable
     not set): the app still runs, and the profile's column says the same."""
-    from tui.lifecycle.profiles import ProfileError, resolve
+    from tui.lifecycle.profile_resolve import resolve
+    from tui.lifecycle.profiles import ProfileError
 
     problems = []
     for profile in profiles:

@@ -71,7 +71,7 @@ def register(subparsers: Any) -> None:
 def profile_targets(names: list[str] | None) -> list[EngineTarget]:
     """The engines of these profiles at their URLs (probed, never started); a key file that cannot be read
     is an error."""
-    from tui.lifecycle.profiles import load_profiles
+    from tui.lifecycle.profile_files import load_profiles
 
     if not names:
         return []

@@ -16,7 +16,9 @@ from typing import Any
 from tui.base.install import command
 from tui.lifecycle import state
 from tui.lifecycle.engine import StepError, launch_instance
-from tui.lifecycle.profiles import ProfileError, ProfileSet, ResolvedProfile, load_profiles, resolve
+from tui.lifecycle.profile_files import ProfileSet, load_profiles
+from tui.lifecycle.profile_resolve import ResolvedProfile, resolve
+from tui.lifecycle.profiles import ProfileError
 from tui.lifecycle.switch import EngineManager, SwitchResult
 from tui.model.samples import GpuReport
 from tui.model.status import StepEvent

@@ -88,7 +88,8 @@ def cmd_record(args: argparse.Namespace) -> int:
     def say(line: str) -> None:
         print(f"enginetop record: {line}", file=sys.stderr, flush=True)
 
-    from tui.lifecycle.profiles import ProfileError, load_profiles
+    from tui.lifecycle.profile_files import load_profiles
+    from tui.lifecycle.profiles import ProfileError
     from tui.run.targets import TargetError
 
     try:
@@ -157,7 +158,7 @@ def start_profile(profile, recorder, say):  # -> (EngineTarget | None, EngineMan
 def cmd_replay(args: argparse.Namespace) -> int:
     from tui.record.reader import Recording
     from tui.record.replay import parse_goto
-    from tui.ui.app import AppConfig
+    from tui.ui.config import AppConfig
     from tui.ui.replay import ReplayApp
 
     try:

@@ -24,7 +24,7 @@ def register(sub: Any) -> None:
 
 
 def cmd_setup(args: argparse.Namespace) -> int:
-    from tui.engines.llamacpp import EngineNotInstalled
+    from tui.engines.install_llamacpp import EngineNotInstalled
     from tui.lifecycle.setup import SetupError, setup_demo, setup_vllm
 
     def say(line: str) -> None:

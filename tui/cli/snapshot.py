@@ -107,8 +107,9 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     targets = build_targets(args.engine, args.api_key_file, args.api_key_env, discovering=discovering)
     if discovering:
         from tui.base.install import command
+        from tui.run.discovery import discover, start_hints
         from tui.run.targets import discovered_targets
-        from tui.sources.discover import DiscoverError, discover, start_hints
+        from tui.sources.discover import DiscoverError
         from tui.sources.discover_keys import UnnamedKeyError, check_unnamed_keys
 
         try:

@@ -84,7 +84,7 @@ def _check(args: argparse.Namespace) -> Listen:
                          f"`{enginetop} web --profile demo-cpu-threads2 ...`")
     if args.profile:
         from tui.base.process import pid_alive
-        from tui.lifecycle.profiles import load_profiles
+        from tui.lifecycle.profile_files import load_profiles
         from tui.lifecycle.state import read_state
 
         loaded = load_profiles()

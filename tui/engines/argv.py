@@ -7,10 +7,10 @@ of a long option and `--opt=value`). `mask_argv` is the project's one masking fu
 the launcher's log line and every result that keeps an argv use it; `secrets_on_argv`, the profiles' check,
 reads a command line the same way.
 
-A command line is read as what it runs: a shell's command string (`sh -c`, `bash -lc`, `/bin/sh -c`, `env -S`)
-is split the way the shell splits it (its `;`, `&&`, `|`, newlines between commands), and `env`'s, `exec`'s,
-`nohup`'s and a shell's `NAME=VALUE` prefixes are passed over; each command is then read with its own
-engine's table (recognized by its program, whatever table the caller gave), else with the caller's.
+A command line is read as what it runs (tui.engines.wrappers: a shell's command string split the way the
+shell splits it, `env`'s, `exec`'s, `nohup`'s and a shell's `NAME=VALUE` prefixes passed over); each command
+is then read with its own engine's table (recognized by its program, whatever table the caller gave), else
+with the caller's.
 
 What is masked, for any program (an engine, or whatever else listens on a port):
 - the value of an option the table marks secret, in every spelling (short, long, alias, prefix, `=value`,
@@ -38,6 +38,15 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tui.base.secrets import REDACTED, mask_urls, says_secret
+from tui.engines.wrappers import (
+    POSITIONAL,
+    expanded,
+    is_operator,
+    program_start,
+    shell_commands,
+    shell_words,
+    unwrap,
+)
 
 # nargs of an option: a switch, one value, an optional value, one or more values
 SWITCH, ONE, OPTIONAL, MANY = 0, 1, "?", "+"
@@ -153,165 +162,18 @@ def _mask_text(arg: str, secrets: Sequence[str]) -> str:
     return head + eq + rest
 
 
-# ---------------------------------------------------------------- what a command line runs
-
-_SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "yash"})
-# Commands that run the rest of their words as a command: `exec llama-server ...` in a shell string
-_PREFIXES = frozenset({"exec", "command", "nohup", "time"})
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
-# A shell's operators: what separates one command of a string from the next (newline included)
-_OPERATORS = ";&|()<>\n"
-# A shell string that reads its positional parameters ($1, ${2}, "$@") gets them from the words after it
-_POSITIONAL = re.compile(r"\$(?:\{?[1-9]|[@*])")
-
-
-@dataclass(frozen=True)
-class _Wrapped:
-    """The command a wrapper runs: from argv[at] on, or in the string argv[at] after `prefix`."""
-
-    at: int
-    string: bool  # argv[at] is a command line in one string (a shell's -c, env's -S)
-    name: str  # the wrapper as a user writes it ("sh -c"), for the words of a finding
-    prefix: str = ""  # what precedes the string in its argument (`--split-string=`)
-    positional: bool = False  # the words after the string are its $0, $1...
-
-
-def _exe(arg: str) -> str:
-    return arg.replace("\\", "/").rsplit("/", 1)[-1].removesuffix(".exe")
-
-
-def _shell(argv: Sequence[str], exe: str) -> _Wrapped | None:
-    """`sh [options] -c STRING [$0 [$1...]]`: -c among the options (`-lc`, `-ec`, `-o pipefail -c`), the
-    string the first word after them."""
-    command, i = "", 1
-    while i < len(argv):
-        arg = argv[i]
-        if arg in ("--", "-"):  # the end of the options
-            i += 1
-            break
-        if arg.startswith("--"):  # --login, --norc, --posix; --rcfile/--init-file take a file
-            i += 2 if arg in ("--rcfile", "--init-file") else 1
-            continue
-        if len(arg) > 1 and arg[0] in "-+":
-            if arg[0] == "-" and "c" in arg:
-                command = arg
-            i += 2 if "o" in arg[1:] or "O" in arg[1:] else 1  # -o OPTION, bash's -O SHOPT
-            continue
-        break
-    return _Wrapped(i, True, f"{exe} {command}", positional=True) if command and i < len(argv) else None
-
-
-def _env(argv: Sequence[str]) -> _Wrapped | None:
-    """`env [options] [NAME=VALUE...] COMMAND...`, or the command line in one string of `env -S STRING`."""
-    i = 1
-    while i < len(argv):
-        arg = argv[i]
-        if arg == "--":
-            i += 1
-            break
-        if arg in ("-S", "--split-string"):
-            return _Wrapped(i + 1, True, "env -S") if i + 1 < len(argv) else None
-        for joined in ("-S", "--split-string="):  # -SSTRING, --split-string=STRING
-            if arg.startswith(joined):
-                return _Wrapped(i, True, "env -S", prefix=joined)
-        if arg in ("-u", "--unset", "-C", "--chdir"):
-            i += 2
-            continue
-        if arg.startswith("-"):
-            i += 1
-            continue
-        break
-    while i < len(argv) and _ENV_NAME.match(argv[i]):
-        i += 1
-    return _Wrapped(i, False, "env") if i < len(argv) else None
-
-
-def _wrapped(argv: Sequence[str]) -> _Wrapped | None:
-    """The command this command line runs in its stead, or None when it runs none (it is the program)."""
-    if not argv:
-        return None
-    exe = _exe(argv[0])
-    if exe in _SHELLS:
-        return _shell(argv, exe)
-    if exe == "env":
-        return _env(argv)
-    i = 0
-    if exe in _PREFIXES:
-        i = 1
-        while i < len(argv) and argv[i].startswith("-"):
-            i += 2 if argv[i] == "-a" else 1  # exec -a NAME
-    while i < len(argv) and _ENV_NAME.match(argv[i]):  # a shell's `HF_TOKEN=... llama-server ...`
-        i += 1
-    return _Wrapped(i, False, exe) if 0 < i < len(argv) else None
-
-
-def _shell_words(text: str) -> list[str]:
-    """`text` split the way a shell splits it, its operators (`;`, `&&`, `|`, a newline) words of their own;
-    split at whitespace where it cannot be (an unbalanced quote)."""
-    lexer = shlex.shlex(text, posix=True, punctuation_chars=_OPERATORS)
-    lexer.whitespace = " \t\r"  # a newline ends a command: an operator, not a space
-    lexer.whitespace_split = True
-    lexer.commenters = ""  # a secret in a comment is still in the text
-    try:
-        return list(lexer)
-    except ValueError:
-        return text.split()
-
-
-def _is_operator(word: str) -> bool:
-    return bool(word) and all(ch in _OPERATORS for ch in word)
-
-
-def _commands(words: list[str]) -> list[list[str]]:
-    """The words of each command of a shell string, and each run of operators, in order."""
-    runs: list[list[str]] = []
-    for word in words:
-        if runs and _is_operator(word) == _is_operator(runs[-1][0]):
-            runs[-1].append(word)
-        else:
-            runs.append([word])
-    return runs
-
-
-_WHOLE_POSITIONAL = re.compile(r"^\$(?:\{([1-9])\}|([1-9])|\{?([@*])\}?)$")
-
-
-def _expanded(argv: Sequence[str], wrapped: _Wrapped) -> list[list[tuple[str, int | None]]]:
-    """The commands a shell string runs, its positional parameters put in ("$@", "$1" as whole words: `sh -c
-    'exec llama-server "$@"' sh -m M --api-key K`), each word with the index of the argv element it came
-    from (None: the string's own), so a secret among the words after the string is found where it is."""
-    words = _shell_words(argv[wrapped.at][len(wrapped.prefix):])
-    after = list(range(wrapped.at + 2, len(argv)))  # $1... (argv[at + 1] is $0)
-    pairs: list[tuple[str, int | None]] = []
-    for word in words:
-        m = _WHOLE_POSITIONAL.match(word) if wrapped.positional else None
-        if m is None:
-            pairs.append((word, None))
-        elif m.group(3):  # $@, $*: every one
-            pairs += [(argv[k], k) for k in after]
-        elif (n := int(m.group(1) or m.group(2))) <= len(after):
-            pairs.append((argv[after[n - 1]], after[n - 1]))
-    runs: list[list[tuple[str, int | None]]] = []
-    for pair in pairs:
-        if runs and _is_operator(pair[0]) == _is_operator(runs[-1][0][0]):
-            runs[-1].append(pair)
-        else:
-            runs.append([pair])
-    return [run for run in runs if not _is_operator(run[0][0])]
-
-
 def _mask_command(text: str, table: Options | None, secrets: Sequence[str]) -> str:
     """A command line in one string, each of its commands masked as its own argv; `text` itself when
     nothing in it was."""
-    words = _shell_words(text)
+    words = shell_words(text)
     if len(words) < 2:
         return text
     out: list[str] = []
-    for run in _commands(words):
-        out += run if _is_operator(run[0]) else _mask(run, table, secrets, inner=True)
+    for run in shell_commands(words):
+        out += run if is_operator(run[0]) else _mask(run, table, secrets, inner=True)
     if out == words:
         return text
-    return " ".join(word if _is_operator(word) else shlex.quote(word) for word in out)
+    return " ".join(word if is_operator(word) else shlex.quote(word) for word in out)
 
 
 @dataclass(frozen=True)
@@ -349,40 +211,6 @@ class _Option:
     nargs: Nargs | None  # None: no table knows it
     inline: str | None  # the value given as `--name=value`
     values: tuple[int, ...]  # the indices of the values that follow it
-
-
-def program_start(argv: Sequence[str]) -> int:
-    """Where the program's own arguments start: after a Python interpreter's options and `-m MODULE` or its
-    script (`python -u -m vllm.entrypoints.openai.api_server --port 8000`: at --port), else at argv[1]."""
-    if not argv or not argv[0].replace("\\", "/").rsplit("/", 1)[-1].startswith("python"):
-        return 1
-    return _python_program(argv)[1]
-
-
-def _python_program(argv: Sequence[str]) -> tuple[str | None, int]:
-    """A Python command line's program (`-m MODULE`, `-mMODULE`, the script, or None for `-c`) and where its
-    own arguments start, after the interpreter's options (`-u`, `-X dev`, `-Xdev`, `-W ignore`...)."""
-    i = 1
-    while i < len(argv):
-        arg = argv[i]
-        if arg in ("-m", "-c"):  # the module or the command; what follows is the program's
-            return (argv[i + 1] if arg == "-m" and i + 1 < len(argv) else None), min(i + 2, len(argv))
-        if arg.startswith("-m") and not arg.startswith("--"):
-            return arg[2:], i + 1
-        if arg.startswith("-c") and not arg.startswith("--"):
-            return None, i + 1
-        if arg in ("-W", "-X", "--check-hash-based-pycs"):
-            i += 2
-            continue
-        if not arg.startswith("-"):
-            return arg, i + 1  # the script
-        i += 1
-    return None, len(argv)
-
-
-def python_program(argv: Sequence[str]) -> str | None:
-    """The program a Python interpreter runs on this command line (see _python_program)."""
-    return _python_program(argv)[0]
 
 
 def _walk(argv: Sequence[str], table: Options | None) -> Iterable[_Option]:
@@ -475,7 +303,7 @@ def _found(argv: Sequence[str], table: Options | None, values: Sequence[str], in
            ) -> dict[int, str]:
     """secrets_on_argv's findings by index; `inner`: argv is a command another runs (see _mask)."""
     found: dict[int, str] = {}
-    wrapped = _wrapped(argv)
+    wrapped = unwrap(argv)
     if wrapped is not None and not wrapped.string:  # env's or a shell's NAME=VALUE, then the command
         found = {i: why for i, arg in enumerate(argv[:wrapped.at]) if (why := _element(arg, values))}
         found.update({wrapped.at + i: why
@@ -486,7 +314,7 @@ def _found(argv: Sequence[str], table: Options | None, values: Sequence[str], in
             if i != wrapped.at and (why := _element(arg, values)):
                 found[i] = why
         whys = []
-        for run in _expanded(argv, wrapped):
+        for run in expanded(argv, wrapped):
             for k, why in sorted(_found([w for w, _ in run], table, values, inner=True).items()):
                 if (src := run[k][1]) is None:
                     whys.append(why)
@@ -519,7 +347,7 @@ def _mask(argv: Sequence[str], table: Options | None, known: Sequence[str], inne
     """mask_argv's work. `inner`: argv is a command another runs (in a shell string, after `env`), which is
     read with the table of the engine it runs, if it runs one; the caller's table is the one for its own
     command line."""
-    wrapped = _wrapped(argv)
+    wrapped = unwrap(argv)
     if wrapped is not None:
         head = tuple(_mask_text(arg, known) for arg in argv[:wrapped.at])
         if not wrapped.string:
@@ -527,12 +355,12 @@ def _mask(argv: Sequence[str], table: Options | None, known: Sequence[str], inne
         text = argv[wrapped.at][len(wrapped.prefix):]
         masked = _mask_command(text, table, known)
         rest = [_mask_text(arg, known) for arg in argv[wrapped.at + 1:]]
-        for run in _expanded(argv, wrapped):  # the words after the string that its commands run
+        for run in expanded(argv, wrapped):  # the words after the string that its commands run
             masked_run = _mask([w for w, _ in run], table, known, inner=True)
             for (word, src), shown in zip(run, masked_run, strict=True):
                 if src is not None and shown != word:
                     rest[src - wrapped.at - 1] = shown
-        if wrapped.positional and masked != text and _POSITIONAL.search(text):
+        if wrapped.positional and masked != text and POSITIONAL.search(text):
             # `sh -c 'llama-server --hf-token=$1' sh hf_...` (within a word): every word after the string
             rest = rest[:1] + [REDACTED] * len(rest[1:])
         return (*head, wrapped.prefix + masked, *rest)

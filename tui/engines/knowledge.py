@@ -12,7 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from tui.engines.argv import Options, python_program, register_engine
+from tui.engines.argv import Options, register_engine
+from tui.engines.wrappers import python_program
 
 DraftKind = Literal["draft model", "model heads", "n-gram", "unknown"]
 

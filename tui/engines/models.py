@@ -22,6 +22,7 @@ import sys
 import sysconfig
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from tui.base.paths import cache_dir
 
@@ -168,16 +169,7 @@ def build_tiny(target: Path | None = None) -> Path:
         bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id, pad_token_id=fast.pad_token_id
     )
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    try:
-        model.save_pretrained(tmp, safe_serialization=True)
-        gen.save_pretrained(tmp)
-        fast.save_pretrained(tmp)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return _publish(tmp, target)
+    return _save(target, model, gen, fast)
 
 
 def build_gemma(gguf: Path, target: Path | None = None) -> Path:
@@ -212,6 +204,12 @@ def build_gemma(gguf: Path, target: Path | None = None) -> Path:
         bos_token_id=tokenizer.bos_token_id, eos_token_id=eos_ids, pad_token_id=tokenizer.pad_token_id
     )
 
+    return _save(target, model, gen, tokenizer)
+
+
+def _save(target: Path, model: Any, gen: Any, tokenizer: Any) -> Path:
+    """The model, its generation settings and its tokenizer written beside `target`, then moved into place
+    whole (_publish): a build stopped half-way leaves no folder that looks finished."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:

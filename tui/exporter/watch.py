@@ -18,7 +18,8 @@ import logging
 from collections.abc import Sequence
 
 from tui.exporter.metrics import ProbeMetrics
-from tui.live.store import Store, relayed
+from tui.live.engine_state import relayed
+from tui.live.store import Store
 from tui.model.samples import EngineStats
 from tui.model.targets import EngineTarget
 from tui.net.keepalive import Transports

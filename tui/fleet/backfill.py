@@ -8,7 +8,9 @@ import time
 
 from tui.fleet.prometheus import PrometheusClient
 from tui.fleet.queries import FleetQueries, escape
-from tui.live.store import ENGINE_SERIES, EngineState, Series
+from tui.live.engine_state import EngineState
+from tui.live.series import Series
+from tui.live.store import ENGINE_SERIES
 
 BACKFILL_S = 1800.0
 REASONS = "DCGM_FI_DEV_CLOCKS_EVENT_REASONS|DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"

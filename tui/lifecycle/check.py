@@ -14,9 +14,11 @@ import sys
 
 from tui.base.install import how_to
 from tui.base.process import free_port
-from tui.engines.llamacpp import EngineNotInstalled, demo_model_path, llama_server_binary
+from tui.engines.install_llamacpp import EngineNotInstalled, demo_model_path, llama_server_binary
 from tui.lifecycle.engine import StepError, exit_words, launch_instance, stop_instance, wait_ready
-from tui.lifecycle.profiles import ProfileError, load_profiles, resolve
+from tui.lifecycle.profile_files import load_profiles
+from tui.lifecycle.profile_resolve import resolve
+from tui.lifecycle.profiles import ProfileError
 
 DEMO_PROFILE = "demo-cpu-threads2"
 

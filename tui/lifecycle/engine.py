@@ -34,8 +34,10 @@ from tui.base.process import (
 )
 from tui.engines.argv import mask_argv
 from tui.lifecycle.memory import StartWatch
-from tui.lifecycle.profiles import Profile, ResolvedProfile, engine_options
+from tui.lifecycle.profile_resolve import ResolvedProfile
+from tui.lifecycle.profiles import Profile, engine_options
 from tui.model.findings import StartMemory
+from tui.model.status import EngineStatus
 from tui.net.policy import auth_headers, client_kwargs, error_text
 
 LOG_TAIL_LINES = 20
@@ -311,6 +313,14 @@ def wait_ready(
             if instance.watch is not None:
                 instance.watch.sample(pids)
             time.sleep(interval)
+
+
+def crashed_status(instance: EngineInstance, when: str = "") -> EngineStatus:
+    """What the UI's status line shows of an engine that exited by itself: why, with its log's tail."""
+    return EngineStatus("crashed", profile=instance.name, pid=instance.pid, url=instance.url,
+                        exit_code=instance.exit_code(), log_path=instance.log_path,
+                        log_tail=tuple(instance.log_tail()), message=crash_message(instance, when),
+                        start_memory=instance.start_memory())
 
 
 def crash_message(instance: EngineInstance, when: str = "") -> str:

@@ -151,8 +151,8 @@ def _models_path(into: Path) -> Path:
 
 def setup_vllm(say: Say = print) -> None:
     """vLLM (CPU) in its own venv, the tiny test model and Gemma 3 270M as a Hugging Face folder."""
-    from tui.engines.llamacpp import demo_model_path
-    from tui.engines.vllm import STAMP_NAME, VLLM_PACKAGE, vllm_venv
+    from tui.engines.install_llamacpp import demo_model_path
+    from tui.engines.install_vllm import STAMP_NAME, VLLM_PACKAGE, vllm_venv
 
     venv = vllm_venv()
     stamp = venv / STAMP_NAME
@@ -177,5 +177,5 @@ def setup_vllm(say: Say = print) -> None:
         env = {"PYTHONPATH": str(_models_path(Path(tmp))), "ENGINETOP_CACHE": str(cache_dir())}
         _run([str(python), "-m", "tui.engines.models", "tiny"], env)
         _run([str(python), "-m", "tui.engines.models", "gemma", "--gguf", str(gguf)], env)
-    _run([sys.executable, "-m", "tui.engines.vllm", "--check"])
+    _run([sys.executable, "-m", "tui.engines.install_vllm", "--check"])
     say(f">> vLLM ready: {how_to('demo-both')}")

@@ -16,7 +16,7 @@ from typing import Any
 from tui.base.paths import runs_dir, safe_name
 from tui.base.process import pid_alive
 from tui.lifecycle.engine import EngineInstance
-from tui.lifecycle.profiles import ResolvedProfile
+from tui.lifecycle.profile_resolve import ResolvedProfile
 
 
 def state_dir() -> Path:

@@ -10,19 +10,20 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 from tui.findings.judge import judge
-from tui.findings.tracker import Since
+from tui.live.engine_state import EngineState, generated_per_s, relayed
+from tui.live.glance import busy_slots
+from tui.live.probe_energy import probe_energy_fields
+from tui.live.series import Series, spans
 from tui.model.bench import BenchSample
 from tui.model.counters import spec_window
 from tui.model.events import ProbeEvent
-from tui.model.findings import Evidence, Finding, StartMemory
+from tui.model.findings import Evidence, StartMemory
 from tui.model.samples import (
     EngineReading,
     EngineSample,
@@ -30,22 +31,18 @@ from tui.model.samples import (
     GpuReport,
     HostSample,
     PromptProgress,
-    RequestStats,
 )
 from tui.model.traffic import TrafficSample
+from tui.sources.attribution import attribute, with_attribution
+from tui.sources.energy import Point as EnergyPoint
 from tui.sources.energy import (
-    MIN_SPAN_S,
-    TOO_SHORT,
     Track,
-    attribute,
     gpu_key,
     gpu_label,
     holders,
     may_hold_an_engine,
     whole_gpu_words,
-    with_attribution,
 )
-from tui.sources.energy import Point as Reading
 from tui.sources.rates import (
     derive,
     gen_tps,
@@ -56,12 +53,10 @@ from tui.sources.rates import (
     went_back,
     went_back_same_shape,
 )
-from tui.sources.requests import request_stats, serving
+from tui.sources.requests import request_stats
 
 # What a source makes (tui.live.feed); a replay adds the probe results it recorded.
 Sample = EngineSample | GpuReport | HostSample | ProbeEvent | TrafficSample | BenchSample
-
-Point = tuple[float, float]  # (time.monotonic(), value)
 
 ENGINE_SERIES = ("gen_tps", "ttft_p50_s")  # what the plots draw, from EngineStats (see Store._plotted)
 # what the column's sparklines draw beside the plotted two, from EngineStats as each reading comes (live only:
@@ -69,142 +64,9 @@ ENGINE_SERIES = ("gen_tps", "ttft_p50_s")  # what the plots draw, from EngineSta
 GLANCE_SERIES = ("prompt_processed_tps", "prompt_computed_tps", "itl_p50_s")
 BENCH_TTFT = "bench_ttft_p50_s"  # a running bench's live TTFT p50, drawn beside the engine's own
 TRAFFIC_TTFT = "traffic_ttft_p50_s"  # the clients' TTFT p50 via the proxy (llama.cpp has no TTFT histogram)
-SPARK_CELL_S = 1.0  # a sparkline's cell is this much time, whatever the poll interval: its span stays put
-SPARK_HOLD_S = 10.0  # the slowest poll `-` allows: a figure holds through the cells until the next reading
 MIN_PROBES_KEPT = 10  # the probe panel lists and medians the last few, however old they are
 ENERGY_KEEP_S = 180.0  # energy readings kept per device: the window, and a probe's span read after it ended
 REMOTE_ENERGY_WINDOW_S = 60.0  # dcgm-exporter collects every 30 s by default: its counter moves that rarely
-PROBE_ENERGY_WAIT_S = 15.0  # a probe whose span no reading has passed since is given up on
-
-
-class Series:
-    """(t, value) points over the last `horizon_s`, at most `max_points` + 1 of them.
-
-    Samples that fall in the same time bucket of horizon/max_points seconds share one point: the first
-    sample's time and the mean of the values, or their maximum with `peak=True` (a throttled second must
-    never be averaged away). Samples further apart than a bucket keep a point each, so a short horizon
-    keeps full resolution. Values that are not available are not stored.
-    """
-
-    def __init__(self, horizon_s: float, max_points: int, peak: bool = False) -> None:
-        self.horizon_s = horizon_s
-        self.bucket_s = horizon_s / max_points
-        self.peak = peak
-        self.points: deque[Point] = deque(maxlen=max_points + 1)
-        self._bucket: int | None = None  # bucket of the newest point
-        self._sum = 0.0
-        self._n = 0
-
-    def add(self, t: float, value: float | None) -> None:
-        if value is None:
-            return
-        bucket = math.floor(t / self.bucket_s)
-        if bucket == self._bucket and self.points:
-            first_t, kept = self.points[-1]
-            self._sum += value
-            self._n += 1
-            self.points[-1] = (first_t, max(kept, value) if self.peak else self._sum / self._n)
-        else:
-            self.points.append((t, value))
-            self._bucket, self._sum, self._n = bucket, value, 1
-        cutoff = t - self.horizon_s
-        while self.points[0][0] < cutoff:
-            self.points.popleft()
-
-    def since(self, t0: float) -> list[Point]:
-        return [p for p in self.points if p[0] >= t0]
-
-    def cells(self, width: int, cell_s: float = SPARK_CELL_S) -> list[float | None]:
-        """The last `width` cells of `cell_s` seconds each, oldest first, for a sparkline: the same span of
-        time whatever the poll interval (`+`/`-`), each cell the mean of its points, a cell no point fell in
-        holding the one before (a rate holds until the next reading) for up to SPARK_HOLD_S, None after (no
-        figure then: an engine that did not answer is not drawn as steady). Cells before the first point are
-        left out, so a young series is right-aligned. Reads only the points of the span, however long the
-        history."""
-        if not self.points or width <= 0:
-            return []
-        newest = self.points[-1][0]
-        sums = [0.0] * width
-        counts = [0] * width
-        out: list[float] = []  # seeded with the last point before the span, which the first cells hold
-        since = 0  # cells since the last that had a point
-        for t, v in reversed(self.points):
-            back = round((newest - t) / cell_s)  # round: polls a cell apart with jitter stay a cell apart
-            if back >= width:
-                out.append(v)
-                since = back - width
-                break
-            sums[width - 1 - back] += v
-            counts[width - 1 - back] += 1
-        held: list[float | None] = list(out)
-        for total, n in zip(sums, counts, strict=True):
-            since = 0 if n else since + 1
-            if n:
-                held.append(total / n)
-            elif held:
-                held.append(held[-1] if since * cell_s <= SPARK_HOLD_S else None)
-        return held[-width:]
-
-
-@dataclass
-class EngineState:
-    name: str
-    url: str
-    sample: EngineSample | None = None
-    stats: EngineStats = field(default_factory=EngineStats)
-    # (t, reading) for the longest window we derive over, all from the engine's current run
-    readings: deque[tuple[float, EngineReading]] = field(default_factory=deque)
-    reset_t: float | None = None  # when the counters last went back (the engine restarted)
-    # The newest reading's shape (tui.sources.rates.shape), its counters, and since when readings had it
-    shape: tuple[object, ...] | None = None
-    has: tuple[bool, ...] = ()
-    shape_t: float = math.inf
-    series: dict[str, Series] = field(default_factory=dict)
-    glance: dict[str, Series] = field(default_factory=dict)  # GLANCE_SERIES, for the sparklines
-    probes: deque[tuple[float, Any]] = field(default_factory=deque)  # (t, ProbeResult), oldest first
-    rss_bytes: int | None = None
-    traffic: TrafficSample | None = None  # the user's own requests, measured by the proxy in front of it
-    bench: BenchSample | None = None  # a bench or capacity run on this engine (tui.workload.live)
-    # A llama-server router's loaded models: each one's readings over the rate window, and its gen tok/s
-    model_readings: dict[str, deque[tuple[float, EngineReading]]] = field(default_factory=dict)
-    model_gen_tps: dict[str, float | None] = field(default_factory=dict)
-    model_status_since: dict[str, tuple[str, float]] = field(default_factory=dict)  # id -> (status, wall)
-    model_used: dict[str, float] = field(default_factory=dict)  # id -> wall time it last served a request
-    prefill: PromptProgress | None = None  # a probe's long prompt, as the engine streams its progress
-    # Findings (tui.findings): what holds now, since when; and the evidence the store gathers for them over
-    # the engine's current run: the most requests it ran and kept waiting at once, since when it is read
-    findings: tuple[Finding, ...] = ()
-    since: Since = field(default_factory=Since)
-    start: StartMemory | None = None  # what its start cost the host, from the lifecycle (engine_start)
-    busy_max: int | None = None
-    waiting_max: int | None = None
-    watched_t: float | None = None
-    # (t, generated tokens so far) of an engine whose figures its source computed (Prometheus), kept for
-    # ENERGY_KEEP_S: its tokens over exactly a GPU's energy window (generated_per_s), for the fleet's J/tok
-    generated: deque[tuple[float, float]] = field(default_factory=deque)
-
-
-def generated_per_s(state: EngineState, t0: float, t1: float) -> float | None:
-    """The engine's generated tokens per second from t0 to t1 (a GPU's energy window), its counter (kept
-    apart for an engine whose rates its source computed, else its readings') taken between readings by
-    linear interpolation; None without readings covering at least half the span (never a rate over another
-    window stood in for this one)."""
-    points = list(state.generated) or [(t, r.generation_tokens_total) for t, r in state.readings
-                                       if r.generation_tokens_total is not None]
-    if len(points) < 2 or t1 <= t0:
-        return None
-    a, b = max(t0, points[0][0]), min(t1, points[-1][0])
-    if b - a < (t1 - t0) / 2:
-        return None
-
-    def at(t: float) -> float:
-        i = bisect.bisect_left(points, t, key=lambda p: p[0])
-        if i < len(points) and points[i][0] == t:
-            return points[i][1]
-        (ta, va), (tb, vb) = points[i - 1], points[i]
-        return va + (vb - va) * (t - ta) / (tb - ta)
-
-    return (at(b) - at(a)) / (b - a)
 
 
 class Store:
@@ -341,7 +203,7 @@ class Store:
             state.watched_t, state.busy_max, state.waiting_max = t, None, None
         if sample.reading.running is not None or sample.slots is not None:
             busy = max(int(sample.reading.running or 0),
-                       sum(s.processing for s in sample.slots.slots) if sample.slots is not None else 0)
+                       busy_slots(sample.slots) if sample.slots is not None else 0)
             state.busy_max = max(state.busy_max or 0, busy)
         if sample.reading.waiting is not None:
             state.waiting_max = max(state.waiting_max or 0, int(sample.reading.waiting))
@@ -467,8 +329,8 @@ class Store:
         )
 
     def _energy(self, name: str, stats: EngineStats) -> EngineStats:
-        """`stats` with the engine's energy per token (tui.sources.energy.attribute): each engine's tokens
-        over the energy's own window from its counter (generated_per_s), else its rate over the store's
+        """`stats` with the engine's energy per token (tui.sources.attribution.attribute): each engine's
+        tokens over the energy's own window from its counter (generated_per_s), else its rate over the store's
         window (an engine read without a generated-tokens counter: llama-server's /slots), which ends within
         a poll of it and lasts as long."""
         def rate(engine: str, t0: float, t1: float) -> float | None:
@@ -491,7 +353,7 @@ class Store:
                 if track is None:
                     track = self._gpu_energy[key] = Track(ENERGY_KEEP_S)
                 if not g.stale:
-                    track.add(Reading(g.t, g.energy_j, g.power_w), self._idle(holders(g)[0]))
+                    track.add(EnergyPoint(g.t, g.energy_j, g.power_w), self._idle(holders(g)[0]))
                 window = self.rate_window_s if g.host is None else \
                     max(self.rate_window_s, REMOTE_ENERGY_WINDOW_S)
                 g = dataclasses.replace(g, energy=track.window(window))
@@ -507,7 +369,7 @@ class Store:
         for name, state in self.engines.items():
             state.rss_bytes = by_engine.get(name)
         if sample.cpu_energy_j is not None:
-            self._cpu_energy.add(Reading(sample.t, sample.cpu_energy_j, None),
+            self._cpu_energy.add(EnergyPoint(sample.t, sample.cpu_energy_j, None),
                                  self._idle(self._cpu_engines(sample)))
         window = self._cpu_energy.window(self.rate_window_s) if sample.cpu_energy_j is not None else None
         self.host = dataclasses.replace(sample, cpu_energy=window)
@@ -589,29 +451,7 @@ class Store:
 
     def _probe_fields(self, name: str, result: Any, now: float) -> dict[str, Any] | None:
         """The probe's energy fields, or None while the readings have not passed its end yet."""
-        t0, t1 = result.sent_at, result.ended_at
-        if t1 - t0 < MIN_SPAN_S:
-            return {"energy_note": f"{TOO_SHORT} ({t1 - t0:.2f} s; the counter moves every 20-100 ms)"}
-        scope = self._probe_scope(name)
-        if isinstance(scope, str):
-            return {"energy_note": scope}
-        tracks, words = scope
-        if not tracks:
-            return {"energy_note": "no energy reading"}
-        if any(not tr.points or tr.points[-1].t <= t1 for tr in tracks):
-            if now - t1 < PROBE_ENERGY_WAIT_S:
-                return None
-            return {"energy_note": "no energy reading after the probe ended"}
-        joules = 0.0
-        sources = set()
-        for track in tracks:
-            got = track.between(t0, t1)
-            if isinstance(got, str):
-                return {"energy_note": got}
-            joules += got[0]
-            sources.add(got[1])
-        source = sources.pop() if len(sources) == 1 else "counter + power × time"
-        return {"energy_j": joules, "energy_source": source, "energy_scope": words}
+        return probe_energy_fields(result, now, lambda: self._probe_scope(name))
 
     def probe_progress(self, name: str, progress: PromptProgress) -> None:
         """A probe's prompt progress as it streams (not recorded: its result is)."""
@@ -634,34 +474,6 @@ class Store:
         """Periods (start, end) since t0 in which a GPU reported a real throttle reason; a span still open
         ends at the last report."""
         return spans(self.throttle, t0)
-
-
-def spans(series: Series, t0: float) -> list[tuple[float, float]]:
-    """Periods (start, end) since t0 in which a 0/1 series was 1; a span still open ends at its last point."""
-    out: list[tuple[float, float]] = []
-    start: float | None = None
-    last_t = t0
-    for t, v in series.since(t0):
-        if v and start is None:
-            start = t
-        elif not v and start is not None:
-            out.append((start, t))
-            start = None
-        last_t = t
-    if start is not None:
-        out.append((start, last_t))
-    return out
-
-
-def relayed(state: EngineState) -> RequestStats | None:
-    """The proxy's per-request figures, for an engine that publishes none of its own (llama.cpp), with the
-    busy share and the rate while serving from its own readings (/metrics or /slots)."""
-    traffic = state.traffic
-    lives = traffic.stats.per_request if traffic is not None and traffic.error is None else None
-    if lives is None:
-        return None
-    busy, while_serving = serving(state.readings)
-    return dataclasses.replace(lives, busy_share=busy, gen_tps_serving=while_serving)
 
 
 def _oldest_within(readings: deque[tuple[float, EngineReading]], t0: float) -> tuple[float, EngineReading]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -107,13 +107,9 @@ class Recording:
                 self._damaged(exc, last_t)
                 yield from self._rows_by_id(last_t, t_end, kinds)
                 return
-            for row in batch:
-                if skip is not None and skip(row[1], row[3]):
-                    continue
-                decoded = self._decode(row)
-                if decoded is None:
-                    return
-                yield decoded
+            if not (yield from self._decoded(row for row in batch
+                                             if skip is None or not skip(row[1], row[3]))):
+                return
             if len(batch) < BATCH:
                 return
             last_t, last_id = batch[-1][1], batch[-1][0]
@@ -128,15 +124,21 @@ class Recording:
                                         f"ORDER BY id LIMIT {BATCH}", (last_id,)).fetchall()
             except sqlite3.DatabaseError:
                 return
-            for row in batch:
-                if row[1] > t0 and row[1] <= t1 and (not kinds or row[3] in kinds):
-                    decoded = self._decode(row)
-                    if decoded is None:
-                        return
-                    yield decoded
+            if not (yield from self._decoded(row for row in batch
+                                             if t0 < row[1] <= t1 and (not kinds or row[3] in kinds))):
+                return
             if len(batch) < BATCH:
                 return
             last_id = batch[-1][0]
+
+    def _decoded(self, rows: Iterable[tuple[Any, ...]]) -> Generator[Row, None, bool]:
+        """Each row decoded, in order; False once one cannot be (a damaged page: the rows end there)."""
+        for row in rows:
+            decoded = self._decode(row)
+            if decoded is None:
+                return False
+            yield decoded
+        return True
 
     def _decode(self, row: tuple[Any, ...]) -> Row | None:
         rid, t, wall, kind, source, dict_id, data = row

@@ -14,8 +14,9 @@ from collections.abc import Callable
 from typing import Any
 
 from tui.fleet.source import FleetSource
+from tui.live.engine_state import EngineState
 from tui.live.feed import Source
-from tui.live.store import EngineState, Store
+from tui.live.store import Store
 from tui.model.samples import EngineSample, EngineStats
 from tui.record.codec import encode
 from tui.run.sources import RunOptions, build_sources

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from tui.base.secrets import read_api_key
-from tui.lifecycle.profiles import Profile, ProfileError, resolve
+from tui.lifecycle.profile_resolve import resolve
+from tui.lifecycle.profiles import Profile, ProfileError
 from tui.model.targets import EngineTarget
 from tui.net.policy import split_credentials
 from tui.sources.discover import FoundEngine

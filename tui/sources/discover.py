@@ -39,14 +39,12 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from tui.base.install import command, demo_hint
 from tui.sources.discover_ask import DEADLINE_S, Late, confirm
 from tui.sources.discover_found import FoundChild, FoundEngine, How
 from tui.sources.discover_listeners import listeners, url_hosts
 
 __all__ = ["DEADLINE_S", "DEFAULT_PORTS", "PORTS_ENV", "DiscoverError", "Discovery",
-           "FoundChild", "FoundEngine", "How", "discover", "discover_async", "start_hints", "url_hosts",
-           "usual_ports"]
+           "FoundChild", "FoundEngine", "How", "discover", "discover_async", "url_hosts", "usual_ports"]
 
 DEFAULT_PORTS = (8080, 8000, 30000, 1234, 11434)
 PORTS_ENV = "ENGINETOP_DISCOVER_PORTS"
@@ -71,7 +69,7 @@ class Discovery:
 
     def report(self, subcommand: str = "") -> list[str]:
         """What was found and how, a line each, then what did not answer in time or was not asked; with
-        nothing found, what was asked and the two ways on (`subcommand`: the one the hint names, e.g.
+        nothing found, what was asked and what to run next (next_steps; `subcommand`: the one it names, e.g.
         "snapshot")."""
         if self.engines:
             lines = [f"found {e.words()}" for e in self.engines]
@@ -79,17 +77,16 @@ class Discovery:
             lines = [f"no engine found on this machine (asked: {self.asked()})"]
         lines += self.late + self.not_asked
         if not self.engines:
-            lines += start_hints(subcommand)
+            lines += self.next_steps(subcommand)
         if self.unreadable:
             lines.append(self.unreadable)
         return lines
 
-
-def start_hints(subcommand: str = "") -> list[str]:
-    """The one line to point enginetop (or its `subcommand`, e.g. "snapshot") at an engine and the one to
-    start the demo, each as this install runs it (tui.base.install: a clone's is `.venv/bin/enginetop`)."""
-    run = " ".join(filter(None, (command(), subcommand)))
-    return [f"watch an engine: `{run} --engine NAME=http://HOST:PORT`", f"start the demo: {demo_hint()}"]
+    def next_steps(self, subcommand: str = "") -> list[str]:
+        """The commands that go on from nothing found: none here. Discovery only finds; which command a user
+        runs depends on how enginetop was installed, and is said where the command line's text is built
+        (tui.run.discovery)."""
+        return []
 
 
 def usual_ports(environ: Mapping[str, str] | None = None) -> tuple[int, ...]:

@@ -1,32 +1,24 @@
-"""Energy from counters: per GPU and for the CPU package over a window, per engine per generated token, and
-over a span between two readings (a probe, an A/B block, a bench run). Pure arithmetic over samples; nothing
-here reads a device.
+"""Energy from counters: per GPU and for the CPU package over a window, and over a span between two readings
+(a probe, an A/B block, a bench run). Pure arithmetic over samples; nothing here reads a device.
 
 The one rule: a device's own energy counter (NVML's total energy, hwmon's energy1_input, dcgm's field 156,
 RAPL's energy_uj with its wraps undone) over the span when it is there and moved; power x time (trapezoids
 between the power readings) where it is missing or did not move, and the figure says which
 (`source`). A figure never adds a counter's joules to power x time joules without saying so.
 
-Attribution to an engine (`attribute`): the engine's GPUs are those its process tree holds VRAM on (NVML's
-per-process memory, the DRM fdinfo on AMD and Intel). Alone on them: the GPUs' energy is the engine's
-(scope "engine"), said only where the GPU's process list is complete (NVML); AMD and Intel list only the
-watched engines' processes, so there the figure is per GPU ("gpu 1 (the whole GPU: ...)"). Shared with
-another watched engine or a process enginetop cannot name: the figure is the GPUs' (scope "gpu 0+1") over
-the tokens of every watched engine on them, and says with whom. An engine on
-this machine that holds no GPU runs on the CPU: the CPU package's RAPL energy, shared the same way with the
-other CPU engines here.
+Whose energy it is: who holds each GPU (`holders`, below) here; an engine's share of the window's energy, per
+generated token, in tui.sources.attribution.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tui.model.samples import EnergySource, EnergyWindow, EngineStats, GpuReport, GpuSample, HostSample
+from tui.model.samples import EnergySource, EnergyWindow, GpuReport, GpuSample
 
 COUNTER: EnergySource = "counter"
 POWER_TIME: EnergySource = "power × time"
@@ -60,7 +52,7 @@ def _trapezoid(points: Sequence[Point]) -> float | None:
                for a, b in itertools.pairwise(powered))
 
 
-def over(points: Sequence[Point]) -> tuple[float, float, EnergySource, str | None] | None:
+def energy_of_readings(points: Sequence[Point]) -> tuple[float, float, EnergySource, str | None] | None:
     """(joules, seconds, source, note) over `points` (time order): the counter's change, else power x time."""
     counted = [p for p in points if p.energy_j is not None]
     note = None
@@ -118,7 +110,7 @@ class Track:
         if idle and not self._last_idle:
             self._idle.clear()
         elif idle and previous is not None:
-            interval = over([previous, point])
+            interval = energy_of_readings([previous, point])
             if interval is not None:
                 self._idle.append(interval[0] / interval[1])
         self._last_idle = idle
@@ -139,7 +131,7 @@ class Track:
         inside = [p for p in self.points if p.t >= end - window_s]
         if len(inside) < 2:
             inside = list(self.points)[-2:]
-        got = over(inside)
+        got = energy_of_readings(inside)
         if got is None:
             return None
         joules, seconds, source, note = got
@@ -160,7 +152,7 @@ class Track:
             return f"{TOO_SHORT} ({t1 - t0:.1f} s: under two energy readings in it, {every})"
         before = [p for p in pts if p.t < t0][-1:]
         after = [p for p in pts if p.t > t1][:1]
-        got = over(inside)
+        got = energy_of_readings(inside)
         if got is None:
             return "no energy reading"
         joules, seconds, source, _ = got
@@ -168,7 +160,7 @@ class Track:
         used = {source}
 
         def rate(pair: list[Point]) -> float:
-            edge = over(pair)
+            edge = energy_of_readings(pair)
             if edge is None:
                 return inner_w
             used.add(edge[2])
@@ -255,104 +247,6 @@ def _whole_words(vendors: set[str]) -> str | None:
     return f"the whole GPU: {'/'.join(sorted(vendors))} sysfs cannot show other processes on it"
 
 
-@dataclass(frozen=True, slots=True)
-class Attribution:
-    energy_w: float | None = None
-    joules_per_token: float | None = None
-    tokens_per_joule: float | None = None
-    energy_source: str | None = None
-    energy_scope: str | None = None
-    energy_shared_with: tuple[str, ...] = ()
-    energy_note: str | None = None
-
-
-def per_token(watts: float, tokens_per_s: float | None) -> tuple[float | None, float | None]:
-    if tokens_per_s is None or tokens_per_s <= 0:
-        return None, None
-    return watts / tokens_per_s, tokens_per_s / watts if watts > 0 else None
-
-
-# an engine's generated tokens per second from t0 to t1 (the energy's own window), or None when not known
-Rate = Callable[[str, float, float], float | None]
-
-
-def attribute(name: str, gen_tps: Rate, gpu: GpuReport | None, host: HostSample | None,
-              local: set[str]) -> Attribution:
-    """Energy per generated token for engine `name` over the window, from the GPU report and host sample the
-    store enriched with their windows (`energy`, `cpu_energy`). `gen_tps`: a watched engine's generation rate
-    over the energy window's span (its tokens and the joules over the same seconds); `local`: the engines
-    whose processes run on this machine."""
-    gpus = [g for g in (gpu.gpus if gpu is not None else ()) if g.host is None and not g.error]
-    mine = [g for g in gpus if name in holders(g)[0]]
-    if mine:
-        sharing: set[str] = set()
-        unnamed = False
-        for g in mine:
-            named, other = holders(g)
-            sharing |= named
-            unnamed = unnamed or other
-        windows = [g.energy for g in mine]
-        dark = [g for g in mine if g.energy is None and g.power_w is None and g.energy_j is None]
-        if dark:
-            return Attribution(energy_note=f"{gpu_label(dark)} reports neither power nor an energy counter: "
-                               "no energy figure")
-        if any(w is None for w in windows):
-            return Attribution(energy_note="GPU energy not read yet (two readings needed)")
-        watts = sum(w.watts for w in windows if w is not None)
-        source = merge_sources(w.source for w in windows if w is not None)
-        others = tuple(sorted(sharing - {name})) + (("a process enginetop does not watch",) if unnamed
-                                                      else ())
-        whole = whole_gpu_words(mine)  # AMD/Intel: no one else can be seen on it, so none is ruled out
-        scope = "engine" if not others and whole is None else \
-            gpu_label(mine) + (f" ({whole})" if whole else "")
-        end = max(g.t for g in mine)
-        rates = {e: gen_tps(e, end - max(w.seconds for w in windows if w is not None), end) for e in sharing}
-        jpt, tpj = per_token(watts, _sum_rates(rates))
-        return Attribution(watts, jpt, tpj, source, scope, others, energy_note=_unknown_rates(rates))
-    if name not in local:
-        return Attribution()  # not on this machine (or its process was not found): nothing here is its energy
-    # a GPU any process enginetop cannot see may be using (its processes may be this engine's, unmatched),
-    # or one that cannot be read at all
-    unnamed_gpus = [g for g in (gpu.gpus if gpu is not None else ())
-                    if g.host is None and may_hold_an_engine(g)]
-    if unnamed_gpus:
-        return Attribution(energy_note="not attributed: its processes hold no GPU, but "
-                           f"{gpu_label(unnamed_gpus)} "
-                           "is used by processes enginetop cannot name (a container?) or cannot be read: see "
-                           "the GPU panel")
-    cpu = host.cpu_energy if host is not None else None
-    if cpu is None:
-        why = host.cpu_energy_error if host is not None and host.cpu_energy_error else \
-            "CPU energy not read yet (two readings needed)"
-        return Attribution(energy_note=why)
-    on_gpu = {e for g in gpus for e in holders(g)[0]}
-    cpu_engines = {e for e in local if e not in on_gpu}
-    rates = {e: gen_tps(e, host.t - cpu.seconds, host.t) for e in cpu_engines}  # type: ignore[union-attr]
-    jpt, tpj = per_token(cpu.watts, _sum_rates(rates))
-    return Attribution(cpu.watts, jpt, tpj, cpu.source, "cpu package", tuple(sorted(cpu_engines - {name})),
-                       energy_note=_unknown_rates(rates))
-
-
-def _sum_rates(rates: dict[str, float | None]) -> float | None:
-    if any(r is None for r in rates.values()):
-        return None  # an engine on it whose rate is not known: no honest share
-    return sum(r for r in rates.values() if r is not None)
-
-
-def _unknown_rates(rates: dict[str, float | None]) -> str | None:
-    """Why there is no J/token although there are watts: whose generation rate is not known yet (None when
-    every rate is known: no J/token then means no tokens)."""
-    unknown = sorted(e for e, r in rates.items() if r is None)
-    if not unknown:
-        return None
-    return f"generation rate of {', '.join(unknown)} not known yet"
-
-
-def with_attribution(stats: EngineStats, a: Attribution) -> EngineStats:
-    """`stats` with `a`'s fields."""
-    return dataclasses.replace(stats, **{f.name: getattr(a, f.name) for f in dataclasses.fields(a)})
-
-
 # ---- a span between readings (A/B blocks, bench runs) ---------------------------------------------------
 
 
@@ -399,7 +293,7 @@ def span_of_reports(reports: Sequence[GpuReport]) -> dict[str, Any]:
     per_gpu = []
     for key, points in tracks.items():
         info = held[key]
-        got = over(points)
+        got = energy_of_readings(points)
         if got is None:
             dark = f"gpu {info['index']} reports neither power nor an energy counter"
             per_gpu.append({**info, "engines": sorted(info["engines"]), "energy_j": None, "energy_s": None,

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from tui.base.paths import sysfs_root
+from tui.sources.sysfs_files import read_text
 
 log = logging.getLogger(__name__)
 
@@ -68,11 +69,6 @@ def wrap_period_uj(max_energy_range_uj: int) -> float:
     """The µJ after which energy_uj is back where it was: 2^32 energy units, where max_energy_range_uj is
     2^32 - 1 of them (see the module's docstring)."""
     return max_energy_range_uj * STATUS_STATES / (STATUS_STATES - 1)
-
-
-def read_text(path: Path) -> str:
-    with open(path) as f:
-        return f.read()
 
 
 def step_uj(before_uj: int, now_uj: int, max_energy_range_uj: int | None, seconds: float,

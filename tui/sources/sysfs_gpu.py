@@ -37,7 +37,6 @@ at, so another program on an AMD or Intel GPU is never seen: "alone on it" is ne
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import re
@@ -48,10 +47,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from tui.base.paths import sysfs_root
 from tui.model.samples import GpuProcess, GpuSample
+from tui.sources.amd_smi import amd_smi_energy
+from tui.sources.sysfs_files import read_text
 
 log = logging.getLogger(__name__)
 
@@ -83,11 +83,6 @@ INTEL_THROTTLE_WORDS = {
     "thermal": "thermal", "prochot": "PROCHOT", "ratl": "thermal (RATL)",
     "vr_thermalert": "VR thermal alert", "vr_tdc": "VR current (TDC)",
 }
-
-
-def read_text(path: Path) -> str:
-    with open(path) as f:
-        return f.read()
 
 
 def amd_throttle_words(mask: int) -> tuple[str, ...]:
@@ -133,65 +128,6 @@ class _Fds:
 
     at: float
     fds: list[str] = field(default_factory=list)
-
-
-def amd_smi_energy(binary: str) -> dict[str, float | None]:
-    """Each AMD GPU's energy counter in joules, by its PCI address as amd-smi reports it (lower case), or by
-    "#N" (amd-smi's GPU id) where no address is known. `amd-smi metric --energy --json` gives each GPU's
-    {"gpu": N, "energy": {"total_energy_consumption": ...}}; `amd-smi list --json` gives its {"gpu": N, "bdf":
-    "0000:03:00.0"} (amdsmi_cli/amdsmi_commands.py). The JSON's shape differs between ROCm releases: any
-    `total_energy_consumption` (or `energy_accumulator`) per GPU is taken, as {"value": V, "unit": U}, "V U"
-    or a number of joules. **Not checked on a real card.**"""
-    energy = _amd_smi_gpus(binary, "metric", "--energy", "--json")
-    try:
-        bdfs = {str(g.get("gpu")): str(g.get("bdf")).lower() for g in _amd_smi_gpus(binary, "list", "--json")
-                if isinstance(g, dict) and g.get("bdf") not in (None, "N/A")}
-    except (OSError, ValueError, subprocess.SubprocessError) as exc:
-        log.info("amd-smi list gave no PCI addresses (%s): its GPUs are matched by their order", exc)
-        bdfs = {}
-    out: dict[str, float | None] = {}
-    for position, g in enumerate(energy):
-        gpu_id = str(g.get("gpu", position)) if isinstance(g, dict) else str(position)
-        own = g.get("bdf") if isinstance(g, dict) else None
-        bdf = str(own).lower() if own not in (None, "N/A") else bdfs.get(gpu_id)
-        out[bdf if bdf else f"#{gpu_id}"] = _energy_of(g)
-    return out
-
-
-def _amd_smi_gpus(binary: str, *args: str) -> list[Any]:
-    proc = subprocess.run([binary, *args], capture_output=True, text=True, timeout=10)
-    if proc.returncode != 0:
-        raise OSError(proc.stderr.strip() or f"amd-smi exited {proc.returncode}")
-    data = json.loads(proc.stdout)
-    gpus = data if isinstance(data, list) else data.get("gpu_data") or data.get("gpus") or [data]
-    return list(gpus)
-
-
-def _energy_of(node: Any) -> float | None:
-    if isinstance(node, dict):
-        for key in ("total_energy_consumption", "energy_accumulator"):
-            if key in node:
-                return _joules(node[key])
-        for value in node.values():
-            found = _energy_of(value)
-            if found is not None:
-                return found
-    return None
-
-
-def _joules(value: Any) -> float | None:
-    unit = "J"
-    if isinstance(value, dict):
-        value, unit = value.get("value"), str(value.get("unit") or "J")
-    elif isinstance(value, str):
-        parts = value.split()
-        value, unit = parts[0], (parts[1] if len(parts) > 1 else "J")
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    scale = {"J": 1.0, "mJ": 1e-3, "uJ": 1e-6, "µJ": 1e-6, "kJ": 1e3}.get(unit, 1.0)
-    return number * scale
 
 
 class SysfsGpus:
@@ -277,6 +213,11 @@ class SysfsGpus:
         except ValueError:
             return None
 
+    def _bytes(self, path: Path) -> int | None:
+        """A size in bytes (VRAM), as the whole number the file holds."""
+        value = self._num(path)
+        return int(value) if value is not None else None
+
     def _hw(self, card: _Card, name: str, scale: float = 1.0) -> float | None:
         return self._num(card.hwmon / name, scale) if card.hwmon is not None else None
 
@@ -321,8 +262,8 @@ class SysfsGpus:
             power_w=power, power_limit_w=self._hw(card, "power1_cap", 1e-6), temp_c=temp,
             sm_clock_mhz=self._hw(card, "freq1_input", 1e-6),
             mem_clock_mhz=self._hw(card, "freq2_input", 1e-6),
-            vram_used_bytes=_int(self._num(dev / "mem_info_vram_used")),
-            vram_total_bytes=_int(self._num(dev / "mem_info_vram_total")),
+            vram_used_bytes=self._bytes(dev / "mem_info_vram_used"),
+            vram_total_bytes=self._bytes(dev / "mem_info_vram_total"),
             throttle_reasons=words, throttled=bool(words), energy_j=energy,
             fan_rpm=self._hw(card, "fan1_input"))
 
@@ -369,7 +310,7 @@ class SysfsGpus:
             freq = self._num(gt / "freq0" / "act_freq")
             throttle = gt / "freq0" / "throttle"
             reasons = self._intel_reasons(throttle, "status", "reason_")
-            total = _int(self._num(dev / "tile0" / "physical_vram_size_bytes"))
+            total = self._bytes(dev / "tile0" / "physical_vram_size_bytes")
             used = None
         else:
             gt = card.path / "gt" / "gt0"
@@ -380,12 +321,12 @@ class SysfsGpus:
             if freq is None:
                 freq = self._num(card.path / "gt_act_freq_mhz")
             reasons = self._intel_reasons(gt, "throttle_reason_status", "throttle_reason_")
-            total = _int(self._num(card.path / "lmem_total_bytes"))
-            avail = _int(self._num(card.path / "lmem_avail_bytes"))
+            total = self._bytes(card.path / "lmem_total_bytes")
+            avail = self._bytes(card.path / "lmem_avail_bytes")
             used = total - avail if total is not None and avail is not None else None
         if total is None:  # a driver that publishes amdgpu's names (none known today): take them
-            total = _int(self._num(dev / "mem_info_vram_total"))
-            used = _int(self._num(dev / "mem_info_vram_used"))
+            total = self._bytes(dev / "mem_info_vram_total")
+            used = self._bytes(dev / "mem_info_vram_used")
         prev = card.prev_idle
         if idle is not None and (prev is None or t - prev[0] >= MIN_RATE_S or idle < prev[1]):
             card.prev_idle = (t, idle)
@@ -503,7 +444,3 @@ def _kib(info: dict[str, str], keys: tuple[str, ...]) -> int | None:
         unit = parts[1] if len(parts) > 1 else ""
         return number * {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}.get(unit, 1)
     return None
-
-
-def _int(value: float | None) -> int | None:
-    return int(value) if value is not None else None

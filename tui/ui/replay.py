@@ -15,7 +15,8 @@ from tui.live.feed import Feed
 from tui.model.targets import EngineTarget
 from tui.record.reader import Recording
 from tui.record.replay import ReplaySource, parse_goto
-from tui.ui.app import AppConfig, EnginetopApp
+from tui.ui.app import EnginetopApp
+from tui.ui.config import AppConfig
 from tui.ui.screens.fleet import EngineScreen, FleetStatus
 from tui.ui.screens.goto import GotoScreen
 

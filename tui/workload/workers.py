@@ -1,29 +1,28 @@
 """`--workers N`: one engine's part of a bench or capacity run sent by N worker processes, as AIPerf spreads
-its load, so that a deployment faster than one Python process can feed is measured, not the client.
+its load, so that a deployment faster than one Python process can feed is measured, not the client. This is
+the parent's side: the pool of processes, and WorkerBench, which runs a part on them behind Bench's
+interface. What each process does: tui.workload.worker_process; how the plan is dealt to them and the peak
+in flight measured: tui.workload.dealing.
 
-The plan is made once, in the parent, and split so that each request is sent by exactly one worker: a
-session's turns (linked by `after`) go to one worker, in order; the other requests are dealt in proportion to
-each worker's share of a closed loop's bound (evenly in an open loop), so that no worker runs out early. Every
-worker prepares its prompts (the engine's one-token words, or the --tokenizer's), says it is ready, and all of
-them start on one clock: the parent picks a moment of time.monotonic(), which is the same clock in every
-process of the machine, and each worker sends its requests at that moment plus their planned offsets. Each
-result comes back as it ends, so the parent's run (WorkerBench.run) fills as it would in one process: the
-live view, the capacity search's early stop and the result file read it unchanged.
+The plan is made once, in the parent, and dealt so that each request is sent by exactly one worker. Every
+worker prepares its prompts, says it is ready, and all of them start on one clock: the parent picks a moment
+of time.monotonic(), which is the same clock in every process of the machine, and each worker sends its
+requests at that moment plus their planned offsets. Each result comes back as it ends, so the parent's run
+(WorkerBench.run) fills as it would in one process: the live view, the capacity search's early stop and the
+result file read it unchanged.
 
 Ctrl-C, or an engine that stops answering in one worker, stops them all: each sends back what it measured,
 so nothing measured is lost. Each worker measures its own lateness, CPU share and event-loop lag; a worker
 that could not keep up is named in the run's notes. Workers ignore SIGINT (the parent stops them) and the
 pool is shut down with the part (a capacity search keeps one pool for all its levels).
 
-A closed loop's bound holds across the workers: --concurrency C is split into parts of at least one that sum
-to C, over at most C workers (the run's notes say when fewer than the pool sent), and the requests are dealt
-by those parts (2 + 1: two thirds and one third), so the run holds C in flight to its end, not only at its
-peak. A worker only exits when told to, so one that exited on its own (the OOM killer, a SIGKILL) is noticed
-within POLL_S: the others are stopped, the run ends with every result already received, and its error names
-the worker and how it died; the pool is not used again. A worker that fails to start (its tokenizer, its
-prompts, or it died first) fails the run's start, and the thread that reads the replies ends with it. The
-peak in flight is measured: each result carries its send and end times on the shared clock, and the parent
-sweeps over them; the run's summary has the time-weighted mean beside it (tui.workload.bench.mean_in_flight).
+A closed loop's bound holds across the workers (tui.workload.dealing.shares; the run's notes say when fewer
+than the pool sent). A worker only exits when told to, so one that exited on its own (the OOM killer, a
+SIGKILL) is noticed within POLL_S: the others are stopped, the run ends with every result already received,
+and its error names the worker and how it died; the pool is not used again. A worker that fails to start
+(its tokenizer, its prompts, or it died first) fails the run's start, and the thread that reads the replies
+ends with it. The peak in flight is measured from the results (tui.workload.dealing.peak_in_flight); the
+run's summary has the time-weighted mean beside it (tui.workload.bench.mean_in_flight).
 """
 
 from __future__ import annotations
@@ -36,24 +35,23 @@ import queue
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from multiprocessing.context import SpawnProcess
 from typing import Any
 
 from tui.base.stats import median, quantile
 from tui.model.targets import EngineTarget
-from tui.net.loop import run_loop
 from tui.probe.client import ProbeLimits
 from tui.probe.results import ProbeResult
 from tui.probe.sweep import ClientLoad
 from tui.workload.bench import Bench, EngineRun
+from tui.workload.dealing import peak_in_flight, shares, split
 from tui.workload.prompts import PromptMaker
 from tui.workload.schedule import Planned
 from tui.workload.tokenizer import load_tokenizer
+from tui.workload.worker_process import Options, worker_main
 
-FRESH_PER_WORKER = 10_000_000  # fresh-text numbers each worker may draw before the next worker's begin
-STATUS_S = 0.25  # how often a worker says how many requests it has out
 START_MARGIN_S = 0.2  # between the go and the shared start: every worker has the moment before it comes
 STOP_WAIT_S = 15.0  # a stopped worker's last results, then it is terminated
 READY_WAIT_S = 120.0
@@ -87,43 +85,6 @@ def parse_workers(text: str) -> int:
     return n
 
 
-def split(planned: list[Planned], weights: list[int]) -> list[list[Planned]]:
-    """Each planned request to exactly one worker, in proportion to the workers' weights (their shares of a
-    closed loop's bound; equal in an open loop): a session's turns together, in plan order; sessions and lone
-    requests dealt by their first request's place in the plan, each to the worker with the fewest requests
-    per share once it is added (ties: the first). A closed loop's worker sends its part at the pace of its
-    share, so parts dealt evenly over uneven shares end at different times: --concurrency 3 over 2 workers,
-    split 2 + 1 with half the requests each, ran at three for half the run and at one for the rest."""
-    by_index = {p.index: p for p in planned}
-    root: dict[int, int] = {}
-    for p in sorted(planned, key=lambda p: p.index):
-        root[p.index] = root.get(p.after, p.after) if p.after is not None and p.after in by_index else p.index
-    groups: dict[int, list[Planned]] = {}
-    for p in sorted(planned, key=lambda p: p.index):
-        groups.setdefault(root[p.index], []).append(p)
-    parts: list[list[Planned]] = [[] for _ in weights]
-    for key in sorted(groups):
-        group = groups[key]
-        # counted in requests, not groups: a session of ten turns is ten requests of its worker's share
-        _, k = min(((len(part) + len(group)) / weight, k)
-                   for k, (part, weight) in enumerate(zip(parts, weights, strict=True)))
-        parts[k].extend(group)
-    return parts
-
-
-@dataclass(frozen=True)
-class Options:
-    """What a worker needs to send its share: the engine and how the bench was asked to run."""
-
-    target: EngineTarget
-    model: str | None
-    block_size: int | None
-    limits: ProbeLimits | None
-    prompt_seed: str
-    tokenizer: str | None  # the --tokenizer spec: each worker reads it itself
-    concurrency: int | None  # this worker's share of a closed loop
-
-
 @dataclass
 class WorkerStats:
     """One worker's share of a run, as it measured it."""
@@ -142,97 +103,6 @@ class WorkerStats:
                 "lateness_p50_ms": None if p50 is None else p50 * 1000,
                 "lateness_p99_ms": None if p99 is None else p99 * 1000,
                 "client": self.client.to_json() if self.client is not None else None, "error": self.error}
-
-
-# ---------------------------------------------------------------- the worker process
-
-
-def worker_main(worker: int, commands: Any, replies: Any) -> None:
-    """A worker process: it takes a share of the plan at a time, prepares it, sends it on the shared clock,
-    and streams every result back, until told to quit."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it stops us and keeps our results
-    run_loop(_serve(worker, commands, replies))
-
-
-async def _serve(worker: int, commands: Any, replies: Any) -> None:
-    loop = asyncio.get_running_loop()
-    prompts: PromptMaker | None = None
-    tokenizer: Any = None
-    while True:
-        command = await loop.run_in_executor(None, commands.get)
-        if command[0] == "quit":
-            return
-        if command[0] != "run":
-            continue  # a stop or cancel for a share that already ended
-        _, planned, options = command
-        try:  # a tokenizer that cannot be read, an engine that cannot give its tokens: the parent says why
-            if options.tokenizer and tokenizer is None:
-                tokenizer = load_tokenizer(options.tokenizer)
-            bench = Bench(options.target, planned, concurrency=options.concurrency, model=options.model,
-                          block_size=options.block_size, limits=options.limits, prompts=prompts,
-                          fresh_from=worker * FRESH_PER_WORKER, prompt_seed=options.prompt_seed,
-                          tokenizer=tokenizer,
-                          on_result=lambda _name, p, r: replies.put(("result", worker, p.index, r)))
-            await bench.ready()
-        except Exception as exc:
-            replies.put(("ready", worker, f"{type(exc).__name__}: {exc}", None))
-            continue
-        prompts = bench.prompts
-        replies.put(("ready", worker, None, bench.run.prompt_note))
-        go = await loop.run_in_executor(None, commands.get)
-        if go[0] != "go":
-            replies.put(("done", worker, bench.run.lateness_s, 0.0, None, "not started", 0, 0))
-            continue
-        task = asyncio.ensure_future(bench.go(start_at=go[1]))
-        status = asyncio.ensure_future(_status(worker, bench, replies))
-        stop = loop.run_in_executor(None, commands.get)
-        await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
-        if not task.done():  # told to stop: what is out is dropped, what ended was sent already
-            task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        status.cancel()
-        run = bench.run
-        replies.put(("done", worker, run.lateness_s, run.duration_s, run.client, run.error,
-                     bench.max_in_flight, bench.sent))
-        if not stop.done():
-            with contextlib.suppress(Exception):
-                await stop  # the parent sends "stop" to every worker once all are done
-
-
-async def _status(worker: int, bench: Bench, replies: Any) -> None:
-    while True:
-        now = time.monotonic()
-        replies.put(("status", worker, bench.sent, bench.in_flight, bench.oldest_wait_s(now)))
-        await asyncio.sleep(STATUS_S)
-
-
-# ---------------------------------------------------------------- the parent
-
-
-def shares(concurrency: int | None, n: int) -> list[int | None]:
-    """A closed loop's bound over the workers that send it: one part each, every part at least one (a
-    worker's 0 is no bound at all) and their sum the bound exactly, so the most in flight is what was asked.
-    That takes at most `concurrency` workers: the rest of the pool sits the run out."""
-    if concurrency is None:
-        return [None] * n
-    if concurrency < 1:
-        raise ValueError(f"--concurrency must be at least 1, got {concurrency}")
-    used = min(n, concurrency)
-    base, extra = divmod(concurrency, used)
-    return [base + (k < extra) for k in range(used)]
-
-
-def peak_in_flight(results: Iterable[ProbeResult]) -> int:
-    """The most requests out at one moment, from each result's own send and end (time.monotonic(), one clock
-    in every worker): a sweep over those moments, an end before a send at the same moment. Status reports
-    from the workers are taken at different moments, so their sum is no such count."""
-    events = sorted((t, step) for r in results if r.sent_at is not None and r.ended_at is not None
-                    for t, step in ((r.sent_at, 1), (r.ended_at, -1)))
-    peak = out = 0
-    for _, step in events:
-        out += step
-        peak = max(peak, out)
-    return peak
 
 
 def how_ended(exitcode: int) -> str:

@@ -19,8 +19,9 @@ from textual.screen import ModalScreen
 from textual.widgets import Footer, Static
 
 from tui.base.paths import runs_dir
-from tui.compare.ab import ABConfig, Arm, verdict_words
+from tui.compare.ab import ABConfig, Arm
 from tui.compare.abrun import ABRun
+from tui.compare.analysis import verdict_words
 from tui.compare.engines import AttachedEngine
 from tui.lifecycle.engine import EngineInstance
 from tui.lifecycle.profiles import Profile

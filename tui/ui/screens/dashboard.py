@@ -17,7 +17,8 @@ from textual.binding import Binding
 from textual.containers import Container, Horizontal, Vertical
 from textual.widgets import Input, Static
 
-from tui.live.store import BENCH_TTFT, TRAFFIC_TTFT, EngineState
+from tui.live.engine_state import EngineState
+from tui.live.store import BENCH_TTFT, TRAFFIC_TTFT
 from tui.model.samples import GpuReport, HostSample
 from tui.probe.results import DEFAULT_TTFT_GAP_FACTOR
 from widgets.engine_panel import EnginePanel

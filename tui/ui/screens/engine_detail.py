@@ -12,7 +12,7 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Static
 
-from tui.live.store import EngineState
+from tui.live.engine_state import EngineState
 from widgets.engine_panel import render_engine
 
 

@@ -22,7 +22,8 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Input, Static
 
 from tui.fleet.match import engine_pod, gpus_of
-from tui.live.store import Series, Store, spans
+from tui.live.series import Series, spans
+from tui.live.store import Store
 from tui.model.samples import GpuReport
 from tui.ui.screens.dashboard import Column, Dashboard
 from widgets.fleet_table import COLUMNS, FleetTable, build_rows, order
