@@ -906,3 +906,21 @@ def test_engines_run_at_once_share_the_joules_but_not_per_token(tmp_path: Path) 
     own = meter.result(1000, local=True, shared_with=("llama",))
     assert own["energy_scope"] == "gpu 0 (the engine's alone)"
     assert own["joules_per_token"] == pytest.approx(3.0) and own["energy_note"] is None
+
+
+def test_gpus_with_windows_of_other_lengths_count_each_over_its_own_a_window_without_tokens_still_counts():
+    """Each GPU's watts against the tokens of its own window (300 W over 10 s at 100 tok/s, 100 W over 60 s
+    at 50 tok/s: 3 + 2 = 5 J/tok, not 400 W / 100 tok/s); a GPU whose window saw no token (its track still
+    young) against the tokens over all the windows, never no figure while tokens came."""
+    from tui.model.samples import EnergyWindow, GpuSample
+    from tui.sources.attribution import on_gpus
+
+    def gpu(i: int, seconds: float, watts: float) -> GpuSample:
+        return GpuSample(i, 100.0, energy=EnergyWindow(seconds, watts * seconds, watts, "counter"))
+
+    rates = {(90.0, 100.0): 100.0, (40.0, 100.0): 50.0, (98.0, 100.0): 0.0}
+    got = on_gpus([gpu(0, 10.0, 300.0), gpu(1, 60.0, 100.0)], ["e"], lambda e, t0, t1: rates[(t0, t1)])
+    assert got.joules_per_token == pytest.approx(5.0) and got.energy_w == pytest.approx(400.0)
+    got = on_gpus([gpu(0, 10.0, 300.0), gpu(1, 2.0, 100.0)], ["e"],
+                  lambda e, t0, t1: {(90.0, 100.0): 50.0, (98.0, 100.0): 0.0}[(t0, t1)])
+    assert got.joules_per_token == pytest.approx(300.0 / 50.0 + 100.0 / 50.0)

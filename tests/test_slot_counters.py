@@ -6,6 +6,8 @@ going back."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from tui.live.store import Store
 from tui.model.samples import EngineReading, EngineSample
 from tui.model.slots import SlotsReading, SlotState
@@ -264,3 +266,21 @@ def test_a_port_that_refused_or_another_build_starts_the_slots_counters_again(mo
 
     totals = asyncio.run(run())
     assert totals == [0.0, 25.0, None, 7.0, 9.0, 9.0 + 4.0, 0.0, 6.0]
+
+
+def test_a_request_seen_one_token_from_its_cap_ended_with_that_token():
+    """Under a queue the next request takes the slot at once and the ended state is never seen; one seen with
+    a token left to its max_tokens (n_remain 1) generated that token (EOS or not) and is not missed."""
+    counters = SlotCounters()
+    last = SlotState(0, 4096, True, task=7, prompt_tokens=59, prompt_processed=20, prompt_cached=0,
+                     decoded=39, remaining=1)
+    counters.add(slots(busy(7, 30)))
+    counters.add(SlotsReading((last,)))
+    made = counters.add(slots(busy(9, 2)))
+    assert made is not None and made.generation_tokens_total == (39 - 30) + 1 + 2
+    assert made.slots_uncounted_total == 0 and made.requests_finished_total == 1
+    # two tokens left when last seen: it may have stopped at either, so it is said as missed
+    counters = SlotCounters()
+    counters.add(SlotsReading((dataclasses.replace(last, decoded=38, remaining=2),)))
+    made = counters.add(slots(busy(9, 2)))
+    assert made is not None and made.generation_tokens_total == 2 and made.slots_uncounted_total == 1

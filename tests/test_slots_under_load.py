@@ -80,6 +80,11 @@ async def _client(url: str, told: Told, until: float, tokens: int, n: int) -> No
                               for i in range(usage))
 
 
+# One slot's replies: long enough that the token or so a request loses when the next one takes the slot at
+# once (its end never seen: tui.sources.slot_counters) stays well inside 5 %, on a loaded machine too.
+REPLY = 96
+
+
 def close(shown: float, told: float, span: float) -> bool:
     """Within 5 %; or, where the rate is so low that 5 % is under a token and a half over the window (an
     overloaded machine: a token counted at the server just before a poll reaches the client just after it),
@@ -204,7 +209,7 @@ def test_one_slot_back_to_back_counted_within_5_percent_and_across_a_kill_and_re
             try:
                 await watched.poll()
                 until = time.monotonic() + 14.0
-                jobs = [asyncio.ensure_future(_client(engine.url, told, until, 40, n)) for n in range(2)]
+                jobs = [asyncio.ensure_future(_client(engine.url, told, until, REPLY, n)) for n in range(2)]
                 await watched.until(until)
                 await watched.settle(jobs)
                 reading = watched.store.engines["one"].sample.reading
@@ -214,7 +219,7 @@ def test_one_slot_back_to_back_counted_within_5_percent_and_across_a_kill_and_re
                 assert abs(watched.counted - told.total) <= 0.05 * told.total
                 # kill -9 mid-traffic, and a new server on the same port
                 until = time.monotonic() + 24.0
-                jobs = [asyncio.ensure_future(_client(engine.url, told, until, 40, n)) for n in range(2)]
+                jobs = [asyncio.ensure_future(_client(engine.url, told, until, REPLY, n)) for n in range(2)]
                 await watched.until(time.monotonic() + 4.0)
                 os.killpg(launched.pid, signal.SIGKILL)  # its own process group (launch)
                 launched.proc.wait(timeout=30)  # gone, and its port with it
@@ -245,14 +250,13 @@ def test_with_metrics_a_long_generation_shows_its_rate_while_it_runs(llama_serve
             await watched.poll()
             start = time.monotonic()
             job = asyncio.ensure_future(_long(llama_server.url, told))
-            window = watched.store.rate_window_s
             while not job.done():
                 asked = time.monotonic()
                 await watched.poll()
                 sample = watched.store.engines["metrics"].sample
                 if first is None and any(s.processing and s.decoded for s in sample.slots.slots):
                     first = asked
-                if first is not None and asked - first >= window + 1.0:  # the window inside the generation
+                if first is not None and asked - first >= 2.0:  # the generation under way: tokens to compare
                     windows.append((watched.rate or 0.0, *watched.window()))
                 await asyncio.wait({job}, timeout=max(0.0, 1.0 - (time.monotonic() - asked)))
             show("the generation took", round(time.monotonic() - start, 1))

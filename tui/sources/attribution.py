@@ -61,10 +61,16 @@ def on_gpus(gpus: Sequence[GpuSample], engines: Iterable[str], gen_tps: Rate) ->
     names = sorted(set(engines))
     unknown: dict[str, float | None] = {}
     joules_per_token: float | None = 0.0
+    # a window in which no token came (a GPU's track still young, readings uneven) sets its watts against the
+    # tokens over all the windows together, as one window did before: its energy is the engines' still
+    whole = (min(t0 for t0, _ in by_span), max(t1 for _, t1 in by_span))
     for (t0, t1), watts in by_span.items():
         rates = {e: gen_tps(e, t0, t1) for e in names}
         unknown |= {e: None for e, r in rates.items() if r is None}
-        jpt, _ = per_token(watts, _sum_rates(rates))
+        rate = _sum_rates(rates)
+        if rate == 0 and (t0, t1) != whole:
+            rate = _sum_rates({e: gen_tps(e, *whole) for e in names})
+        jpt, _ = per_token(watts, rate)
         joules_per_token = None if jpt is None or joules_per_token is None else joules_per_token + jpt
     tpj = 1 / joules_per_token if joules_per_token else None
     return Attribution(sum(by_span.values()), joules_per_token, tpj,
