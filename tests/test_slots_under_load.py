@@ -54,30 +54,33 @@ async def _client(url: str, told: Told, until: float, tokens: int, n: int) -> No
         k = 0
         while time.monotonic() < until:
             k += 1
-            arrived: list[float] = []
-            usage = None
             try:
-                async with client.stream("POST", f"{url}/v1/chat/completions", json={
-                        "messages": [{"role": "user", "content": f"Client {n}, request {k}: tell a story."}],
-                        "max_tokens": tokens, "temperature": 0.8, "stream": True,
-                        "stream_options": {"include_usage": True}}) as reply:
-                    async for line in reply.aiter_lines():
-                        if not line.startswith("data: {"):
-                            continue
-                        chunk = json.loads(line[6:])
-                        if chunk.get("usage"):
-                            usage = chunk["usage"]["completion_tokens"]
-                        if any((c.get("delta") or {}).get("content") for c in chunk.get("choices") or ()):
-                            arrived.append(time.monotonic())
+                await _stream(client, url, told, {
+                    "messages": [{"role": "user", "content": f"Client {n}, request {k}: tell a story."}],
+                    "max_tokens": tokens, "temperature": 0.8})
             except (httpx.HTTPError, json.JSONDecodeError):
                 await asyncio.sleep(0.2)  # the engine was killed under it: its answer never came
+
+
+async def _stream(client: httpx.AsyncClient, url: str, told: Told, body: dict) -> None:
+    """One streamed chat completion; what it told, once its usage came."""
+    arrived: list[float] = []
+    usage = None
+    async with client.stream("POST", f"{url}/v1/chat/completions", json={
+            **body, "stream": True, "stream_options": {"include_usage": True}}) as reply:
+        async for line in reply.aiter_lines():
+            if not line.startswith("data: {"):
                 continue
-            if usage is None or not arrived:
-                continue
-            told.total += usage
-            # the chunks that carry text are nearly one a token; the usage says how many there were
-            told.times.extend(arrived[min(len(arrived) - 1, int(i * len(arrived) / usage))]
-                              for i in range(usage))
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                usage = chunk["usage"]["completion_tokens"]
+            if any((c.get("delta") or {}).get("content") for c in chunk.get("choices") or ()):
+                arrived.append(time.monotonic())
+    if usage is None or not arrived:
+        return
+    told.total += usage
+    # the chunks that carry text are nearly one a token; the usage says how many there were
+    told.times.extend(arrived[min(len(arrived) - 1, int(i * len(arrived) / usage))] for i in range(usage))
 
 
 # One slot's replies: long enough that the token or so a request loses when the next one takes the slot at
@@ -279,19 +282,6 @@ def test_with_metrics_a_long_generation_shows_its_rate_while_it_runs(llama_serve
 async def _long(url: str, told: Told) -> None:
     """One streamed generation of exactly 400 tokens."""
     async with httpx.AsyncClient(timeout=300) as client:
-        arrived: list[float] = []
-        usage = 0
-        async with client.stream("POST", f"{url}/v1/chat/completions", json={
-                "messages": [{"role": "user", "content": "Write a very long story about the sea."}],
-                "max_tokens": 400, "ignore_eos": True, "temperature": 0.8, "stream": True,
-                "stream_options": {"include_usage": True}}) as reply:
-            async for line in reply.aiter_lines():
-                if not line.startswith("data: {"):
-                    continue
-                chunk = json.loads(line[6:])
-                if chunk.get("usage"):
-                    usage = chunk["usage"]["completion_tokens"]
-                if any((c.get("delta") or {}).get("content") for c in chunk.get("choices") or ()):
-                    arrived.append(time.monotonic())
-        told.total += usage
-        told.times.extend(arrived[min(len(arrived) - 1, int(i * len(arrived) / usage))] for i in range(usage))
+        await _stream(client, url, told, {
+            "messages": [{"role": "user", "content": "Write a very long story about the sea."}],
+            "max_tokens": 400, "ignore_eos": True, "temperature": 0.8})
