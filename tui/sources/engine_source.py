@@ -116,7 +116,7 @@ class EngineSource:
     def _with_slot_counters(self, sample: EngineSample, counted: bool) -> EngineSample:
         """llama-server's generated tokens as they are generated. Without --metrics: the counters its slots
         give (tui.sources.slot_counters), as the sample's reading, which says it came from /slots; while a
-        slot is busy its /slots are read back to back (tui.sources.slot_watch) and counted as they come
+        slot is busy its /slots are read once per token (tui.sources.slot_watch) and counted as they come
         (`counted`: this sample's slots are the watch's, counted already). With --metrics: the tokens its
         running requests generated so far added to its counter, which moves only when a request ends."""
         target = self.target
