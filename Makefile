@@ -16,7 +16,7 @@ LLAMA_CMAKE_ARGS := -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_B
 LLAMA_JOBS := $(shell echo $$(( $$(nproc) + 1 )))
 export ENGINETOP_CACHE
 
-.PHONY: all setup engine demo demo-llama demo-fleet test lint bench clean chromium vllm prometheus
+.PHONY: all setup engine demo demo-llama demo-fleet test lint bench clean chromium vllm prometheus podman
 
 all: setup
 
@@ -55,7 +55,7 @@ demo-llama: engine
 
 # Bytecode is kept (under the cache, not in the tree) even where PYTHONDONTWRITEBYTECODE is set: the suite
 # starts `enginetop` in dozens of subprocesses, each of which would otherwise compile tui/ anew (0.4 s of CPU).
-test: engine vllm chromium prometheus lint
+test: engine vllm chromium prometheus podman lint
 	PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(ENGINETOP_CACHE)/pycache $(BIN)/python -m pytest -q
 
 # ruff, the import contracts (the layers and the two rules) and the type checker. mypy keeps its cache beside the
@@ -100,6 +100,15 @@ prometheus:
 	@command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || { \
 	  apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus; }
 	@prometheus --version 2>&1 | head -1
+
+# Podman and runc (Debian's packages): tests start the real engines in real containers, on the host's root
+# overlaid (`--rootfs /:O`: no image registry is reachable), and read them through Podman's Docker-compatible
+# API (`podman system service`) and through /proc. socat: the TCP forwarder the tests put in front of an
+# engine (a forwarder is never taken for the engine).
+podman:
+	@command -v podman >/dev/null 2>&1 && command -v runc >/dev/null 2>&1 && command -v socat >/dev/null 2>&1 || { \
+	  apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends podman runc fuse-overlayfs socat; }
+	@podman --version
 
 # scripts/gpu_check.py on a machine whose Python lacks pynvml (the lent GPU machine has no network): the
 # venv's pynvml.py, one file, into an ignored folder the device tool can carry (see the script's docstring).

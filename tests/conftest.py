@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
+import podman
 import pytest
 
 from tui.base.paths import runs_dir
@@ -65,6 +69,8 @@ def llama_server() -> Iterator[RunningEngine]:
 class RunningVllm(RunningEngine):
     # What enginetop's own poller said while the server started (launched_by_us=True), oldest first.
     startup: list[EngineSample] = field(default_factory=list)
+    container: str = ""  # its Podman container's name
+    host_pid: int | None = None  # the engine's own process, as the host numbers it
 
 
 def wait_openai_ready(name: str, url: str, launched: Launched, timeout: float,
@@ -106,13 +112,35 @@ async def _poll_once(target: EngineTarget) -> EngineSample:
 
 
 @pytest.fixture(scope="session")
-def vllm_server() -> Iterator[RunningVllm]:
-    """The real vLLM (CPU) serving the tiny model, for the session: the bundled demo-vllm-tiny profile as a
-    user starts it (--enforce-eager; per-request metrics put the engine's own TTFT/ITL for each request on
-    its final usage chunk, prompt token details its cached tokens in the usage), on a free port.
+def podman_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The environment podman runs with here (CONTAINERS_CONF with `default_ulimits = []`)."""
+    return podman.conf_env(tmp_path_factory.mktemp("podman"))
 
-    A missing install fails the profile's resolution with a ProfileError that says "run `make vllm`": the
-    tests using it fail, never skip.
+
+@pytest.fixture(scope="session")
+def podman_api(podman_env: dict[str, str]) -> Iterator[podman.ApiService]:
+    """Podman's Docker-compatible API on a socket of the session's own (`podman system service`)."""
+    # a short path: a Unix socket's path has a limit of 107 bytes, and pytest's temporary folders are long
+    folder = Path(tempfile.mkdtemp(prefix="et-api-"))
+    service = podman.api_service(podman_env, folder / "api.sock")
+    try:
+        yield service
+    finally:
+        service.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def vllm_server(podman_env: dict[str, str]) -> Iterator[RunningVllm]:
+    """The real vLLM (CPU) serving the tiny model, for the session, in a real Podman container as most people
+    run vLLM (its port published on 127.0.0.1, a memory limit): the bundled demo-vllm-tiny profile as a user
+    starts it (--enforce-eager; per-request metrics put the engine's own TTFT/ITL for each request on its
+    final usage chunk, prompt token details its cached tokens in the usage), listening on every address of
+    its container, on a free port published as the same port. On the host, the port is held by conmon, and
+    the engine's own processes are in the container: every test of it reads it through that.
+
+    A missing install fails the profile's resolution with a ProfileError that says "run `make vllm`", and a
+    missing podman fails too (`make podman`): the tests using it fail, never skip.
     """
     from tui.lifecycle.profile_files import load_profiles, repo_profiles_dir
     from tui.lifecycle.profile_resolve import resolve
@@ -122,15 +150,57 @@ def vllm_server() -> Iterator[RunningVllm]:
     profile = dataclasses.replace(load_profiles([repo_profiles_dir()]).get("demo-vllm-tiny"), port=port)
     resolved = resolve(profile)
     assert resolved.argv is not None
-    launched = launch(list(resolved.argv), log, env=resolved.env)
+    argv = list(resolved.argv)
+    argv[argv.index("--host") + 1] = "0.0.0.0"  # the container's own addresses: its published port reaches it
+    name = f"et-test-vllm-{port}"
+    options = ["--rm", "--name", name, "-p", f"127.0.0.1:{port}:{port}", "--memory", "6g", "--shm-size", "1g",
+               *(f"--env={k}={v}" for k, v in (resolved.env or {}).items())]
+    launched = launch([podman.podman(), "--runtime", "runc", "run", *options, "--rootfs", "/:O", *argv], log,
+                      env=podman_env)
     url = f"http://127.0.0.1:{port}"
-    engine = RunningVllm(name="vllm", url=url, port=port, launched=launched)
+    engine = RunningVllm(name="vllm", url=url, port=port, launched=launched, container=name)
     try:
         # Under pytest-timeout's 300 s per test, which includes this setup for the first test using it.
         wait_openai_ready("vLLM", url, launched, timeout=240, startup=engine.startup)
+        engine.host_pid = podman.host_pid(podman_env, name)
         yield engine
     finally:
         stop_group(launched)
+        podman.remove(podman_env, name)
+
+
+@pytest.fixture(scope="session")
+def llama_container(podman_env: dict[str, str]) -> Iterator[RunningContainer]:
+    """The real llama-server in a real Podman container, for the session: its port published on 127.0.0.1, a
+    1 GiB memory limit, a one-core CPU quota, and an option given only on its command line (-np 2 with 2
+    threads: two slots that split its context, which /props does not say)."""
+    port = free_port()
+    name = f"et-test-llama-{port}"
+    argv = demo_argv(8080, "--parallel", "2", "--threads", "2", host="0.0.0.0")
+    podman.start(podman_env, name, ["-p", f"127.0.0.1:{port}:8080", "--memory", "1g", "--cpus", "1"], argv)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, f"llama-server in container {name} not ready in 120 s"
+            time.sleep(0.2)
+        yield RunningContainer(name, url, port, podman.host_pid(podman_env, name), podman_env)
+    finally:
+        podman.remove(podman_env, name)
+
+
+@dataclass
+class RunningContainer:
+    name: str  # the container's
+    url: str
+    port: int  # published on 127.0.0.1
+    host_pid: int  # the engine's own process, as the host numbers it
+    env: dict[str, str]  # podman's environment
 
 
 # --- the `engine` marker ---------------------------------------------------------------------------------
@@ -138,7 +208,7 @@ def vllm_server() -> Iterator[RunningVllm]:
 # that use an engine fixture get it here; a test that starts one by itself is marked in its module. Any other
 # test runs with engines off (tui.engines.install_llamacpp.refuse_when_off), so an unmarked one that starts an
 # engine fails instead of slipping into the fast loop.
-ENGINE_FIXTURES = {"llama_server", "vllm_server"}
+ENGINE_FIXTURES = {"llama_server", "vllm_server", "llama_container"}
 
 # --- groups for parallel runs (pytest-xdist, --dist loadgroup: see pyproject.toml) -------------------------
 # Tests in one xdist group run one after the other on one worker. Every test marked `engine` is in one group:

@@ -214,15 +214,16 @@ def test_finds_real_engines_from_their_command_line_and_on_a_usual_port(llama_se
 
 @pytest.mark.engine
 def test_finds_the_real_vllm_from_its_command_line_on_an_unusual_port(vllm_server) -> None:
-    """The session's vLLM (its entrypoint module run by Python, on a free port no list names) is found from
-    its command line, confirmed by asking it, and named after the model it serves."""
+    """The session's vLLM (its entrypoint module run by Python, in a Podman container whose port conmon
+    holds on a free port no list names) is found from its command line, confirmed by asking it, and named
+    after its container."""
     found = {e.port: e for e in discover().engines}
     engine = found[vllm_server.port]
-    assert (engine.how, engine.pid) == ("command line", vllm_server.launched.proc.pid), engine
+    assert (engine.how, engine.pid) == ("command line", vllm_server.host_pid), engine
     assert engine.program == "vLLM" and engine.url == vllm_server.url
-    assert engine.name == "enginetop-tiny-llama", engine
-    assert f"{engine.program} pid {engine.pid} on :{vllm_server.port}, from its command line" in \
-        engine.words()
+    assert engine.name == vllm_server.container, engine
+    assert f"{engine.program} pid {engine.pid} in podman container {vllm_server.container} on " \
+        f":{vllm_server.port}, from its command line" in engine.words()
 
 
 def test_key_flags_name_discovered_engines_by_their_found_name(tmp_path: Path,

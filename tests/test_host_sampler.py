@@ -18,7 +18,8 @@ import pytest
 from waiting import until
 
 from tui.sources import host
-from tui.sources.host import CpuMeter, HostSampler, children_map, pids_listening, tree_memory
+from tui.sources.host import CpuMeter, HostSampler
+from tui.sources.processes import children_map, pids_listening, tree_memory
 
 MiB = 1 << 20
 LEAF_MIB = 64

@@ -12,6 +12,7 @@ from rich.text import Text
 
 from tui.live.engine_state import EngineState
 from tui.live.glance import busy_slots, finish_shares, model_name
+from tui.live.placement import container_words, limit_words
 from tui.live.provenance import generation_note
 from tui.live.store import TRAFFIC_TTFT
 from tui.model.findings import Finding
@@ -57,6 +58,7 @@ def render_glance(state: EngineState, status: EngineStatus | None = None, roof: 
         for text in (config.facts(), config.summary()):
             for line in textwrap.wrap(text, width, break_on_hyphens=False, max_lines=2, placeholder=" …"):
                 grid.add_line(Text(line, style="dim"))
+    _placement_lines(grid, state, width)
     if sample.metrics_error:
         grid.add_line(Text(cut(sample.metrics_error, width), style="bold red"))
     reading = sample.reading
@@ -88,6 +90,17 @@ def render_glance(state: EngineState, status: EngineStatus | None = None, roof: 
     if stats.counter_reset:
         grid.add_line(Text("counters reset: engine restarted", style="yellow"))
     return grid.text()
+
+
+def _placement_lines(grid: Rows, state: EngineState, width: int) -> None:
+    """Its container and what the container's cgroup imposes, or what holds its port instead of it."""
+    if state.container is not None:
+        grid.add_line(Text(cut(container_words(state.container, state.cgroup), width), style="dim"))
+    if state.cgroup is not None:
+        text, pressed = limit_words(state.cgroup, state.cgroup_use)
+        grid.add_line(Text(cut(text, width), style="bold yellow" if pressed else "dim"))
+    if state.port_note is not None:
+        grid.add_line(Text(cut(f"port held by {state.port_note}", width), style="yellow"))
 
 
 def _finding_lines(grid: Rows, findings: tuple[Finding, ...], width: int) -> None:

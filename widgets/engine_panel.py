@@ -12,6 +12,7 @@ from textual.message import Message
 
 from tui.live.engine_state import EngineState
 from tui.live.glance import busy_slots, finish_shares, model_name
+from tui.live.placement import container_words, limit_words
 from tui.live.provenance import COUNTER_ONLY, counter_only, missed_note
 from tui.model.config import EngineConfig
 from tui.model.findings import Finding
@@ -293,6 +294,12 @@ def render_engine(state: EngineState, status: EngineStatus | None = None,
     if stats.requests is not None:
         _request_rows(grid, stats.requests, width)
     grid.add_row("host RSS", mib(state.rss_bytes) if state.rss_bytes is not None else NA)
+    if state.container is not None:
+        _wrapped(grid, "container", container_words(state.container, state.cgroup), width)
+    if state.cgroup is not None:
+        _wrapped(grid, "limits", limit_words(state.cgroup, state.cgroup_use)[0], width)
+    if state.port_note is not None:
+        _wrapped(grid, "port held by", state.port_note, width, style="yellow")
     if sample.slots is not None:
         _slot_rows(grid, sample.slots)
     _prefill_row(grid, state)

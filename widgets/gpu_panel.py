@@ -77,10 +77,16 @@ def _render_gpu(g: GpuSample) -> Group:
                  f"  mem {num(g.mem_clock_mhz, '{:.0f}')} MHz")
     used, total = g.vram_used_bytes, g.vram_total_bytes
     frac = used / total if used is not None and total else None
-    grid.add_row("VRAM", f"{bar(frac).plain} {gib(used)} / {gib(total)}")
+    if g.unified_memory and used is None and total is None:  # GB10, Jetson: the host's RAM is the figure
+        grid.add_row("memory", Text("unified memory: see host RAM", style="dim"))
+    elif g.unified_memory:
+        grid.add_row("memory", f"{bar(frac).plain} {gib(used)} / {gib(total)}"
+                     " (unified memory, shared with host RAM)")
+    else:
+        grid.add_row("VRAM", f"{bar(frac).plain} {gib(used)} / {gib(total)}")
     if g.xid_error:
         grid.add_row("XID", Text(f"last XID error {g.xid_error}", style="bold red"))
     for p in g.processes:
-        who = p.engine or "other"
+        who = p.engine or (f"in {p.container}, not watched" if p.container else "not watched")
         grid.add_row("", f"pid {p.pid} ({who}) {gib(p.used_bytes)}")
     return Group(title, grid.text())

@@ -47,5 +47,8 @@ def render_host(h: HostSample | None) -> Text:
         swap.stylize("bold red")
     grid.add_row("swap", swap)
     for m in h.engines:
-        grid.add_row(m.engine, f"RSS {gib(m.rss_bytes)} in {m.processes} process(es), pid {m.pid}")
+        where = f", in {m.container.runtime} container {m.container.label()}" if m.container else ""
+        grid.add_row(m.engine, f"RSS {gib(m.rss_bytes)} in {m.processes} process(es), pid {m.pid}{where}")
+    for engine, why in h.unowned:
+        grid.add_row(engine, Text(f"no process here: its port is held by {why}", style="dim"))
     return grid.text()

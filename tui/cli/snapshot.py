@@ -79,6 +79,11 @@ def table(snapshot: dict[str, Any]) -> str:
                 lines.append(f"{'':<16} model: {e['config']['facts']}")
             lines.append(f"{'':<16} config: {e['config']['summary'] or 'n/a'}")
             lines += [f"{'':<16} not published: {why}" for why in e["config"]["lacks"]]
+        for key in ("placement", "limits"):
+            if e.get(key):
+                lines.append(f"{'':<16} {e[key]}")
+        if e.get("port_held_by"):
+            lines.append(f"{'':<16} port held by {e['port_held_by']}")
         lines += [f"{'':<16} {line}" for line in _energy_lines(e)]
         for f in e.get("findings") or ():
             lines.append(f"{'':<16} {f['severity'].upper()} {f['id']}: {f['title']}")

@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.process_collector import ProcessCollector
 
+from tui.model.containers import CgroupReading, CgroupUse, Container
 from tui.model.findings import Finding
 from tui.model.samples import EngineStats, GpuReport, HostSample
 from tui.probe.results import ProbeResult
@@ -246,6 +247,16 @@ class ProbeMetrics:
         self.tokens_per_joule = Gauge(
             "enginetop_tokens_per_joule", "generated tokens per joule over the last window (as above)",
             ("engine", "scope"), registry=self.shared)
+        # Where the engine runs (tui.sources.port_holder): its container, and what the container's cgroup
+        # imposes and counts; labelled `container` so a dashboard can join the engine's figures to it
+        self.container_info = Gauge(
+            "enginetop_engine_container_info", "the container the engine's processes run in (1)",
+            ("engine", "container", "runtime", "image"), registry=self.shared)
+        self.container_figure = Gauge(
+            "enginetop_container", "the engine's container, from its cgroup: memory_bytes and "
+            "memory_limit_bytes now, cpu_quota_cores, and over the last window cpu_cores_used, "
+            "cpu_throttled_share (of its quota's periods) and oom_kills",
+            ("engine", "container", "what"), registry=self.shared)
         # engine -> the label tuples served for each gauge: what no longer holds is removed, not left stale
         self._served: dict[tuple[int, str], set[tuple[str, ...]]] = {}
 
@@ -309,6 +320,22 @@ class ProbeMetrics:
         self._serve(self.joules_per_token, name, {(scope,): stats.joules_per_token} if scope else {})
         self._serve(self.tokens_per_joule, name, {(scope,): stats.tokens_per_joule} if scope else {})
 
+    def placement(self, name: str, container: Container | None, cgroup: CgroupReading | None,
+                  use: CgroupUse | None) -> None:
+        """The engine's container and its cgroup's figures, as its watcher read them last (none served for an
+        engine on the host)."""
+        label = container.label() if container is not None else ""
+        self._serve(self.container_info, name, {} if container is None else {
+            (label, container.runtime, container.image or ""): 1.0})
+        figures: dict[str, float | None] = {}
+        if container is not None and cgroup is not None and cgroup.error is None:
+            figures = {"memory_bytes": cgroup.memory_bytes, "memory_limit_bytes": cgroup.memory_limit_bytes,
+                       "cpu_quota_cores": cgroup.cpu_quota_cores}
+            if use is not None:
+                figures |= {"cpu_cores_used": use.cores_used, "cpu_throttled_share": use.throttled_share,
+                            "oom_kills": use.oom_kills}
+        self._serve(self.container_figure, name, {(label, what): v for what, v in figures.items()})
+
     def devices(self, gpu: GpuReport | None, host: HostSample | None) -> None:
         """This machine's energy counters as last read."""
         values: dict[tuple[str, str], float] = {}
@@ -328,6 +355,7 @@ class ProbeMetrics:
     def gone(self, name: str) -> None:
         """The engine could not be read: nothing it was last found to be, or to do, is served."""
         self.engine(name, (), EngineStats())
+        self.placement(name, None, None, None)
 
     def exposition(self) -> bytes:
         """The whole /metrics body (text format 0.0.4): every family once, its samples from every pair."""

@@ -78,6 +78,8 @@ async def watch_engines(targets: Sequence[EngineTarget], metrics: ProbeMetrics, 
                     metrics.engine(target.name, (), EngineStats(requests=relayed(state)))
                 else:
                     metrics.engine(target.name, state.findings, state.stats)
+                if state is not None and state.sample is not None and state.sample.health == "up":
+                    metrics.placement(target.name, state.container, state.cgroup, state.cgroup_use)
             await asyncio.sleep(every_s)
     finally:
         for source in sources:

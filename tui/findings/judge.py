@@ -433,6 +433,10 @@ JUDGES: tuple[Callable[[Evidence], Finding | None], ...] = (
 
 def judge(ev: Evidence) -> list[Finding]:
     """Every finding that holds for this engine now, most severe first."""
-    found = [f for j in JUDGES if (f := j(ev)) is not None]
+    return by_severity([f for j in JUDGES if (f := j(ev)) is not None])
+
+
+def by_severity(found: list[Finding]) -> list[Finding]:
+    """Most severe first (a stable sort: each judge's order within a severity stays)."""
     order = {"error": 0, "warning": 1, "info": 2}
     return sorted(found, key=lambda f: order[f.severity])

@@ -14,6 +14,7 @@ from typing import Any
 from tui.findings.tracker import Since
 from tui.live.series import Series
 from tui.model.bench import BenchSample
+from tui.model.containers import CgroupReading, CgroupUse, Container
 from tui.model.findings import Finding, StartMemory
 from tui.model.samples import EngineReading, EngineSample, EngineStats, PromptProgress, RequestStats
 from tui.model.traffic import TrafficSample
@@ -37,6 +38,14 @@ class EngineState:
     glance: dict[str, Series] = field(default_factory=dict)  # GLANCE_SERIES, for the sparklines
     probes: deque[tuple[float, Any]] = field(default_factory=deque)  # (t, ProbeResult), oldest first
     rss_bytes: int | None = None
+    # Where its processes run (the host sample's): its container, what that container's cgroup imposes now,
+    # the cgroup's readings over the rate window and its counters over them; or why no process of this
+    # machine is the engine's although one holds its port (a tunnel, a forwarder: tui.sources.port_holder)
+    container: Container | None = None
+    cgroup: CgroupReading | None = None
+    cgroup_readings: deque[tuple[float, CgroupReading]] = field(default_factory=deque)
+    cgroup_use: CgroupUse | None = None
+    port_note: str | None = None
     traffic: TrafficSample | None = None  # the user's own requests, measured by the proxy in front of it
     bench: BenchSample | None = None  # a bench or capacity run on this engine (tui.workload.live)
     # A llama-server router's loaded models: each one's readings over the rate window, and its gen tok/s

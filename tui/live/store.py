@@ -15,7 +15,8 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from tui.findings.judge import judge
+from tui.findings.container import container_findings
+from tui.findings.judge import by_severity, judge
 from tui.live.engine_state import EngineState, generated_per_s, relayed
 from tui.live.glance import busy_slots
 from tui.live.probe_energy import probe_energy_fields
@@ -30,10 +31,12 @@ from tui.model.samples import (
     EngineStats,
     GpuReport,
     HostSample,
+    ProcessTreeMemory,
     PromptProgress,
 )
 from tui.model.traffic import TrafficSample
 from tui.sources.attribution import attribute, with_attribution
+from tui.sources.cgroup import use_between
 from tui.sources.energy import Point as EnergyPoint
 from tui.sources.energy import (
     Track,
@@ -254,7 +257,12 @@ class Store:
                                 spec_window(None, reading), state.start, state.busy_max, state.waiting_max,
                                 t - state.watched_t if state.watched_t is not None else 0.0,
                                 state.stats.requests)
-        state.findings = state.since.update(judge(evidence), wall)
+        found = judge(evidence)
+        if state.cgroup is not None or state.container is not None:
+            found = by_severity([*container_findings(state.name, state.cgroup_use, state.cgroup,
+                                                     state.rss_bytes, state.container,
+                                                     sample.config if sample is not None else None), *found])
+        state.findings = state.since.update(found, wall)
 
     def _routed(self, state: EngineState, sample: EngineSample, t: float) -> None:
         """Each loaded model's generation rate over the rate window (the router's own /metrics has none),
@@ -365,15 +373,39 @@ class Store:
     def add_host_sample(self, sample: HostSample) -> None:
         """As add_gpu_report: the sample as read to recorders, kept with the CPU package's energy window."""
         self._tell(sample)
-        by_engine = {m.engine: m.rss_bytes for m in sample.engines}
+        by_engine = {m.engine: m for m in sample.engines}
+        unowned = dict(sample.unowned)
         for name, state in self.engines.items():
-            state.rss_bytes = by_engine.get(name)
+            tree = by_engine.get(name)
+            state.rss_bytes = tree.rss_bytes if tree is not None else None
+            state.port_note = unowned.get(name)
+            if self._placed(state, tree, sample.t):
+                self._judge(state, sample.t, time.time())
         if sample.cpu_energy_j is not None:
             self._cpu_energy.add(EnergyPoint(sample.t, sample.cpu_energy_j, None),
                                  self._idle(self._cpu_engines(sample)))
         window = self._cpu_energy.window(self.rate_window_s) if sample.cpu_energy_j is not None else None
         self.host = dataclasses.replace(sample, cpu_energy=window)
         self._probes_energy(sample.t)
+
+    def _placed(self, state: EngineState, tree: ProcessTreeMemory | None, t: float) -> bool:
+        """The engine's container and its cgroup's counters over the rate window; whether there is anything
+        to judge of them (it is in a container now, or was)."""
+        was = state.container is not None
+        state.container = tree.container if tree is not None else None
+        cgroup = tree.cgroup if tree is not None else None
+        state.cgroup = cgroup
+        kept = state.cgroup_readings
+        if cgroup is None or cgroup.error is not None:
+            kept.clear()
+            state.cgroup_use = None
+            return was or state.container is not None
+        kept.append((t, cgroup))
+        while len(kept) > 2 and t - kept[1][0] >= self.rate_window_s:
+            kept.popleft()
+        (t0, first), _ = kept[0], kept[-1]
+        state.cgroup_use = use_between(first, cgroup, t - t0) if t > t0 else None
+        return True
 
     def _cpu_engines(self, host: HostSample) -> set[str]:
         on_gpu = {e for g in (self.gpu.gpus if self.gpu else ()) if g.host is None for e in holders(g)[0]}

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from tui.model.config import EngineConfig
+from tui.model.containers import CgroupReading, Container
 from tui.model.slots import SlotsReading
 
 Health = Literal["up", "loading", "starting", "down"]
@@ -239,6 +240,9 @@ class GpuProcess:
     used_bytes: int | None
     engine: str | None = None  # name of the watched engine whose process tree holds this PID
     graphics: bool = False  # listed by NVML as a graphics process only (a desktop's Xorg, a compositor)
+    # the container a process no watched engine owns runs in, "runtime short-id" ("podman 3d8f423a11bc"), from
+    # its /proc/PID/cgroup (tui.sources.container_of); None: on the host, an engine's, or not known
+    container: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,6 +282,9 @@ class GpuSample:
     energy_j: float | None = None
     fan_rpm: float | None = None
     energy: EnergyWindow | None = None  # over the store's window (tui.live.store): derived, never recorded
+    # The GPU's memory is the host's (DGX Spark's GB10, Jetson): NVML answers NotSupported for its memory,
+    # so vram_used/total_bytes are None and the host's RAM is the memory figure; its processes' may be None
+    unified_memory: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,6 +305,8 @@ class ProcessTreeMemory:
     rss_bytes: int
     processes: int
     pids: tuple[int, ...] = ()  # the whole tree: the GPU panel maps GPU processes to engines with it
+    container: Container | None = None  # the container the engine runs in (tui.sources.containers)
+    cgroup: CgroupReading | None = None  # what its container's cgroup imposes and counts (tui.sources.cgroup)
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,6 +319,9 @@ class HostSample:
     swap_used_bytes: int | None = None
     swap_total_bytes: int | None = None
     engines: tuple[ProcessTreeMemory, ...] = field(default_factory=tuple)
+    # (engine, why): a watched engine on this machine whose port no process of its own holds, and what holds
+    # it instead (a tunnel, a forwarder, enginetop's proxy): nothing of the holder is the engine's
+    unowned: tuple[tuple[str, str], ...] = field(default_factory=tuple)
     # The CPU packages' RAPL energy counter (tui.sources.rapl), joules summed over packages, its wraps undone
     # since enginetop first read it: a counter that only rises
     cpu_energy_j: float | None = None

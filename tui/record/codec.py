@@ -16,6 +16,7 @@ from functools import cache
 from typing import Any
 
 from tui.model.config import EngineConfig
+from tui.model.containers import CgroupReading, Container
 from tui.model.findings import TrafficFacts
 from tui.model.samples import (
     EnergyWindow,
@@ -40,7 +41,7 @@ SAMPLE_TYPES: dict[str, type] = {"engine": EngineSample, "gpu": GpuReport, "host
 KIND_OF = {cls: kind for kind, cls in SAMPLE_TYPES.items()}
 _KNOWN = (EngineSample, EngineReading, EngineStats, GpuReport, GpuSample, GpuProcess, HostSample,
           ProcessTreeMemory, ProbeResult, ServerTimings, TrafficSample, TrafficStats, SlotsReading, SlotState,
-          RoutedModel, EngineConfig, TrafficFacts, EnergyWindow, RequestStats)
+          RoutedModel, EngineConfig, TrafficFacts, EnergyWindow, RequestStats, Container, CgroupReading)
 # Not recorded: a probe's reply text (large, and it is what the user asked, not what was measured), and its
 # inter-token gaps (a bench's percentiles come from them; a recording keeps the probe's own figures).
 _DROPPED: dict[type, set[str]] = {ProbeResult: {"text", "gaps_s"}}

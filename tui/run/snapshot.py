@@ -16,6 +16,7 @@ from typing import Any
 from tui.fleet.source import FleetSource
 from tui.live.engine_state import EngineState
 from tui.live.feed import Source
+from tui.live.placement import container_words, limit_words
 from tui.live.store import Store
 from tui.model.samples import EngineSample, EngineStats
 from tui.record.codec import encode
@@ -53,6 +54,15 @@ def engine_json(state: EngineState) -> dict[str, Any]:
         # what the engine is really set to, and what that means for its traffic (tui.findings)
         "config": config_json(sample.config),
         "findings": [f.json() for f in state.findings],
+        # where its processes run (tui.sources.port_holder): its container, what the container's cgroup
+        # imposes and its counters over the interval, in the words the column shows; or what holds its port
+        "container": encode(state.container) if state.container is not None else None,
+        "cgroup": encode(state.cgroup) if state.cgroup is not None else None,
+        "cgroup_use": encode(state.cgroup_use) if state.cgroup_use is not None else None,
+        "placement": container_words(state.container, state.cgroup) if state.container is not None else None,
+        "limits": limit_words(state.cgroup, state.cgroup_use)[0] if state.cgroup is not None else None,
+        "port_held_by": state.port_note,
+        "host_rss_bytes": state.rss_bytes,
     }
     out.update(dataclasses.asdict(state.stats))
     if state.traffic is not None:
@@ -105,6 +115,8 @@ async def take_snapshot(options: RunOptions, interval: float = 1.0, *,
     # clients made, their replies parsed, in this thread) its RAPL read came tens of ms late in the first
     # round only: over one second, the package's watts read 5-10 % low.
     machine: list[Source] = [run.machine] if run.machine else []
+    for engine in run.engines:  # known before the first host reading, which carries their containers' counters
+        store.engine(engine.target.name, engine.target.url)
     try:
         started = asyncio.get_running_loop().time()
         await read(machine)  # the host's first reading primes its CPU meter

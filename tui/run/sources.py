@@ -104,7 +104,7 @@ class RunSources:
 
 
 def build_sources(options: RunOptions, *, gpu_report: Callable[[], GpuReport | None] = lambda: None,
-                  engine_pids: Callable[[], dict[str, int]] | None = None,
+                  engine_pids: Callable[[], dict[str, int | str]] | None = None,
                   gpu_sampler: Callable[[], GpuSampler] = GpuSampler,
                   host_sampler: Callable[[], HostSampler] = HostSampler) -> RunSources:
     """`gpu_report`: the newest local GPU report, for the fleet's engines on this machine. `engine_pids`:

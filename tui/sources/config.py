@@ -399,18 +399,21 @@ def config_from_json(data: dict[str, Any] | None) -> EngineConfig | None:
 
 async def read_config(fetch: Fetch, dialect: str, *, slots: SlotsReading | None = None,
                       metrics_text: str | None = None, pid: int | None = None,
-                      remote: bool = False, secrets: Sequence[str] = ()) -> EngineConfig | None:
+                      remote: bool = False, secrets: Sequence[str] = (), no_pid: str | None = None
+                      ) -> EngineConfig | None:
     """The configuration of a running engine of `dialect` (as /metrics named it), asked with `fetch`.
     `metrics_text`: a /metrics body just read (vLLM's cache_config_info is in it). `pid`: the local process
     that listens on the engine's port; `remote`: the engine is on another machine (its argv cannot be read);
-    `secrets`: the target's own key (and password), masked wherever they appear in the argv. None for an
-    engine of no known dialect."""
+    `secrets`: the target's own key (and password), masked wherever they appear in the argv; `no_pid`: why no
+    process is the engine's when one holds its port (tui.sources.port_holder). None for an engine of no known
+    dialect."""
     lacks: list[str] = []
     command: Command | str | None
     if remote:
         command = "argv: the engine runs on another machine"
     elif pid is None:
-        command = "argv: no process of this machine was found listening on its port"
+        command = f"argv: not read: {no_pid}" if no_pid else \
+            "argv: no process of this machine was found listening on its port"
     else:
         command = local_command(pid, by_dialect(dialect))
 

@@ -39,9 +39,11 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from tui.sources.containers import shared_catalog
 from tui.sources.discover_ask import DEADLINE_S, Late, confirm
+from tui.sources.discover_containers import in_containers
 from tui.sources.discover_found import FoundChild, FoundEngine, How
-from tui.sources.discover_listeners import listeners, url_hosts
+from tui.sources.discover_listeners import Listeners, listeners, url_hosts
 
 __all__ = ["DEADLINE_S", "DEFAULT_PORTS", "PORTS_ENV", "DiscoverError", "Discovery",
            "FoundChild", "FoundEngine", "How", "discover", "discover_async", "url_hosts", "usual_ports"]
@@ -118,7 +120,9 @@ def _named(found: list[FoundEngine]) -> list[FoundEngine]:
     out: list[FoundEngine] = []
     taken: set[str] = set()
     for engine in found:
-        if len(engine.models) == 1:
+        if engine.container is not None and engine.container.name:
+            name = engine.container.name  # what its user called it when they started it
+        elif len(engine.models) == 1:
             name = _short(engine.models[0])
         elif engine.how == "command line" or engine.pid is not None:
             name = engine.program.replace(" ", "-")
@@ -131,11 +135,21 @@ def _named(found: list[FoundEngine]) -> list[FoundEngine]:
     return out
 
 
+def _walk(ports: tuple[int, ...]) -> Listeners:
+    """The listeners, then the engines in containers that none of them publishes."""
+    catalog = shared_catalog()
+    walked = listeners(ports, None, catalog)
+    inside, lines = in_containers({c.pid for c in walked.candidates if c.pid is not None}, catalog)
+    walked.candidates += inside
+    walked.not_asked += lines
+    return walked
+
+
 async def discover_async(ports: tuple[int, ...] | None = None, deadline_s: float = DEADLINE_S) -> Discovery:
     """The engines on this machine: the socket walk, then every candidate asked at once, all within
     `deadline_s` of the first question."""
     ports = usual_ports() if ports is None else ports
-    walked = await asyncio.to_thread(listeners, ports)
+    walked = await asyncio.to_thread(_walk, ports)
     deadline = asyncio.get_running_loop().time() + deadline_s
     # asked directly: no proxy from the environment, no .netrc; httpx's own timeout (for each connect and
     # read) is the deadline too, so that a port is given up only at the deadline, and then said

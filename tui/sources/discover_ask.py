@@ -112,4 +112,4 @@ async def confirm(client: httpx.AsyncClient, c: Candidate, deadline: float) -> F
         program = c.process or UNREAD
         how = "usual port"
     return FoundEngine(name="", url=base, port=c.port, pid=c.pid, program=program, how=how,
-                       models=models or (), children=c.children, uid=c.uid)
+                       models=models or (), children=c.children, uid=c.uid, container=c.container)

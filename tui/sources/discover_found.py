@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from tui.model.containers import Container
+
 How = Literal["command line", "usual port"]
 
 
@@ -39,6 +41,7 @@ class FoundEngine:
     models: tuple[str, ...] = ()  # as /v1/models lists them
     children: tuple[FoundChild, ...] = ()  # the servers it started for its models (router, llama-swap)
     uid: int | None = None  # the user its process runs as (effective uid); None: not readable
+    container: Container | None = None  # the container its process runs in (tui.sources.port_holder)
 
     def words(self) -> str:
         """How it was found, in a line: "gemma: llama-server pid 4242 on :8080, from its command line"."""
@@ -47,6 +50,8 @@ class FoundEngine:
     def found_as(self) -> str:
         """The line of words() after its name."""
         who = f"{self.program} pid {self.pid}" if self.pid is not None else self.program
+        if self.container is not None:
+            who += f" in {self.container.runtime} container {self.container.label()}"
         how = ("from its command line" if self.how == "command line"
                else "answering as an OpenAI-compatible server on a usual port")
         serves = f", serving {len(self.models)} models" if len(self.models) > 1 else ""

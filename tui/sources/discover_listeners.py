@@ -30,7 +30,10 @@ import psutil
 
 from tui.engines.knowledge import program_name
 from tui.engines.known import serving_program
+from tui.model.containers import Container
+from tui.sources.containers import Catalog
 from tui.sources.discover_found import FoundChild
+from tui.sources.port_holder import PUBLISHERS, held_by, is_enginetop
 
 _GONE = (psutil.NoSuchProcess, psutil.AccessDenied)
 EITHER = ("127.0.0.1", "[::1]")
@@ -46,6 +49,7 @@ class Candidate:
     process: str | None  # the listening process's program, whatever it is
     uid: int | None = None  # the user its process runs as (effective uid); None: not readable
     children: tuple[FoundChild, ...] = ()
+    container: Container | None = None  # the container the engine's process runs in
 
     def who(self) -> str:
         """"llama-server pid 42", or what could be told of an unreadable process."""
@@ -123,16 +127,6 @@ def _rank(ip: str, pid: int | None, local: frozenset[str]) -> tuple[int, bool]:
     return where, pid is None
 
 
-def is_enginetop(argv: Sequence[str]) -> bool:
-    """enginetop itself: its script (`enginetop proxy`, as pip, pipx or uv install it), or `python -m tui`
-    (a clone's way to run it)."""
-    if not argv:
-        return False
-    name = program_name(argv).removesuffix(".exe")
-    exe = argv[0].replace("\\", "/").rsplit("/", 1)[-1]
-    return name == "enginetop" or (name == "tui" and exe.startswith("python"))
-
-
 def served_model(argv: Sequence[str]) -> str | None:
     """The model a child server's command line names: its --alias (a router names each child so), else
     --served-model-name, else its model file's name."""
@@ -179,10 +173,12 @@ def _ancestors(pid: int) -> list[int]:
         return []
 
 
-def listeners(ports: tuple[int, ...], local: frozenset[str] | None = None) -> Listeners:
-    """Every candidate: the engines' listening sockets, and the usual `ports` (asked even when the socket
+def listeners(ports: tuple[int, ...], local: frozenset[str] | None = None,
+              catalog: Catalog | None = None) -> Listeners:
+    """Every candidate: the engines' listening sockets (a container runtime's publisher followed to the
+    engine in its container: tui.sources.port_holder), and the usual `ports` (asked even when the socket
     list cannot be read); the children of engines found among them attached to their parent; and a line for
-    each engine's (or usual port's) socket that is not asked."""
+    each engine's (or usual port's) socket that is not asked. `catalog`: the runtimes' containers."""
     local = local_addresses() if local is None else local
     try:
         conns = psutil.net_connections(kind="tcp")
@@ -225,10 +221,17 @@ def listeners(ports: tuple[int, ...], local: frozenset[str] | None = None) -> Li
             skip.add(port)
             continue
         program = serving_program(info.argv) if info.argv else None
+        container = None
+        if program is None and info.argv and program_name(info.argv) in PUBLISHERS:
+            held = held_by(pid, port, catalog)  # conmon, docker-proxy, ...: the engine is in a container
+            if held.engine_pid is not None:
+                pid, container = held.engine_pid, held.container
+                info = procs.setdefault(pid, _read(pid))
+                program = serving_program(info.argv) if info.argv else None
         if program is None and port not in ports:
             continue
         candidate = Candidate(hosts, port, pid, program, program_name(info.argv) if info.argv else None,
-                              info.uid)
+                              info.uid, container=container)
         if hosts:
             found[port] = candidate
         else:

@@ -17,9 +17,11 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from tui.model.samples import GpuReport
+from tui.sources.containers import shared_catalog
 from tui.sources.energy import run_energy, span_of_reports
 from tui.sources.engine_source import is_local
-from tui.sources.host import pids_listening, tree_pids
+from tui.sources.port_holder import whose_port
+from tui.sources.processes import tree_pids
 from tui.sources.rapl import RaplReader, RaplSpan
 
 PIDS_RESCAN_S = 5.0  # an engine's process tree is looked up again this often (vLLM starts workers late)
@@ -33,7 +35,8 @@ class GpuSource(Protocol):
 
 class EnginePids:
     """One engine's process tree, as a sampler's `engine_pids` ({name: PIDs}): from its root PID when
-    enginetop started it, else from the local process listening on its URL's port; the root's descendants
+    enginetop started it, else the engine's own process behind its URL's port (tui.sources.port_holder: into
+    its container, never a tunnel's or forwarder's); the root's descendants
     with it (vLLM's workers hold the GPU, not its API server). Looked up every `every_s`; {} for an engine on
     another machine, or one whose process is not found. `found`: it was found at least once."""
 
@@ -53,8 +56,8 @@ class EnginePids:
         if now >= self._next:
             self._next = now + self._every
             root = self._pid
-            if root is None and self._port is not None:
-                root = pids_listening([(None, self._port)]).get((None, self._port))
+            if root is None and self._port is not None:  # the engine's own process, never a forwarder's
+                root = whose_port(None, self._port, shared_catalog()).engine_pid
             self._pids = tree_pids(root) if root is not None else set()
             self.found = self.found or bool(self._pids)
         return {self.name: set(self._pids)} if self._pids else {}

@@ -426,9 +426,10 @@ def _scrub(message: str | None, target: EngineTarget) -> str | None:
 
 async def poll_config(transport: Transport, target: EngineTarget, dialect: str, *,
                       slots: SlotsReading | None = None, pid: int | None = None, remote: bool = False,
-                      timeout: float = 2.0) -> EngineConfig | None:
+                      timeout: float = 2.0, no_pid: str | None = None) -> EngineConfig | None:
     """The engine's effective configuration (tui.sources.config), read with the poller's own transport and
-    key; every message scrubbed of secrets."""
+    key; every message scrubbed of secrets. `no_pid`: why no process of this machine is the engine's (the
+    port's holder is a tunnel or a forwarder: tui.sources.port_holder)."""
     try:
         headers = target_headers(target)
     except InsecureSecret:
@@ -443,7 +444,8 @@ async def poll_config(transport: Transport, target: EngineTarget, dialect: str, 
             raise ValueError("the answer is larger than 8 MiB; not read")
         return status, body
 
-    config = await read_config(fetch, dialect, slots=slots, pid=pid, remote=remote, secrets=_secrets(target))
+    config = await read_config(fetch, dialect, slots=slots, pid=pid, remote=remote, secrets=_secrets(target),
+                               no_pid=no_pid)
     if config is None or not config.lacks:
         return config
     return replace(config, lacks=tuple(_scrub(x, target) or "" for x in config.lacks))

@@ -19,8 +19,9 @@ from tui.model.slots import SlotsReading
 from tui.model.targets import EngineTarget
 from tui.net.keepalive import Transports, exchange
 from tui.net.policy import is_loopback_host, target_headers
+from tui.sources.containers import shared_catalog
 from tui.sources.engine import METRICS_OFF, NameFilter, nothing_listened, poll_config, poll_engine, poll_slots
-from tui.sources.host import pids_listening
+from tui.sources.port_holder import whose_port
 from tui.sources.rates import went_back
 from tui.sources.router import SSE_PATH, LoadProgress
 from tui.sources.slot_counters import RunningTokens, SlotCounters
@@ -173,15 +174,16 @@ class EngineSource:
             and went_back(last.reading, sample.reading))
         if kept is not None and not restarted and started - kept[1] < CONFIG_REFRESH_S:
             return sample if kept[2] is None else replace(sample, config=kept[2])
-        pid = None
+        pid = why = None
         remote = not is_local(target.url)
         if not remote and (port := urlsplit(target.url).port):
             host = urlsplit(target.url).hostname
-            found = await asyncio.to_thread(pids_listening, [(None if host in (None, "0.0.0.0") else host,
-                                                              port)])
-            pid = next(iter(found.values()), None)
+            holder = await asyncio.to_thread(whose_port, None if host in (None, "0.0.0.0") else host, port,
+                                             shared_catalog())
+            pid, why = holder.engine_pid, holder.why_none
         config = await poll_config(self.transports.for_url(target.url), target, dialect,
-                                   slots=sample.slots, pid=pid, remote=remote, timeout=self.timeout_s * 2)
+                                   slots=sample.slots, pid=pid, remote=remote, timeout=self.timeout_s * 2,
+                                   no_pid=why)
         if kept is not None and kept[2] is not None and config is not None and not restarted \
                 and (kept[2].version, kept[2].model) != (config.version, config.model) \
                 and self._counters is not None and self._counters[0] is target:
@@ -238,25 +240,35 @@ def is_local(url: str) -> bool:
 
 
 class LocalPids:
-    """Which local process serves each watched loopback engine (for its RSS). Finding it walks every socket,
-    so it is looked up again only every `every_s`, and not even then while every process found is alive."""
+    """Which local process is each watched loopback engine's own (for its memory, its container, its energy
+    and its GPUs): the one rule of tui.sources.port_holder, so a tunnel, forwarder or enginetop's proxy on its
+    port is never taken for the engine, and a container's publisher leads to the engine in the container.
+    Finding it walks every socket, so it is looked up again only every `every_s`, and not even then while
+    every process found is alive. Each engine maps to its process's PID, or to why there is none."""
 
     def __init__(self, targets: list[EngineTarget], every_s: float = PID_RESCAN_S) -> None:
         self.watched: dict[str, tuple[str | None, int]] = {
             t.name: (None, port) for t in targets if is_local(t.url) and (port := urlsplit(t.url).port)}
         self.every_s = every_s
         self._next = 0.0
-        self._pids: dict[str, int] = {}
+        self._found: dict[str, int | str] = {}
 
-    def __call__(self) -> dict[str, int]:
+    def __call__(self) -> dict[str, int | str]:
         now = time.monotonic()
         if self.watched and now >= self._next:
             self._next = now + self.every_s
-            known = self._pids
-            if not all(name in known and pid_alive(known[name]) for name in self.watched):
-                found = pids_listening(list(self.watched.values()))
-                self._pids = {n: found[a] for n, a in self.watched.items() if a in found}
-        return dict(self._pids)
+            known = self._found
+            if not all(isinstance(known.get(name), int) and pid_alive(known[name])  # type: ignore[arg-type]
+                       for name in self.watched):
+                found: dict[str, int | str] = {}
+                for name, (host, port) in self.watched.items():
+                    holder = whose_port(host, port, shared_catalog())
+                    if holder.engine_pid is not None:
+                        found[name] = holder.engine_pid
+                    elif holder.pid is not None and holder.why_none:
+                        found[name] = holder.why_none  # a process holds it, and it is not the engine
+                self._found = found
+        return dict(self._found)
 
 
 async def read_once(target: EngineTarget, timeout_s: float = 5.0) -> EngineSample:

@@ -6,11 +6,19 @@ in µJ) is reported in joules as `energy_j`; the store turns its change into ene
 Error policy follows nvitop's `nvmlQuery`: NotSupported / NoPermission / other NVML errors make that one
 field None; FunctionNotFound (driver older than the binding) makes the field None, is logged once and the
 function is not called again; GpuIsLost turns that GPU's sample into an error while the others continue.
+
+Unified memory (DGX Spark's GB10, Jetson): NVML answers NotSupported for the GPU's memory while everything
+else answers. Such a GPU is said `unified_memory` (also by its name), its VRAM figures stay None (the host's
+RAM is its memory) and its processes' memory is None where NVML gives none, never 0.
+
+NVML lists processes by their host PID. One that no watched engine's tree holds is looked up in /proc: the
+container it runs in, if any (tui.sources.container_of), once per PID per sample.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +33,7 @@ from tui.model.samples import (
     GpuReport,
     GpuSample,
 )
+from tui.sources.container_of import container_of
 from tui.sources.sysfs_gpu import SysfsGpus
 
 log = logging.getLogger(__name__)
@@ -36,6 +45,10 @@ SOURCE_GPM = "gpm"
 SOURCE_UTIL = "util.memory x peak"
 
 _KNOWN_REASON_BITS = sum(THROTTLE_REASON_WORDS)  # distinct single bits, so the sum is their OR
+
+# Names of GPUs whose memory is the host's (as llmtop reads them): said unified even where NVML answers.
+# Whole words: "GB10" is not "GB100"
+UNIFIED_NAMES = re.compile(r"\b(GB10|Jetson|Orin|Thor|Xavier|Tegra)\b", re.IGNORECASE)
 
 
 class _Lost(Exception):
@@ -83,11 +96,12 @@ class GpuSampler:
     `nvml` is the `pynvml` module (default) or a stand-in exposing the same names (tests).
     `clock` is injectable so the init-retry interval can be checked without sleeping.
     `sysfs`: the AMD and Intel reader (default: under ENGINETOP_SYSFS_ROOT or /sys); False reads none.
+    `proc_root`: where the containers of processes no engine owns are looked up (/proc, or a tree like it).
     """
 
     def __init__(
         self, nvml: ModuleType | Any | None = None, clock: Callable[[], float] = time.monotonic,
-        sysfs: SysfsGpus | bool = True,
+        sysfs: SysfsGpus | bool = True, proc_root: str = "/proc",
     ) -> None:
         self._nvml: Any = nvml  # pynvml, or a stand-in with the same names: duck-typed
         self._clock = clock
@@ -100,6 +114,8 @@ class GpuSampler:
         self._missing: set[str] = set()  # functions the driver lacks (FunctionNotFound)
         self._logged: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
+        self._proc_root = proc_root
+        self._containers: dict[int, str | None] = {}  # this sample's: PID -> "runtime short-id" or None
 
     # ---- public -------------------------------------------------------------------------------------
 
@@ -118,6 +134,7 @@ class GpuSampler:
     def _sample(self, engine_pids: dict[str, set[int]] | None) -> GpuReport:
         now = self._clock()
         pids = engine_pids or {}
+        self._containers = {}  # a PID's container is read once per sample (a PID may be reused after)
         try:
             nvidia: tuple[GpuSample, ...] = ()
             if self._ensure_init(now):
@@ -214,30 +231,34 @@ class GpuSampler:
 
     def _query(self, fn_name: str, *args: Any) -> Any:
         """nvml.<fn_name>(*args), or None when the GPU or driver cannot answer. GpuIsLost -> _Lost."""
+        return self._query_why(fn_name, *args)[0]
+
+    def _query_why(self, fn_name: str, *args: Any) -> tuple[Any, Exception | None]:
+        """(nvml.<fn_name>(*args), None), or (None, the NVML error that stood for the answer)."""
         if fn_name in self._missing:
-            return None
+            return None, None
         nvml = self._nvml
         fn = getattr(nvml, fn_name, None)
         if fn is None:  # the binding itself is older than the call
             self._missing.add(fn_name)
             log.warning("nvidia-ml-py has no %s; that field stays n/a", fn_name)
-            return None
+            return None, None
         try:
-            return fn(*args)
+            return fn(*args), None
         except nvml.NVMLError_GpuIsLost as exc:
             raise _Lost(exc) from exc
-        except nvml.NVMLError_FunctionNotFound:
+        except nvml.NVMLError_FunctionNotFound as exc:
             self._missing.add(fn_name)
             log.warning(
                 "NVML driver lacks %s (driver older than nvidia-ml-py); that field stays n/a", fn_name
             )
-            return None
+            return None, exc
         except nvml.NVMLError as exc:
             key = (fn_name, type(exc).__name__)
             if key not in self._logged:  # NotSupported / NoPermission are normal on many GPUs
                 self._logged.add(key)
                 log.info("NVML %s: %s; that field stays n/a", fn_name, exc)
-            return None
+            return None, exc
 
     def _query_first(self, *calls: tuple[Any, ...]) -> Any:
         """The first call whose function exists in the driver; later ones only after FunctionNotFound."""
@@ -289,7 +310,8 @@ class GpuSampler:
         )
         sm_clock = self._query("nvmlDeviceGetClockInfo", h, nvml.NVML_CLOCK_SM)
         mem_clock = self._query("nvmlDeviceGetClockInfo", h, nvml.NVML_CLOCK_MEM)
-        mem = self._query("nvmlDeviceGetMemoryInfo", h)
+        mem, mem_error = self._query_why("nvmlDeviceGetMemoryInfo", h)
+        unified = isinstance(mem_error, nvml.NVMLError_NotSupported) or is_unified_name(dev.name)
         mask = self._query_first(
             ("nvmlDeviceGetCurrentClocksEventReasons", h),
             ("nvmlDeviceGetCurrentClocksThrottleReasons", h),
@@ -319,8 +341,8 @@ class GpuSampler:
             temp_c=float(temp) if temp is not None else None,
             sm_clock_mhz=float(sm_clock) if sm_clock is not None else None,
             mem_clock_mhz=float(mem_clock) if mem_clock is not None else None,
-            vram_used_bytes=int(mem.used) if mem is not None else None,
-            vram_total_bytes=int(mem.total) if mem is not None else None,
+            vram_used_bytes=_bytes(mem.used) if mem is not None else None,
+            vram_total_bytes=_bytes(mem.total) if mem is not None else None,
             clock_event_mask=mask,
             throttle_reasons=throttle_words(mask) if mask else (),
             throttled=bool(mask and mask & REAL_THROTTLE_MASK),
@@ -328,6 +350,7 @@ class GpuSampler:
             vendor="NVIDIA",
             driver="nvml",
             energy_j=energy_mj / 1000 if energy_mj is not None else None,
+            unified_memory=unified,
         )
 
     def _read_static(self, dev: _Device) -> None:
@@ -348,14 +371,26 @@ class GpuSampler:
         for fn_name in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
             for info in self._query(fn_name, h) or ():
                 pid = int(info.pid)
-                used = info.usedGpuMemory  # None when NVML says NVML_VALUE_NOT_AVAILABLE
+                # None when NVML says NVML_VALUE_NOT_AVAILABLE (a unified-memory GPU's processes, under MIG)
+                used = _bytes(getattr(info, "usedGpuMemory", None))
                 if pid in seen and (used is None or seen[pid].used_bytes is not None):
                     continue  # a process in both lists: keep the entry that knows its memory
                 engine = next((name for name, pids in engine_pids.items() if pid in pids), None)
                 graphics = fn_name == "nvmlDeviceGetGraphicsRunningProcesses" and pid not in seen
-                seen[pid] = GpuProcess(pid=pid, used_bytes=int(used) if used is not None else None,
-                                       engine=engine, graphics=graphics)
+                seen[pid] = GpuProcess(pid=pid, used_bytes=used, engine=engine, graphics=graphics,
+                                       container=None if engine else self._container(pid))
         return tuple(seen.values())
+
+    def _container(self, pid: int) -> str | None:
+        """"runtime short-id" of the container PID runs in, read once per sample; None on the host."""
+        if pid not in self._containers:
+            try:
+                found = container_of(pid, self._proc_root)
+            except Exception:  # a surprise in /proc: the process is still listed
+                log.exception("reading the container of PID %d failed", pid)
+                found = None
+            self._containers[pid] = f"{found[0]} {found[1][:12]}" if found else None
+        return self._containers[pid]
 
     # ---- GPM (Hopper+): DRAM bandwidth utilisation between this sample and the previous one -----------
 
@@ -405,6 +440,19 @@ class GpuSampler:
         if dev.gpm_prev is not None:
             self._free(dev.gpm_prev)
             dev.gpm_prev = None
+
+
+def is_unified_name(name: str | None) -> bool:
+    """The GPU's name is one whose memory is the host's (GB10, Jetson's Orin, Thor, Xavier)."""
+    return bool(name and UNIFIED_NAMES.search(name))
+
+
+def _bytes(value: Any) -> int | None:
+    """A byte count NVML gave, or None for none or its NVML_VALUE_NOT_AVAILABLE (2**64 - 1), never 0."""
+    if value is None:
+        return None
+    n = int(value)
+    return None if n < 0 or n >= 2**64 - 1 else n
 
 
 def _text(value: Any) -> str | None:

@@ -1,106 +1,28 @@
-"""Host CPU / RAM / swap and per-engine process-tree memory, via psutil; the CPU packages' energy via RAPL
+"""Host CPU / RAM / swap and per-engine process-tree memory, via psutil; the container an engine runs in and
+what its cgroup imposes (tui.sources.port_holder, tui.sources.cgroup); the CPU packages' energy via RAPL
 (tui.sources.rapl). Never raises."""
 
 from __future__ import annotations
 
-import ipaddress
+import dataclasses
 import logging
-import math
 import time
+from collections.abc import Mapping
 
 import psutil
 
 from tui.model.samples import HostSample, ProcessTreeMemory
+from tui.sources.cgroup import read_cgroup
+from tui.sources.containers import shared_catalog
+from tui.sources.port_holder import in_container
+from tui.sources.processes import age_s, children_map, descendants, tree_memory
 from tui.sources.rapl import RaplReader
 
 log = logging.getLogger(__name__)
 
-_GONE = (psutil.NoSuchProcess, psutil.AccessDenied)  # ZombieProcess is a NoSuchProcess
 TREE_REFRESH_S = 10.0  # between two process-table walks while an engine's tree changes (workers start)
 TREE_STEADY_S = 60.0  # once a walk found every engine's tree as the walk before it had
 TREE_YOUNG_S = 300.0  # an engine this young may still start workers (vLLM: after its imports)
-
-
-def children_map() -> dict[int, list[int]]:
-    """PPID -> child PIDs, from one walk of the process table (each walk reads every /proc/PID/stat, so a
-    sample makes one and shares it between engines)."""
-    children: dict[int, list[int]] = {}
-    for proc in psutil.process_iter(["ppid"]):
-        ppid = proc.info.get("ppid")
-        if ppid is not None:
-            children.setdefault(ppid, []).append(proc.pid)
-    return children
-
-
-def _tree(pid: int, children: dict[int, list[int]] | None = None,
-          known: dict[int, psutil.Process] | None = None) -> list[psutil.Process]:
-    """The process and all its descendants; [] when the root has gone. `known`: Process objects kept from
-    an earlier sample (making one reads /proc/PID/stat), and the ones made here are added to it."""
-    children = children_map() if children is None else children
-    known = {} if known is None else known
-    tree = []
-    for p in (pid, *sorted(_descendants(pid, children))):
-        proc = known.get(p)
-        if proc is None:
-            try:
-                proc = known[p] = psutil.Process(p)
-            except _GONE:
-                if p == pid:
-                    return []
-                continue
-        tree.append(proc)
-    return tree
-
-
-def _age_s(pid: int) -> float:
-    try:
-        return time.time() - psutil.Process(pid).create_time()
-    except _GONE:
-        return math.inf  # a process that went starts nothing more
-
-
-def tree_pids(pid: int) -> set[int]:
-    """The process and all its descendants, from one walk of the process table; empty when it has gone."""
-    if not psutil.pid_exists(pid):
-        return set()
-    return {pid} | _descendants(pid, children_map())
-
-
-def _descendants(pid: int, children: dict[int, list[int]]) -> set[int]:
-    found: set[int] = set()
-    todo = list(children.get(pid, ()))
-    while todo:
-        child = todo.pop()
-        if child not in found:
-            found.add(child)
-            todo.extend(children.get(child, ()))
-    return found
-
-
-def tree_memory(engine: str, pid: int, children: dict[int, list[int]] | None = None,
-                known: dict[int, psutil.Process] | None = None) -> ProcessTreeMemory | None:
-    """RSS summed over a process tree (shared pages count once per process) or None when the root has gone.
-
-    vLLM / SGLang keep their model weights and KV cache in worker children, so the root alone says little.
-    """
-    rss = 0
-    count = 0
-    pids: list[int] = []
-    for proc in _tree(pid, children, known):
-        try:
-            own = proc.memory_info().rss  # one read of /proc/PID/statm
-        except _GONE:  # exited since the tree was listed
-            if known is not None:
-                known.pop(proc.pid, None)
-            continue
-        if own == 0:  # a zombie (dead, awaiting its parent): Linux shows it no memory, and it runs nothing
-            continue
-        rss += own
-        count += 1
-        pids.append(proc.pid)
-    if count == 0:
-        return None
-    return ProcessTreeMemory(engine=engine, pid=pid, rss_bytes=rss, processes=count, pids=tuple(pids))
 
 
 def _busy_and_total() -> tuple[float, float] | None:
@@ -136,8 +58,9 @@ class HostSampler:
     """CPU % since the previous sample (its own CpuMeter), memory, swap, engine trees and the CPU packages'
     energy counter (RAPL; `rapl` injectable, by default read under ENGINETOP_SYSFS_ROOT or /sys)."""
 
-    def __init__(self, rapl: RaplReader | None = None) -> None:
+    def __init__(self, rapl: RaplReader | None = None, containers: bool = True) -> None:
         self._rapl = rapl if rapl is not None else RaplReader()
+        self._containers = containers  # read each engine's container and cgroup
         self._children_map: dict[int, list[int]] = {}
         self._children_at: float | None = None
         self._trees: dict[int, frozenset[int]] = {}  # each engine root's processes at the last walk
@@ -158,14 +81,17 @@ class HostSampler:
                 or now - self._children_at >= wait):
             walked = children_map()
             alive = {pid for kids in walked.values() for pid in kids}  # every process is someone's child
-            trees = {root: frozenset(_descendants(root, walked) | ({root} & alive)) for root in roots}
-            self._steady = trees == self._trees and all(_age_s(root) > TREE_YOUNG_S for root in roots)
+            trees = {root: frozenset(descendants(root, walked) | ({root} & alive)) for root in roots}
+            self._steady = trees == self._trees and all(age_s(root) > TREE_YOUNG_S for root in roots)
             self._children_map, self._children_at, self._trees = walked, now, trees
             self._known.clear()  # a PID that went may come back as another process
         return self._children_map
 
-    def sample(self, engine_pids: dict[str, int] | None = None) -> HostSample:
-        """`engine_pids` maps an engine name to its root PID; engines whose process has gone are left out."""
+    def sample(self, engine_pids: Mapping[str, int | str] | None = None) -> HostSample:
+        """`engine_pids` maps an engine name to its root PID (engines whose process has gone are left out),
+        or to why no process of this machine is the engine's although one holds its port (`unowned`)."""
+        unowned = tuple(sorted((n, p) for n, p in (engine_pids or {}).items() if isinstance(p, str)))
+        roots = {n: p for n, p in (engine_pids or {}).items() if isinstance(p, int)}
         t = time.monotonic()
         cpu_pct = cpu_count = ram_used = ram_total = swap_used = swap_total = None
         try:
@@ -185,15 +111,15 @@ class HostSampler:
         except Exception as exc:
             log.debug("swap figures unavailable: %s", exc)
         engines = []
-        children = self._children(t, set(engine_pids.values())) if engine_pids else {}
-        for name, pid in (engine_pids or {}).items():
+        children = self._children(t, set(roots.values())) if roots else {}
+        for name, pid in roots.items():
             try:
                 tree = tree_memory(name, pid, children, self._known)
             except Exception as exc:
                 log.debug("memory of engine %s (pid %s) unavailable: %s", name, pid, exc)
                 continue
             if tree is not None:
-                engines.append(tree)
+                engines.append(self._placed(tree) if self._containers else tree)
         try:
             # the sample's time is the counter's: a process walk before it takes milliseconds, and the
             # package's watts are joules over the time between two reads (seen: 9.4 W of a 10 W counter else)
@@ -215,66 +141,18 @@ class HostSampler:
             cpu_energy_j=cpu_j,
             cpu_energy_domains=domains,
             cpu_energy_error=energy_error,
+            unowned=unowned,
         )
 
+    @staticmethod
+    def _placed(tree: ProcessTreeMemory) -> ProcessTreeMemory:
+        """The tree with the container its root runs in and that container's cgroup (none for a process on
+        the host: the host's own cgroup is no limit the engine was given)."""
+        try:
+            container = in_container(tree.pid, shared_catalog())
+            cgroup = read_cgroup(tree.pid) if container is not None else None
+        except Exception as exc:  # never let a container surprise take the host panel down
+            log.debug("container of engine %s unavailable: %s", tree.engine, exc)
+            return tree
+        return dataclasses.replace(tree, container=container, cgroup=cgroup)
 
-_WILDCARDS = {ipaddress.ip_address("0.0.0.0"), ipaddress.ip_address("::")}
-_LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost"}
-
-
-def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
-    try:
-        addr = ipaddress.ip_address(text.strip("[]").split("%")[0])
-    except ValueError:
-        return None
-    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-        return addr.ipv4_mapped
-    return addr
-
-
-def _local_addresses() -> set[ipaddress.IPv4Address | ipaddress.IPv6Address]:
-    found = set()
-    for addrs in psutil.net_if_addrs().values():
-        for snic in addrs:
-            addr = _address(snic.address)
-            if addr is not None:
-                found.add(addr)
-    return found
-
-
-def _host_matches(listen_ip: str, host: str | None) -> bool:
-    if host is None:
-        return True
-    bound = _address(listen_ip)
-    if bound is None:
-        return False
-    if host.lower() in _LOOPBACK_NAMES:
-        return bound.is_loopback or bound in _WILDCARDS
-    wanted = _address(host)
-    if wanted is None:
-        return False  # names are not resolved: a DNS lookup could block, and a name is rarely this machine
-    if bound in _WILDCARDS:  # listening everywhere: a match only if `host` is one of this machine's addresses
-        return wanted.is_loopback or wanted in _local_addresses()
-    return wanted == bound
-
-
-def pids_listening(addresses: list[tuple[str | None, int]]) -> dict[tuple[str | None, int], int]:
-    """PID of the local process LISTENing on each (host, port), from one walk of every socket.
-
-    `host` is an IP literal, "localhost" or None (any); wildcard listeners (0.0.0.0, ::) match any host of
-    this machine. An address is left out when nothing listens there, the socket belongs to a process this
-    user may not inspect, or the OS refuses the listing.
-    """
-    try:
-        conns = psutil.net_connections(kind="tcp")
-    except (psutil.AccessDenied, OSError) as exc:
-        log.debug("cannot list TCP sockets: %s", exc)
-        return {}
-    found: dict[tuple[str | None, int], int] = {}
-    for conn in conns:
-        if conn.status != psutil.CONN_LISTEN or not conn.laddr or conn.pid is None:
-            continue
-        for host, port in addresses:
-            if (host, port) not in found and conn.laddr.port == port and _host_matches(conn.laddr.ip, host):
-                found[(host, port)] = conn.pid
-    return found

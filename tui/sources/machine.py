@@ -15,13 +15,15 @@ class MachineSource:
     """Reads the GPUs every `gpu_interval_s` and the host every `host_interval_s` (a multiple of the GPU
     interval in practice). The GPU panel maps GPU processes to engines through the process trees of the
     host sampler's walk, so the newest host sample is kept for the GPU reads between two host reads.
-    `engine_pids` (called in the thread) says which PID is which engine's. No `gpu`: the GPUs come from
+    `engine_pids` (called in the thread) says which PID is which engine's (or why none is: its port's holder
+    is a tunnel or a forwarder). No `gpu`: the GPUs come from
     another source (dcgm-exporter, tui.fleet.dcgm)."""
 
     name = "GPU and host"
 
-    def __init__(self, gpu: GpuSampler | None, host: HostSampler, engine_pids: Callable[[], dict[str, int]],
-                 gpu_interval_s: float = 1.0, host_interval_s: float = 2.0) -> None:
+    def __init__(self, gpu: GpuSampler | None, host: HostSampler,
+                 engine_pids: Callable[[], dict[str, int | str]], gpu_interval_s: float = 1.0,
+                 host_interval_s: float = 2.0) -> None:
         self.gpu, self.host, self.engine_pids = gpu, host, engine_pids
         self.interval_s = min(gpu_interval_s, host_interval_s)
         self.gpu_interval_s, self.host_interval_s = gpu_interval_s, host_interval_s

@@ -73,7 +73,7 @@ class AppCore(App[None]):
         for slot in self.slots:
             self.store.engine(slot.target.name, slot.target.url)
 
-    def _engine_pids(self) -> dict[str, int]:
+    def _engine_pids(self) -> dict[str, int | str]:
         """In the machine source's thread: the watched engines found by port, and the ones we launched."""
         pids = self.run_sources.local_pids()
         for slot in self.slots:

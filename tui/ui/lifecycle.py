@@ -22,8 +22,9 @@ from tui.model.samples import EngineSample
 from tui.model.status import StepEvent
 from tui.run.discovery import discover, start_hints
 from tui.run.targets import profile_target
+from tui.sources.containers import shared_catalog
 from tui.ui.core import AppCore
-from tui.ui.screens.logs import LogScreen
+from tui.ui.screens.logs import LINES, LogScreen
 from tui.ui.screens.switch import ConfirmSwitch, SwitchProgress, switch_question
 from tui.ui.slots import Slot
 from widgets.engine_panel import EnginePanel
@@ -139,10 +140,21 @@ class Lifecycle(AppCore):
             self.sub_title = self._subtitle()
 
     def action_show_log(self) -> None:
+        """The log of the engine enginetop started, else of the focused engine's container (its runtime's
+        log API), else why there is none."""
         slot = self._selected_slot(managed=True)
         if slot is None or slot.manager is None:
-            self.notify("no engine here was started by enginetop, so there is no log to show",
-                        severity="warning")
+            watched = self._selected_slot(managed=False)
+            state = self.store.engines.get(watched.target.name) if watched is not None else None
+            container = state.container if state is not None else None
+            if watched is None or container is None:
+                self.notify("no engine here was started by enginetop or runs in a container enginetop "
+                            "can see, so there is no log to show", severity="warning")
+                return
+            key = [k for k in (watched.target.api_key,) if k]
+            self.push_screen(LogScreen(f"log of {watched.target.name}: {container.runtime} container "
+                                       f"{container.label()}", None,
+                                       read=lambda: shared_catalog().logs(container, LINES, key)))
             return
         status = slot.manager.poll_status()
         current = slot.manager.current
