@@ -247,3 +247,25 @@ def test_nothing_listening() -> None:
     holder = whose_port("127.0.0.1", port, Catalog(environ={}))
     assert holder.pid is None and holder.engine_pid is None
     assert holder.why_none == "no process of this machine was found listening on its port"
+
+
+def test_the_exporter_labels_an_engines_container() -> None:
+    from tui.exporter.metrics import ProbeMetrics
+    from tui.model.containers import CgroupReading, CgroupUse, Container
+
+    metrics = ProbeMetrics()
+    c = Container("a" * 64, "podman", name="et-llama", image="ghcr.io/ggml-org/llama.cpp:server")
+    cgroup = CgroupReading("/libpod_parent/libpod-" + "a" * 64, 1, memory_bytes=300 * 2**20,
+                           memory_limit_bytes=2**30, cpu_quota_cores=1.5)
+    use = CgroupUse(10.0, periods=100, throttled_periods=40, throttled_share=0.4, cores_used=1.45)
+    metrics.placement("llama", c, cgroup, use)
+    text = metrics.exposition().decode()
+    assert ('enginetop_engine_container_info{container="et-llama",engine="llama",'
+            'image="ghcr.io/ggml-org/llama.cpp:server",runtime="podman"} 1.0') in text
+    for what, value in (("memory_limit_bytes", "1.073741824e+09"), ("cpu_quota_cores", "1.5"),
+                        ("cpu_throttled_share", "0.4"), ("cpu_cores_used", "1.45")):
+        assert f'enginetop_container{{container="et-llama",engine="llama",what="{what}"}} {value}' in text
+    metrics.gone("llama")  # down: nothing of where it ran is served
+    text = metrics.exposition().decode()
+    assert 'engine="llama"' not in text.split("enginetop_engine_container_info", 1)[1].split("# HELP")[0]
+    assert 'enginetop_container{' not in text

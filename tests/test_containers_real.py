@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -156,3 +157,66 @@ def test_the_real_vllm_in_its_container_is_read_the_same_way(vllm_server, api) -
     # its API server and its engine core, both in the container: the model and the KV cache's GiB
     assert e["host_rss_bytes"] > GiB, e["host_rss_bytes"]
     assert e["placement"].startswith(f"in container {vllm_server.container} · podman · 6.0 GiB limit")
+
+
+async def test_the_dashboards_column_and_its_log_key(llama_container, api, tmp_path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """As a user watching the containerised engine sees it at 200×55: the container and its limits in the
+    engine's column, and `l` shows the container's log from the runtime's API (enginetop did not start it)."""
+    from tests.screen import screen_text
+    from tests.test_dashboard import make_app, wait_for
+    from tui.ui.screens.logs import LogScreen
+
+    monkeypatch.setenv("ENGINETOP_SYSFS_ROOT", "/sys")
+    app = make_app([EngineTarget(llama_container.name, llama_container.url)], tmp_path)
+    async with app.run_test(size=(200, 55)) as pilot:
+        state = app.store.engines[llama_container.name]
+        await wait_for(pilot, lambda: state.container is not None and state.cgroup_use is not None,
+                       timeout=30, what="the container read by the host sampler")
+        where = f"in container {llama_container.name} · podman · 1.0 GiB limit · 1 cores"
+        await wait_for(pilot, lambda: where in screen_text(app), what="the container line drawn")
+        text = screen_text(app)
+        assert "memory " in text and " of 1.0 GiB" in text and "CPU " in text
+        await pilot.press("l")
+        await wait_for(pilot, lambda: isinstance(app.screen, LogScreen), what="the log screen")
+        await wait_for(pilot, lambda: "listening on" in screen_text(app), timeout=15,
+                       what="the container's log from the runtime's API")
+        await pilot.press("escape")
+
+
+def test_an_unpublished_container_is_asked_at_its_own_address(podman_env, no_socket) -> None:
+    """No port published: found in /proc by its command line and its cgroup, and asked at its container's
+    address on Podman's bridge, which this machine routes to; one with no network of its own cannot be
+    reached, and discovery says why in one line."""
+    import podman
+
+    from tui.engines.install_llamacpp import demo_argv
+
+    bridged, alone = "et-test-unpublished", "et-test-no-network"
+    argv = demo_argv(8080, "--threads", "1", host="0.0.0.0")
+    try:
+        podman.start(podman_env, bridged, [], argv)
+        podman.start(podman_env, alone, ["--network", "none"], argv)
+        pids = {podman.host_pid(podman_env, n): n for n in (bridged, alone)}
+        deadline = time.monotonic() + 60
+        while True:
+            found = discover()
+            mine = [e for e in found.engines if e.pid in pids]
+            said = [line for line in found.not_asked if alone in line]
+            if mine and said:
+                break
+            assert time.monotonic() < deadline, (found.engines, found.not_asked)
+            time.sleep(1)
+        [engine] = mine
+        assert engine.name == bridged and engine.port == 8080 and engine.program == "llama-server"
+        assert engine.url.startswith("http://10.88.") and engine.container is not None
+        assert engine.container.via == "/proc"
+        assert httpx.get(f"{engine.url}/health", timeout=5).status_code in (200, 503)  # 503: still loading
+        [line] = said
+        pid = podman.host_pid(podman_env, alone)
+        assert line == (f"not asked: llama-server pid {pid} in podman container {alone} listens on :8080 "
+                        "inside its container, published on no port of this machine, and it has no "
+                        "address of its own: publish it (-p HOST:CONTAINER) or run enginetop in its network")
+    finally:
+        podman.remove(podman_env, bridged)
+        podman.remove(podman_env, alone)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from tui.html.page import document, ms, num, section, table
 from tui.html.svg import PALETTE, frame, nice_max, tick_label
+from tui.live.placement import container_words, limit_words
 from tui.live.store import Store
 from tui.model.events import Event, ProbeEvent
 from tui.model.samples import EngineReading, EngineSample, GpuReport, HostSample
@@ -48,6 +49,10 @@ class Summary:
         default_factory=dict)
     counters: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # device -> first, last
     probe_energy: dict[tuple[str, float | None], ProbeResult] = field(default_factory=dict)  # (engine, sent)
+    # where each engine ran: its container and its cgroup's limits as last read, and the largest share of its
+    # quota's periods throttled over any window of the recording
+    placement: dict[str, tuple[str, str | None]] = field(default_factory=dict)
+    most_throttled: dict[str, float] = field(default_factory=dict)
 
 
 def summarize(rec: Recording) -> Summary:
@@ -61,6 +66,8 @@ def summarize(rec: Recording) -> Summary:
         if isinstance(item, GpuReport | HostSample):
             store.add(item)  # the GPUs' and the CPU package's energy windows, for each engine's J/token
             _counters(out, item, row.wall)
+            if isinstance(item, HostSample):
+                _placement(out, store)
         if isinstance(item, EngineSample):
             store.add(item)
             stats = store.engines[item.name].stats
@@ -117,6 +124,16 @@ def summarize(rec: Recording) -> Summary:
     if span_start is not None and last_wall is not None:
         out.throttle.append((span_start, last_wall))
     return out
+
+
+def _placement(out: Summary, store: Store) -> None:
+    for name, state in store.engines.items():
+        if state.container is not None:
+            limits = limit_words(state.cgroup, state.cgroup_use)[0] if state.cgroup is not None else None
+            out.placement[name] = (container_words(state.container, state.cgroup), limits)
+        share = state.cgroup_use.throttled_share if state.cgroup_use is not None else None
+        if share is not None:
+            out.most_throttled[name] = max(share, out.most_throttled.get(name, 0.0))
 
 
 def _counters(out: Summary, item: GpuReport | HostSample, wall: float) -> None:
@@ -236,6 +253,14 @@ def render_recording(rec: Recording) -> str:
             for n, c in s.health.items()]
     body.append(section("Engines", "polls by health", table(["engine", "up", "loading", "starting", "down"],
                                                               rows, numeric=(1, 2, 3, 4))))
+    if s.placement:
+        body.append(section("Where the engines ran", "each engine's container and what its cgroup imposed, "
+                            "as last read; the most of its CPU quota's periods throttled over any window",
+                            table(["engine", "container", "limits", "most throttled"],
+                                  [[escape(n), escape(where), escape(limits or "n/a"),
+                                    num(None if n not in s.most_throttled else s.most_throttled[n] * 100, 0,
+                                        "%")]
+                                   for n, (where, limits) in s.placement.items()], numeric=(3,))))
     probe_rows = [[_clock(w), escape(e), escape(r.workload), "ok" if r.ok else escape(r.error or "failed"),
                    ms(r.ttft_s), num(r.decode_tps), num(r.prefill_tps), str(r.completion_tokens or ""),
                    _probe_energy(s.probe_energy.get((e, r.sent_at)))]

@@ -115,7 +115,7 @@ async def take_snapshot(options: RunOptions, interval: float = 1.0, *,
     # clients made, their replies parsed, in this thread) its RAPL read came tens of ms late in the first
     # round only: over one second, the package's watts read 5-10 % low.
     machine: list[Source] = [run.machine] if run.machine else []
-    for engine in run.engines:  # known before the first host reading, which carries their containers' counters
+    for engine in run.engines:  # known before the first host reading: it carries their containers' counters
         store.engine(engine.target.name, engine.target.url)
     try:
         started = asyncio.get_running_loop().time()

@@ -184,13 +184,18 @@ def namespace_addresses(pid: int) -> set[str]:
             if i and line.strip() == "/32 host LOCAL"}
 
 
+_NAMES: dict[str, str | None] = {}  # container id -> its name: a walk of every process, once per container
+
+
 def _conmon_name(cid: str) -> str | None:
     """Podman's name for container `cid`, from its conmon's command line (-n NAME)."""
-    for proc in psutil.process_iter(["name", "cmdline"]):
-        argv = proc.info.get("cmdline") or ()
-        if proc.info.get("name") == "conmon" and _option(argv, "-c", "--cid") == cid:
-            return _option(argv, "-n", "--name")
-    return None
+    if cid not in _NAMES:
+        if len(_NAMES) > 256:
+            _NAMES.clear()
+        _NAMES[cid] = next((_option(argv, "-n", "--name") for proc in psutil.process_iter(["name", "cmdline"])
+                            if proc.info.get("name") == "conmon"
+                            and _option(argv := proc.info.get("cmdline") or (), "-c", "--cid") == cid), None)
+    return _NAMES[cid]
 
 
 def _to(name: str, argv: Sequence[str]) -> str:
