@@ -300,3 +300,26 @@ def test_a_real_podman_container(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     finally:
         if cid:
             subprocess.run([*podman, "rm", "-f", "-t", "0", cid], env=env, capture_output=True, timeout=60)
+
+
+def test_memory_is_the_working_set_without_inactive_file_pages(cgroup_fs: Path) -> None:
+    """An engine that maps its model file: the file's pages the kernel can drop are not memory that brings
+    it near its limit (v1's hierarchical total_inactive_file, v2's inactive_file)."""
+    d = v1_memory(cgroup_fs, usage=900 * 2**20)
+    write(d / "memory.stat", f"cache 600000000\ninactive_file 1\ntotal_inactive_file {500 * 2**20}\n")
+    v1_cpu(cgroup_fs)
+    r = read_cgroup(PID, V1_PROC)
+    assert r is not None and r.memory_bytes == 400 * 2**20
+    unified(cgroup_fs, cgroup_fs)
+    write(cgroup_fs / PATH.lstrip("/") / "memory.stat", f"anon 1\ninactive_file {112 * 2**20}\n")
+    r = read_cgroup(PID, V2_PROC)
+    assert r is not None and r.memory_bytes == 400 * 2**20
+
+
+def test_cruns_container_child_is_read_as_its_scope(cgroup_fs: Path) -> None:
+    """crun on v2 puts the container's processes in `<scope>/container`; its limits are on the scope."""
+    unified(cgroup_fs, cgroup_fs)
+    (cgroup_fs / PATH.lstrip("/") / "container").mkdir()
+    r = read_cgroup(PID, f"0::{PATH}/container\n")
+    assert r is not None and r.path == PATH
+    assert (r.memory_limit_bytes, r.cpu_quota_cores) == (2 * GIB, 1.5)

@@ -269,3 +269,76 @@ def test_the_exporter_labels_an_engines_container() -> None:
     text = metrics.exposition().decode()
     assert 'engine="llama"' not in text.split("enginetop_engine_container_info", 1)[1].split("# HELP")[0]
     assert 'enginetop_container{' not in text
+
+
+def test_a_port_published_by_the_firewall_alone(docker_socket: str) -> None:
+    """Docker with its userland proxy off: no process listens on the published port. The runtime says who
+    publishes it; its process (the recorded PID, not one of this machine's containers) is no engine here."""
+    catalog = Catalog(environ={"DOCKER_HOST": f"unix://{docker_socket}"})
+    s = socket.socket()
+    s.bind(("127.0.0.1", 8000))  # held only so that nothing else listens: never listen()ed
+    try:
+        holder = whose_port("127.0.0.1", 8000, catalog)
+    finally:
+        s.close()
+    assert holder.pid is None and holder.container is not None and holder.container.name == "vllm-qwen"
+    assert holder.forwarder == ("published by docker for container vllm-qwen (no forwarding process: the "
+                                "firewall's)")
+    assert holder.engine_pid is None
+    assert "whose process cannot be found on this machine" in (holder.why_none or "")
+
+
+def test_energy_meters_never_take_a_forwarder_for_the_engine() -> None:
+    """bench, probe and capacity's energy (EnginePids) follow the same rule: a forwarder's port gives no
+    process at all."""
+    from tui.sources.energy_meter import EnginePids
+
+    proc, port = _listener_named("socat", "TCP-LISTEN:1,fork", "TCP:127.0.0.1:2")
+    try:
+        pids = EnginePids("fwd", f"http://127.0.0.1:{port}")
+        assert pids() == {} and not pids.found
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_secrets_of_a_shell_string_and_the_environment() -> None:
+    from tui.sources.containers import argv_secrets, env_secrets, masked_line
+
+    argv = ["sh", "-c", "exec llama-server -m /m.gguf --api-key sk-shell-0003 --port 8080"]
+    found = argv_secrets(argv) + env_secrets(["PATH=/bin", "HF_TOKEN=hf_env_0004", "VLLM_API_KEY=sk-env-5"])
+    assert set(found) == {"sk-shell-0003", "hf_env_0004", "sk-env-5"}
+    line = "args: {'api_key': ['sk-shell-0003']} token hf_env_0004 at https://u:pw-0006@hf.co/x"
+    assert masked_line(line, found) == "args: {'api_key': ['***']} token *** at https://u:***@hf.co/x"
+
+
+def test_a_recording_keeps_where_each_engine_ran(tmp_path: Path) -> None:
+    """The host samples recorded carry each engine's container and cgroup; the report says where each ran and
+    the most of its quota's periods throttled over a window."""
+    import time as clock
+
+    from tui.model.containers import CgroupReading, Container
+    from tui.model.samples import EngineSample, HostSample, ProcessTreeMemory
+    from tui.record.reader import Recording
+    from tui.record.report import render_recording
+    from tui.record.writer import Recorder
+
+    c = Container("b" * 64, "podman", name="et-llama", image="localhost/llama:cpu")
+    rec = Recorder(tmp_path / "r.sqlite", {"llama": "http://127.0.0.1:8080"})
+    t0 = clock.monotonic()
+    rec(EngineSample("llama", "http://127.0.0.1:8080", t0, clock.time(), "up"))
+    for i, (periods, throttled) in enumerate(((100, 10), (150, 50), (200, 60))):
+        cgroup = CgroupReading("/libpod_parent/libpod-" + "b" * 64, 1, memory_bytes=300 * 2**20,
+                               memory_limit_bytes=2**30, cpu_quota_cores=1.0, cpu_periods=periods,
+                               cpu_throttled_periods=throttled, cpu_throttled_s=throttled / 100,
+                               cpu_usage_s=float(i))
+        tree = ProcessTreeMemory("llama", 4242, 300 * 2**20, 1, (4242,), container=c, cgroup=cgroup)
+        rec(HostSample(t0 + 1 + 5 * i, engines=(tree,)))
+    rec.close()
+    recording = Recording(tmp_path / "r.sqlite")
+    [row] = [r for r in recording.rows() if isinstance(r.item, HostSample)][-1:]
+    assert row.item.engines[0].container == c and row.item.engines[0].cgroup.cpu_periods == 200
+    html = render_recording(recording)
+    assert "Where the engines ran" in html
+    assert "in container et-llama · podman · image localhost/llama:cpu · 1.0 GiB limit · 1 cores" in html
+    assert "80%" in html  # 40 of the 50 periods between the first two readings: the most over a window

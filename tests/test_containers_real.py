@@ -215,8 +215,9 @@ def test_an_unpublished_container_is_asked_at_its_own_address(podman_env, no_soc
         [line] = said
         pid = podman.host_pid(podman_env, alone)
         assert line == (f"not asked: llama-server pid {pid} in podman container {alone} listens on :8080 "
-                        "inside its container, published on no port of this machine, and it has no "
-                        "address of its own: publish it (-p HOST:CONTAINER) or run enginetop in its network")
+                        "inside its container, published on no port of this machine enginetop could tie to "
+                        "it, and it has no address of its own: publish it (-p HOST:CONTAINER), give the "
+                        "runtime's API socket (DOCKER_HOST), or run enginetop in its network")
     finally:
         podman.remove(podman_env, bridged)
         podman.remove(podman_env, alone)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 from types import SimpleNamespace
 from typing import Any
 
@@ -185,3 +186,19 @@ def test_a_unified_gpu_is_recorded_and_read_back() -> None:
     # a recording made before the field existed reads as a GPU with its own memory
     old = encode(GpuSample(index=0, t=1.0, name="NVIDIA H200", vram_total_bytes=GiB))
     assert "unified_memory" not in old and decode(GpuSample, old).unified_memory is False
+
+
+def test_a_unified_gpus_processes_take_their_share_from_the_host() -> None:
+    """NVML gives a GB10's processes no memory: each one's share is its resident memory on the host (the
+    same pages), said so; a process that cannot be read stays n/a, never 0."""
+    import psutil
+
+    me = os.getpid()
+    sampler = GpuSampler(FakeNvml([gb10(compute_procs=[(me, None), (OTHER_PID, None)])]))
+    gpu = sampler.sample({"llama": {me}}).gpus[0]
+    mine, other = sorted(gpu.processes, key=lambda p: p.pid != me)
+    assert mine.engine == "llama" and mine.host_memory
+    assert mine.used_bytes == pytest.approx(psutil.Process(me).memory_info().rss, rel=0.2)
+    assert (other.used_bytes, other.host_memory) == (None, False)
+    assert f"pid {me} (llama)" in plain(render_gpus(sampler.sample({"llama": {me}})))
+    assert "host RSS" in plain(render_gpus(sampler.sample({"llama": {me}})))

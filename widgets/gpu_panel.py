@@ -88,5 +88,5 @@ def _render_gpu(g: GpuSample) -> Group:
         grid.add_row("XID", Text(f"last XID error {g.xid_error}", style="bold red"))
     for p in g.processes:
         who = p.engine or (f"in {p.container}, not watched" if p.container else "not watched")
-        grid.add_row("", f"pid {p.pid} ({who}) {gib(p.used_bytes)}")
+        grid.add_row("", f"pid {p.pid} ({who}) {gib(p.used_bytes)}" + (" host RSS" if p.host_memory else ""))
     return Group(title, grid.text())

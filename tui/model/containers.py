@@ -45,7 +45,9 @@ class CgroupReading:
 
     path: str  # the cgroup's path, as /proc/PID/cgroup names it
     version: int | None = None  # 1 or 2
-    memory_bytes: int | None = None  # what the cgroup's processes use now, page cache included
+    # what the cgroup's processes hold now, less the page cache the kernel can take back (inactive files): the
+    # working set, as `docker stats` and the kubelet count it
+    memory_bytes: int | None = None
     memory_limit_bytes: int | None = None  # None: no limit
     oom_kills: int | None = None  # processes the kernel's OOM killer ended in it (counter)
     cpu_quota_cores: float | None = None  # quota / period; None: no quota

@@ -243,6 +243,7 @@ class GpuProcess:
     # the container a process no watched engine owns runs in, "runtime short-id" ("podman 3d8f423a11bc"), from
     # its /proc/PID/cgroup (tui.sources.container_of); None: on the host, an engine's, or not known
     container: str | None = None
+    host_memory: bool = False  # used_bytes is its resident memory on the host (a unified-memory GPU's share)
 
 
 @dataclass(frozen=True, slots=True)

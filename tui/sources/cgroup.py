@@ -103,16 +103,28 @@ def _cores(quota: int | None, period: int | None) -> float | None:
     return quota / period if quota is not None and period and quota > 0 and period > 0 else None
 
 
+def _working_set(usage: int | None, inactive_file: int | None) -> int | None:
+    """What the cgroup's processes hold, less the page cache the kernel takes back before it would kill one
+    (inactive file pages), as `docker stats` and the kubelet count it: an engine that maps its model file
+    is not near its limit for the file's pages alone."""
+    if usage is None:
+        return None
+    return max(0, usage - inactive_file) if inactive_file is not None else usage
+
+
 def _v1_memory(f: _Files, d: Path) -> dict[str, int | None]:
     limit = f.number(d / "memory.limit_in_bytes")
     oom = f.keyed(d / "memory.oom_control")  # oom_kill since Linux 4.13
-    return {"memory_bytes": f.number(d / "memory.usage_in_bytes"),
+    stat = f.keyed(d / "memory.stat")
+    return {"memory_bytes": _working_set(f.number(d / "memory.usage_in_bytes"),
+                                         stat.get("total_inactive_file", stat.get("inactive_file"))),
             "memory_limit_bytes": limit if limit is not None and 0 <= limit < V1_UNLIMITED else None,
             "oom_kills": oom.get("oom_kill")}
 
 
 def _v2_memory(f: _Files, d: Path) -> dict[str, int | None]:
-    return {"memory_bytes": f.number(d / "memory.current"),
+    return {"memory_bytes": _working_set(f.number(d / "memory.current"),
+                                         f.keyed(d / "memory.stat").get("inactive_file")),
             "memory_limit_bytes": f.number(d / "memory.max"),  # "max" is no number: no limit
             "oom_kills": f.keyed(d / "memory.events").get("oom_kill")}
 
@@ -163,7 +175,8 @@ def _why_nothing(f: _Files, base: Path, used: list[tuple[str, Path]]) -> str:
 def read_cgroup(pid: int, proc_cgroup: str | None = None) -> CgroupReading | None:
     """What the cgroup of process `pid` imposes and counts, from v1 files where the v1 memory and cpu
     controllers are mounted, else v2. `proc_cgroup`: /proc/PID/cgroup's text where the caller has it. None
-    when the process is gone. The cgroup's own limits only: a parent cgroup's limit is not looked for."""
+    when the process is gone. The cgroup's own limits only (a container's scope for crun's `container` child):
+    a parent cgroup's limit is not looked for. Memory is the working set (_working_set)."""
     ours = proc_cgroup is None  # a caller's text may name a process that is not on this machine
     if proc_cgroup is None:
         try:
@@ -178,6 +191,10 @@ def read_cgroup(pid: int, proc_cgroup: str | None = None) -> CgroupReading | Non
         return CgroupReading(path="", error=f"no cgroup named in /proc/{pid}/cgroup")
     base = sysfs_root() / "fs" / "cgroup"
     f = _Files()
+    if v2_path is not None and v2_path.rstrip("/").endswith("/container"):
+        # crun (and Podman's split cgroups) put a container's processes in a `container` child of its scope,
+        # whose limits and counters are the scope's: the container's cgroup is the scope
+        v2_path = v2_path.rstrip("/").removesuffix("/container") or "/"
     v2_dir = _v2_dir(base, v2_path)
     v2 = (v2_path, v2_dir) if v2_path is not None and v2_dir is not None else None
     mem, cpu = _v1_dir(base, v1, "memory") or v2, _v1_dir(base, v1, "cpu") or v2

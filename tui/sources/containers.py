@@ -26,11 +26,13 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 import httpx
+import psutil
 
 from tui.base.secrets import mask_urls, says_secret
 from tui.engines.argv import mask_argv
 from tui.engines.known import ENGINES
 from tui.model.containers import Container
+from tui.sources.processes import tree_pids
 
 TIMEOUT_S = 1.0  # a runtime's API answers from memory: a socket slower than this is said, not waited for
 REFRESH_S = 5.0  # the container list is asked again at most this often
@@ -96,20 +98,21 @@ def container_from(listed: Mapping[str, Any], inspected: Mapping[str, Any] | Non
     state, host, config = _dict(info.get("State")), _dict(info.get("HostConfig")), _dict(info.get("Config"))
     names = listed.get("Names")
     name = (names[0] if isinstance(names, list) and names else info.get("Name")) or None
-    image = listed.get("Image") or config.get("Image") or None
-    if isinstance(image, str) and image.startswith("sha256:") and len(image) <= len("sha256:"):
-        image = None  # Podman's answer for a container run from a root filesystem
+    # Docker lists an image id ("sha256:…") once its tag moved to another image; Podman "" for a container run
+    # from a root filesystem: the name the container was made from, else none
+    image = next((i for i in (listed.get("Image"), config.get("Image"))
+                  if isinstance(i, str) and i and not i.startswith("sha256:")), None)
     ports = []
-    for p in listed.get("Ports") or ():
+    listed_ports = listed.get("Ports")
+    for p in listed_ports if isinstance(listed_ports, list) else ():
         if isinstance(p, dict) and p.get("Type", "tcp") == "tcp" and _int(p.get("PublicPort")):
-            ports.append((str(p.get("IP") or "0.0.0.0"), int(p["PublicPort"]),
-                          int(p.get("PrivatePort") or 0)))
+            ports.append((str(p.get("IP") or "0.0.0.0"), p["PublicPort"], _int(p.get("PrivatePort")) or 0))
     memory = _int(host.get("Memory"))
     cpus: float | None = None
     if _int(host.get("NanoCpus")):
         cpus = host["NanoCpus"] / 1e9
-    elif _int(host.get("CpuQuota")) and host["CpuQuota"] > 0 and _int(host.get("CpuPeriod")):
-        cpus = host["CpuQuota"] / host["CpuPeriod"]
+    elif (_int(host.get("CpuQuota")) or 0) > 0:
+        cpus = host["CpuQuota"] / (_int(host.get("CpuPeriod")) or 100_000)  # 0: the kernel's default period
     command: list[str] = []
     if isinstance(info.get("Path"), str) and info["Path"]:
         command = [info["Path"], *(a for a in info.get("Args") or () if isinstance(a, str))]
@@ -135,20 +138,26 @@ def _address(data: Mapping[str, Any]) -> str | None:
         return None
     if settings.get("IPAddress"):
         return str(settings["IPAddress"])
-    for net in (settings.get("Networks") or {}).values():
+    for net in _dict(settings.get("Networks")).values():
         if isinstance(net, dict) and net.get("IPAddress"):
             return str(net["IPAddress"])
     return None
 
 
 def argv_secrets(argv: Sequence[str]) -> list[str]:
-    """The secret values a command line holds, as its engine's table reads it (tui.engines.argv)."""
+    """The secret values a command line holds, as its engine's table reads it (tui.engines.argv): an
+    option's value, and within a shell's command string (`sh -c "… --api-key K"`) each word masked there."""
     found = []
     for raw, shown in zip(argv, _masked(argv), strict=False):
-        if raw != shown:
-            name, eq, value = raw.partition("=")
-            found.append(value if eq and shown.startswith(name + "=") else raw)
-    return [s for s in found if len(s) >= 4]
+        if raw == shown:
+            continue
+        words, masked = raw.split(), shown.split()
+        pairs = zip(words, masked, strict=True) if len(words) == len(masked) > 1 else [(raw, shown)]
+        for word, mask in pairs:
+            if word != mask:
+                name, eq, value = word.partition("=")
+                found.append(value if eq and mask.startswith(name + "=") else word)
+    return [s.strip("'\"") for s in found if len(s.strip("'\"")) >= 4]
 
 
 def env_secrets(env: Sequence[object]) -> list[str]:
@@ -158,6 +167,17 @@ def env_secrets(env: Sequence[object]) -> list[str]:
         name, eq, value = str(item).partition("=")
         if eq and says_secret(name) and len(value) >= 4:
             out.append(value)
+    return out
+
+
+def _commands(pid: int | None) -> list[list[str]]:
+    """The command lines of process `pid` and its descendants, those that can be read."""
+    out = []
+    for p in sorted(tree_pids(pid)) if pid is not None else ():
+        try:
+            out.append(psutil.Process(p).cmdline())
+        except psutil.Error:
+            continue
     return out
 
 
@@ -223,8 +243,11 @@ class RuntimeApi:
                 inspected = self._json(f"/containers/{quote(str(entry['Id']))}/json")
             except RuntimeApiError:
                 inspected = None  # gone between the two calls
-            out.append(container_from(entry, inspected if isinstance(inspected, dict) else None,
-                                      self.runtime, via))
+            try:
+                out.append(container_from(entry, inspected if isinstance(inspected, dict) else None,
+                                          self.runtime, via))
+            except (TypeError, ValueError, AttributeError, KeyError):
+                continue  # an entry of another shape than either runtime's: not a container read here
         return out
 
     def logs(self, container_id: str, lines: int = LOG_LINES, secrets: Sequence[str] = ()) -> list[str]:
@@ -256,17 +279,29 @@ class Catalog:
         self._environ = environ
         self._lock = threading.Lock()
         self._at = -float("inf")
+        self._reading = False
         self._containers: list[Container] = []
         self._apis: dict[str, RuntimeApi] = {}
         self.error: str | None = None
         self.sockets: list[str] = []
 
     def containers(self) -> list[Container]:
+        """The containers as last read; read again when older than `refresh_s` (by one caller at a time: the
+        others take the last list meanwhile, rather than wait on a slow socket)."""
         with self._lock:
             now = time.monotonic()
-            if now - self._at >= self.refresh_s:
-                self._at = now
-                self._containers, self.error = self._read()
+            due = now - self._at >= self.refresh_s and not self._reading
+            if due:
+                self._at, self._reading = now, True
+        if due:
+            try:
+                containers, error = self._read()
+            finally:
+                with self._lock:
+                    self._reading = False
+            with self._lock:
+                self._containers, self.error = containers, error
+        with self._lock:
             return list(self._containers)
 
     def forget(self) -> None:
@@ -285,6 +320,8 @@ class Catalog:
                     found.setdefault(c.id, c)  # Docker's and Podman's sockets may be one runtime's
             except RuntimeApiError as exc:
                 errors.append(str(exc))
+            except Exception as exc:  # an answer of no shape either runtime gives: said, never raised
+                errors.append(f"the container runtime's API at {path} answered in an unknown shape: {exc!r}")
         return list(found.values()), "; ".join(errors) or None
 
     def by_id(self, container_id: str) -> Container | None:
@@ -298,6 +335,9 @@ class Catalog:
         """The container's log, its last `lines` lines, from the runtime that runs it (RuntimeApiError: why
         not)."""
         self.containers()
+        # the secrets of the command lines its processes run, as the host sees them: a key its entrypoint
+        # script gave the engine is on the engine's own command line, not on the container's
+        secrets = [*secrets, *(s for argv in _commands(container.pid) for s in argv_secrets(argv))]
         for path in self.sockets:
             api = self._apis.get(path)
             if api is not None and api.runtime == container.runtime:

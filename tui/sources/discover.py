@@ -43,7 +43,7 @@ from tui.sources.containers import shared_catalog
 from tui.sources.discover_ask import DEADLINE_S, Late, confirm
 from tui.sources.discover_containers import in_containers
 from tui.sources.discover_found import FoundChild, FoundEngine, How
-from tui.sources.discover_listeners import Listeners, listeners, url_hosts
+from tui.sources.discover_listeners import EITHER, Listeners, listeners, url_hosts
 
 __all__ = ["DEADLINE_S", "DEFAULT_PORTS", "PORTS_ENV", "DiscoverError", "Discovery",
            "FoundChild", "FoundEngine", "How", "discover", "discover_async", "url_hosts", "usual_ports"]
@@ -140,8 +140,13 @@ def _walk(ports: tuple[int, ...]) -> Listeners:
     catalog = shared_catalog()
     walked = listeners(ports, None, catalog)
     inside, lines = in_containers({c.pid for c in walked.candidates if c.pid is not None}, catalog)
+    published = {c.port for c in inside if c.hosts[0] in EITHER}
+    # a usual port asked blind (its listener unseen) that a runtime says it publishes: asked as that engine
+    walked.candidates = [c for c in walked.candidates if c.pid is not None or c.port not in published]
     walked.candidates += inside
     walked.not_asked += lines
+    if catalog.error:
+        walked.not_asked.append(f"containers not read through their runtime: {catalog.error}")
     return walked
 
 

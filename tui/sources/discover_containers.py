@@ -20,7 +20,7 @@ from tui.engines.known import serving_program
 from tui.model.containers import Container
 from tui.sources.container_of import container_of
 from tui.sources.containers import Catalog
-from tui.sources.discover_listeners import Candidate
+from tui.sources.discover_listeners import Candidate, local_addresses
 from tui.sources.port_holder import engine_in, in_container, namespace_addresses
 
 _GONE = (psutil.NoSuchProcess, psutil.AccessDenied)
@@ -42,9 +42,11 @@ def in_containers(known: set[int], catalog: Catalog | None) -> tuple[list[Candid
         if pid in known:
             continue
         if c.ports:  # published without a process (the firewall's): asked where it is published
-            for ip, port, _ in c.ports:
-                host = "127.0.0.1" if ip in ("", "0.0.0.0", "::") else ip
-                found.append(Candidate((_url_host(host),), port, pid, program, program, container=c))
+            hosts: dict[int, str] = {}
+            for ip, port, _ in c.ports:  # Docker lists a port once for IPv4 and once for IPv6: asked once
+                hosts.setdefault(port, "127.0.0.1" if ip in ("", "0.0.0.0", "::") else ip)
+            found.extend(Candidate((_url_host(host),), port, pid, program, program, container=c)
+                         for port, host in hosts.items())
         else:
             _at_address(pid, program, c, found, lines)
     for proc in psutil.process_iter(["cmdline"]):
@@ -77,7 +79,11 @@ def _url_host(ip: str) -> str:
 def _at_address(pid: int, program: str, c: Container, found: list[Candidate], lines: list[str]) -> None:
     who = f"{program} pid {pid} in {c.runtime} container {c.label()}"
     ports = sorted(listening(pid))
-    addresses = sorted(a for a in namespace_addresses(pid) if not ipaddress.ip_address(a).is_loopback)
+    # its own addresses: not loopback, and not one of this machine's (pasta copies the host's address into a
+    # rootless container: asked there, the host's own port would answer)
+    mine = local_addresses()
+    addresses = sorted(a for a in namespace_addresses(pid)
+                       if not ipaddress.ip_address(a).is_loopback and a not in mine)
     if c.address and c.address not in addresses:
         addresses.insert(0, c.address)
     if not ports:
@@ -88,8 +94,9 @@ def _at_address(pid: int, program: str, c: Container, found: list[Candidate], li
         why = f"its address {addresses[0]} is not routed from this machine" if addresses else \
             "it has no address of its own"
         lines.append(f"not asked: {who} listens on :{', :'.join(map(str, ports))} inside its container, "
-                     f"published on no port of this machine, and {why}: publish it (-p HOST:CONTAINER) "
-                     "or run enginetop in its network")
+                     f"published on no port of this machine enginetop could tie to it, and {why}: publish it "
+                     "(-p HOST:CONTAINER), give the runtime's API socket (DOCKER_HOST), or run enginetop in "
+                     "its network")
         return
     found.extend(Candidate((routed[0],), port, pid, program, program_name([program]), container=c)
                  for port in ports)

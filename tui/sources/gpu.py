@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+import psutil
+
 from tui.model.samples import (
     REAL_THROTTLE_MASK,
     THROTTLE_REASON_WORDS,
@@ -346,7 +348,7 @@ class GpuSampler:
             clock_event_mask=mask,
             throttle_reasons=throttle_words(mask) if mask else (),
             throttled=bool(mask and mask & REAL_THROTTLE_MASK),
-            processes=self._processes(h, engine_pids),
+            processes=self._processes(h, engine_pids, unified),
             vendor="NVIDIA",
             driver="nvml",
             energy_j=energy_mj / 1000 if energy_mj is not None else None,
@@ -366,19 +368,26 @@ class GpuSampler:
         dev.gpm_supported = bool(support is not None and support.isSupportedDevice)
         dev.static_done = True
 
-    def _processes(self, h: Any, engine_pids: dict[str, set[int]]) -> tuple[GpuProcess, ...]:
+    def _processes(self, h: Any, engine_pids: dict[str, set[int]], unified: bool = False
+                   ) -> tuple[GpuProcess, ...]:
+        """Every process NVML lists on the GPU. On a unified-memory GPU, whose processes NVML gives no memory,
+        each one's share is its resident memory on the host (as llmtop takes it): the same pages."""
         seen: dict[int, GpuProcess] = {}
         for fn_name in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
             for info in self._query(fn_name, h) or ():
                 pid = int(info.pid)
                 # None when NVML says NVML_VALUE_NOT_AVAILABLE (a unified-memory GPU's processes, under MIG)
                 used = _bytes(getattr(info, "usedGpuMemory", None))
+                from_host = unified and used is None
+                if from_host:
+                    used = _rss(pid)
                 if pid in seen and (used is None or seen[pid].used_bytes is not None):
                     continue  # a process in both lists: keep the entry that knows its memory
                 engine = next((name for name, pids in engine_pids.items() if pid in pids), None)
                 graphics = fn_name == "nvmlDeviceGetGraphicsRunningProcesses" and pid not in seen
                 seen[pid] = GpuProcess(pid=pid, used_bytes=used, engine=engine, graphics=graphics,
-                                       container=None if engine else self._container(pid))
+                                       container=None if engine else self._container(pid),
+                                       host_memory=from_host and used is not None)
         return tuple(seen.values())
 
     def _container(self, pid: int) -> str | None:
@@ -440,6 +449,13 @@ class GpuSampler:
         if dev.gpm_prev is not None:
             self._free(dev.gpm_prev)
             dev.gpm_prev = None
+
+
+def _rss(pid: int) -> int | None:
+    try:
+        return int(psutil.Process(pid).memory_info().rss)
+    except psutil.Error:
+        return None
 
 
 def is_unified_name(name: str | None) -> bool:

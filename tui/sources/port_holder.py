@@ -38,13 +38,14 @@ _GONE = (psutil.NoSuchProcess, psutil.AccessDenied)
 PUBLISHERS = {"conmon": "podman", "docker-proxy": "docker", "rootlessport": "rootless podman",
               "rootlessport-child": "rootless podman", "slirp4netns": "slirp4netns (rootless podman)",
               "pasta": "pasta (rootless podman)", "pasta.avx2": "pasta (rootless podman)",
-              "gvproxy": "podman machine", "vpnkit-bridge": "Docker Desktop",
-              "com.docker.backend": "Docker Desktop"}
+              "rootlesskit": "rootless docker", "gvproxy": "podman machine",
+              "vpnkit-bridge": "Docker Desktop", "com.docker.backend": "Docker Desktop"}
 # a relay to an engine that is not on this machine, or not in this process
 TUNNELS = {"ssh": "an ssh tunnel", "autossh": "an ssh tunnel (autossh)", "socat": "a socat forwarder",
            "kubectl": "kubectl port-forward", "oc": "oc port-forward", "cloudflared": "a cloudflared tunnel",
            "ngrok": "an ngrok tunnel", "frpc": "an frp tunnel", "chisel": "a chisel tunnel",
-           "sshuttle": "an sshuttle tunnel", "tailscaled": "tailscale serve"}
+           "sshuttle": "an sshuttle tunnel", "tailscaled": "tailscale serve",
+           "sshd": "an ssh reverse tunnel (ssh -R)"}
 
 
 def is_enginetop(argv: Sequence[str]) -> bool:
@@ -80,7 +81,7 @@ def held_by(pid: int, port: int, catalog: Catalog | None = None) -> PortHolder:
         return PortHolder(port, pid, why_none=f"the process listening on its port (PID {pid}) belongs to "
                           "another user")
     program = program_name(argv)
-    name = program.removesuffix(".exe")
+    name = program.removesuffix(".exe").rstrip(":")  # sshd's title: "sshd: user@pts/0"
     here = PortHolder(port, pid, program)
     if is_enginetop(argv):
         words = f"enginetop's proxy (PID {pid}): the engine is the one it relays to"
@@ -118,6 +119,11 @@ def engine_in(container: Container) -> int | None:
     """The engine's root process among the container's: the first (lowest) that runs an engine by its
     command line, else the container's first process."""
     if container.pid is None:
+        return None
+    held = container_of(container.pid)
+    if (held is not None and held[1] != container.id) or (held is None and container.via != "/proc"):
+        # not in that container (a PID reused since the runtime was asked; a runtime running its containers
+        # in a VM, whose PIDs are not this machine's): no process here is the engine's
         return None
     for pid in sorted(tree_pids(container.pid)):
         try:
@@ -198,14 +204,37 @@ def _conmon_name(cid: str) -> str | None:
     return _NAMES[cid]
 
 
+_SSH_VALUED = set("BbcDEeFIiJLlmOoPpQRSWw")  # ssh's options that take a value (ssh(1))
+
+
+def _ssh_destination(args: Sequence[str]) -> str | None:
+    """ssh's destination: its first argument that is no option nor an option's value (what follows it is a
+    remote command, which may hold anything, a key among it: never shown)."""
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            return args[i + 1] if i + 1 < len(args) else None
+        if arg.startswith("-") and len(arg) > 1:
+            flags = arg[1:]
+            for k, flag in enumerate(flags):
+                if flag in _SSH_VALUED:
+                    i += 1 if k + 1 < len(flags) else 2  # its value joined ("-p22") or the next argument
+                    break
+            else:
+                i += 1
+            continue
+        return arg.rsplit("@", 1)[-1]
+    return None
+
+
 def _to(name: str, argv: Sequence[str]) -> str:
     """Where a tunnel leads, when its command line says: ", to HOST:PORT"."""
     if name in ("socat",):
         target = next((a for a in argv[1:] if a.upper().startswith(("TCP:", "TCP4:", "TCP6:"))), None)
         return f", to {target.split(':', 1)[1].split(',')[0]}" if target else ""
     if name in ("ssh", "autossh"):
-        spec = _option(argv, "-L")
-        host = next((a for a in reversed(argv[1:]) if not a.startswith("-") and a != spec), None)
+        host = _ssh_destination(argv[1:])
         return f", through {host}" if host else ""
     if name in ("kubectl", "oc") and "port-forward" in argv:
         rest = argv[argv.index("port-forward") + 1:]
