@@ -106,7 +106,7 @@ def test_a_prompt_longer_than_one_slot_through_the_proxy_is_refused_and_explaine
         assert out.returncode == 0, out.stderr
         config = json.loads(out.stdout)["engines"]["proxied"]["config"]
         show("configuration through the proxy", config)
-        assert f"argv: not read: the listener on its port is tui (PID {proxy.pid}), not llama-server" \
+        assert f"argv: not read: enginetop's proxy (PID {proxy.pid}): the engine is the one it relays to" \
             in config["lacks"]
         assert config["argv"] == [] and config["pid"] is None
         assert (config["kv_unified"], config["kv_cache_dtype"], config["prefix_caching"]) == (None,) * 3

@@ -29,6 +29,9 @@ FILTERED = "/metrics/?" + names_query("vllm")  # what EngineSource asks a vLLM f
 LLAMA_LOADING = b'{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}'
 MODELS = json.dumps({"object": "list", "data": [{"id": "Qwen/Qwen3-8B", "object": "model"}]}).encode()
 
+NEEDS_KEY = ("unauthorized: it answers, and needs an API key: give it with --api-key-file NAME=PATH or "
+             "--api-key-env NAME=VAR")
+
 
 @dataclass
 class Route:
@@ -214,11 +217,30 @@ async def test_no_health_route_but_metrics_answer(fake: Fake, transport_kind: st
     assert sample.reading is not None
 
 
+NO_METRICS_404 = ("this server publishes no Prometheus metrics at /metrics: its figures come from "
+                  "enginetop's proxy (--proxy-listen) and probes")
+
+
+async def test_sglang_without_its_metrics_gets_the_hint_written_for_it(fake: Fake,
+                                                                      transport_kind: str) -> None:
+    """The hint that names SGLang's flag only where its own route says it is SGLang (/get_model_info); any
+    other server's 404 names no engine's flag."""
+    healthy(fake)
+    del fake.routes["/metrics"], fake.routes[FILTERED]
+    fake.routes["/get_model_info"] = Route(200, b'{"model_path": "Qwen/Qwen3-8B", "is_generation": true}',
+                                           "application/json")
+    sample = await poll(fake, transport_kind)
+    assert sample.metrics_error == NO_METRICS_404 + ": SGLang serves them with --enable-metrics"
+    del fake.routes["/get_model_info"]
+    sample = await poll(fake, transport_kind)
+    assert sample.metrics_error == NO_METRICS_404 and "SGLang" not in sample.metrics_error
+
+
 async def test_nothing_answers_but_404(fake: Fake, transport_kind: str) -> None:
     sample = await poll(fake, transport_kind)
     assert sample.health == "down"
     assert "no /health endpoint" in sample.health_reason
-    assert sample.metrics_error == "no /metrics endpoint: SGLang needs --enable-metrics"
+    assert sample.metrics_error == NO_METRICS_404
 
 
 async def test_unauthorized_without_and_with_wrong_key(fake: Fake, transport_kind: str) -> None:
@@ -227,7 +249,7 @@ async def test_unauthorized_without_and_with_wrong_key(fake: Fake, transport_kin
     fake.routes["/v1/models"].require_key = "right-key"
     sample = await poll(fake, transport_kind)
     assert sample.health == "up"  # /health is public on every engine
-    assert sample.metrics_error == "unauthorized: set an API key for this engine"
+    assert sample.metrics_error == NEEDS_KEY
     assert sample.model is None
 
     wrong = "wrong-key-s3cr3t"
@@ -261,7 +283,7 @@ async def test_api_key_that_cannot_be_a_header_is_refused_without_quoting_it(fak
 @pytest.mark.parametrize(
     ("route", "message"),
     [
-        (Route(404, b"Not Found"), "no /metrics endpoint: SGLang needs --enable-metrics"),
+        (Route(404, b"Not Found"), NO_METRICS_404),
         (
             Route(501, b'{"error":{"code":501,"message":"This server does not support metrics endpoint. '
                   b'Start it with `--metrics`","type":"not_supported_error"}}', "application/json"),

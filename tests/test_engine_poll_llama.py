@@ -17,6 +17,9 @@ from tui.sources.rates import derive
 
 pytestmark = pytest.mark.engine
 
+NEEDS_KEY = ("unauthorized: it answers, and needs an API key: give it with --api-key-file NAME=PATH or "
+             "--api-key-env NAME=VAR")
+
 
 async def test_counters_move_by_exactly_what_the_replies_report(llama_server) -> None:
     target = EngineTarget("llama", llama_server.url)
@@ -87,7 +90,7 @@ async def test_llama_server_without_metrics_flag_and_with_api_key() -> None:
                 assert time.monotonic() < deadline, f"not up after 120 s: {anonymous.health_reason}"
                 await asyncio.sleep(0.2)
             assert seen <= {"starting", "loading", "up"}  # never "down" while it starts
-            assert anonymous.metrics_error == "unauthorized: set an API key for this engine"
+            assert anonymous.metrics_error == NEEDS_KEY
             assert anonymous.model is None  # /v1/models needs the key in this llama.cpp version
 
             keyed = await poll_engine(transport, EngineTarget("nometrics", url, key))

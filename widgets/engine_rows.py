@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from rich.text import Text
 
 from tui.live.engine_state import EngineState
-from tui.live.glance import SlotPhase, busy_slots, slot_phase
+from tui.live.glance import SlotPhase, busy_slots, native_model_facts, slot_phase
 from tui.model.bench import BenchSample
 from tui.model.samples import RoutedModel
 from tui.model.slots import SlotState
@@ -84,6 +84,8 @@ def router_rows(grid: Rows, state: EngineState, models: tuple[RoutedModel, ...])
     kind, _, words = summary.partition(": ")
     grid.add_row(kind, Text(words, style="bold"))
     now = state.sample.wall if state.sample else None
+    # Ollama and LM Studio: no counter moves when one of their models serves (Ollama's keep-alive says when)
+    counted = state.sample is not None and state.sample.router not in ("ollama", "lm-studio")
     for model in models:
         line = model_line(state, model)
         since = state.model_status_since.get(model.id, (model.status, now))[1]
@@ -92,7 +94,7 @@ def router_rows(grid: Rows, state: EngineState, models: tuple[RoutedModel, ...])
         if now is not None and since is not None and model.status in _COMING:
             line.append(f" for {now - since:.0f} s")
         used = state.model_used.get(model.id)
-        if model.status in _UP and now is not None:
+        if model.status in _UP and now is not None and counted:
             line.append(f"  last used {now - used:.0f} s ago" if used is not None else
                         "  not used while watched", style="dim")
         grid.add_row(model.id, line)
@@ -119,6 +121,9 @@ def model_line(state: EngineState, model: RoutedModel) -> Text:
                     f"KV ≈ {pct(model.slots.kv_estimate)}")
     if model.error:
         line.append(f"  {model.error}", style="red")
+    facts = native_model_facts(model, state.sample.wall if state.sample else None)
+    if facts:
+        line.append(f"  {facts}", style="dim")
     return line
 
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from tui.engines import llamacpp, sglang, vllm
+from tui.engines import llamacpp, ollama, sglang, vllm
 from tui.engines.knowledge import EngineKnowledge, program_name
 
-ENGINES: tuple[EngineKnowledge, ...] = (llamacpp.ENGINE, vllm.ENGINE, sglang.ENGINE)
+ENGINES: tuple[EngineKnowledge, ...] = (llamacpp.ENGINE, vllm.ENGINE, sglang.ENGINE, ollama.ENGINE)
 
 # Every engine's words for a prompt longer than a request may hold: a refusal is read the same whichever
 # engine said it (the proxy may not know which engine answered).

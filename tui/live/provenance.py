@@ -26,10 +26,18 @@ def counter_only(sample: EngineSample) -> bool:
         and sample.router is None and sample.slots is not None and sample.slots.error is not None
 
 
+# Ollama and LM Studio publish no counters: their figures are their models' (their own API), the requests
+# enginetop's proxy relays to them, and probes
+NATIVE_NOTE = ("no request counters published: its requests are read through enginetop's proxy "
+               "(--proxy-listen), its speed by probes (f)")
+
+
 def generation_note(sample: EngineSample) -> str | None:
     """The glance's line under the header; None where the engine's own counters say it all."""
     reading = sample.reading
     if reading is None:
+        if sample.router in ("ollama", "lm-studio"):
+            return NATIVE_NOTE
         return None
     if reading.origin == "/slots":
         missed = missed_note(reading)

@@ -165,10 +165,19 @@ class RoutedModel:
     in_flight: int | None = None  # llama-swap: requests to it in flight (its event stream); None: unknown
     oldest_ms: int | None = None  # llama-swap: how long the oldest of them has run
     progress: float | None = None  # router: share of a loading model's load done (its event stream)
+    # Ollama's and LM Studio's own account of a model (tui.sources.native_servers): the memory it takes and
+    # its part on the GPU, its context, its quantization and size, and when Ollama unloads it (keep-alive)
+    size_bytes: int | None = None
+    vram_bytes: int | None = None
+    context_tokens: int | None = None
+    quantization: str | None = None
+    parameters: str | None = None  # "268.10M", as the server says it
+    family: str | None = None  # its architecture
+    expires_wall: float | None = None  # the keep-alive's end (wall time); None: not said
 
 
-# What serves several models behind one address: llama-server in router mode, or llama-swap.
-RouterKind = Literal["llama-server", "llama-swap"]
+# What serves several models behind one address: llama-server in router mode, llama-swap, Ollama, LM Studio.
+RouterKind = Literal["llama-server", "llama-swap", "ollama", "lm-studio"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,6 +37,7 @@ from tui.engines.knowledge import EngineKnowledge, program_name
 from tui.engines.known import by_dialect
 from tui.model.config import EngineConfig
 from tui.model.slots import SlotsReading
+from tui.sources.config_ollama import ollama_config
 
 Fetch = Callable[[str], Awaitable[tuple[int, bytes]]]  # GET path -> (status, body); raises ValueError
 
@@ -431,6 +432,9 @@ async def read_config(fetch: Fetch, dialect: str, *, slots: SlotsReading | None 
             lacks.append(f"{path} is not JSON")
         return data
 
+    if dialect == "ollama":
+        return await ollama_config(fetch, None if isinstance(command, str) else pid,
+                                   command if isinstance(command, str) else None, secrets)
     if dialect == "llamacpp":
         props = await get_json("/props")
         return llama_config(props if isinstance(props, dict) else None, slots, command, lacks, pid, secrets,

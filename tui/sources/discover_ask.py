@@ -26,6 +26,7 @@ import httpx
 
 from tui.sources.discover_found import FoundEngine, How
 from tui.sources.discover_listeners import UNREAD, Candidate
+from tui.sources.native_servers import LMSTUDIO_MODELS, OLLAMA_VERSION
 
 DEADLINE_S = 3.0
 MAX_BODY_BYTES = 256 * 1024
@@ -71,6 +72,17 @@ async def get(client: httpx.AsyncClient, url: str, deadline: float) -> Reply:
         return Reply(response.status_code)
 
 
+def _fingerprint(lmstudio: Reply, ollama: Reply) -> str | None:
+    """LM Studio (/api/v0/models: models with their `state`) or Ollama (/api/version), by their own routes:
+    neither has a command line enginetop reads (LM Studio is an app; an Ollama of another user or in a VM)."""
+    data = lmstudio.body.get("data") if isinstance(lmstudio.body, dict) else None
+    if isinstance(data, list) and all(isinstance(m, dict) and "state" in m for m in data):
+        return "LM Studio"
+    if isinstance(ollama.body, dict) and isinstance(ollama.body.get("version"), str):
+        return "Ollama"
+    return None
+
+
 def model_ids(body: Any) -> tuple[str, ...] | None:
     """The ids of an OpenAI model list, or None when `body` is not one."""
     if not isinstance(body, dict) or not isinstance(body.get("data"), list):
@@ -86,8 +98,9 @@ async def confirm(client: httpx.AsyncClient, c: Candidate, deadline: float) -> F
     for host in c.hosts:  # the first address whose server answers at all
         base = f"http://{host}:{c.port}"
         asks = [get(client, f"{base}/health", deadline), get(client, f"{base}/v1/models", deadline)]
-        if c.program is None:  # not an engine by its command line: it may be enginetop's proxy
-            asks.append(get(client, f"{base}{PROXY_TRAFFIC_PATH}", deadline))
+        if c.program is None:  # not an engine by its command line: enginetop's proxy, LM Studio, Ollama?
+            asks += [get(client, f"{base}{path}", deadline)
+                     for path in (PROXY_TRAFFIC_PATH, LMSTUDIO_MODELS, OLLAMA_VERSION)]
         replies = await asyncio.gather(*asks)
         if any(r.status is not None or r.late for r in replies):
             break
@@ -109,7 +122,7 @@ async def confirm(client: httpx.AsyncClient, c: Candidate, deadline: float) -> F
         if models is None and not keyed:
             waiting_on_key = listed.status in (401, 403) and health.late
             return Late(c) if listed.late or waiting_on_key else None
-        program = c.process or UNREAD
+        program = _fingerprint(replies[3], replies[4]) or c.process or UNREAD
         how = "usual port"
     return FoundEngine(name="", url=base, port=c.port, pid=c.pid, program=program, how=how,
                        models=models or (), children=c.children, uid=c.uid, container=c.container)

@@ -12,6 +12,7 @@ import functools
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -26,6 +27,7 @@ from tui.net.policy import InsecureSecret, error_text, public_url, target_header
 from tui.sources import swap as swap_source
 from tui.sources.config import read_config
 from tui.sources.metrics import MetricsFormatError, names_query, parse_reading
+from tui.sources.native_servers import NAMES, Native, read_models, summary, which_server
 from tui.sources.router import NEEDS_MODEL, plural, read_router
 from tui.sources.slots import SLOTS_PATH, parse_slots
 
@@ -107,13 +109,25 @@ async def _fetch(transport: Transport, target: EngineTarget, path: str, headers:
 
 # llama-server's answer to /metrics without --metrics (its default): its /slots are read instead
 METRICS_OFF = "metrics disabled: start llama-server with --metrics"
+NO_METRICS = "this server publishes no Prometheus metrics"  # /metrics answered 404
+
+
+async def _sglang(fetch: Callable[[str], Awaitable[tuple[int, bytes, bool]]]) -> bool:
+    """SGLang, by its own route (/get_model_info: {"model_path": ..., "is_generation": ...})."""
+    try:
+        status, body, _ = await fetch("/get_model_info")
+        info = json.loads(body) if status == 200 else None
+    except ValueError:
+        return False
+    return isinstance(info, dict) and "model_path" in info and "is_generation" in info
 
 
 def _metrics_status_message(status: int, body: bytes, has_key: bool, path: str) -> str:
     if status in (401, 403):
         return _auth_message(has_key)
     if status == 404:
-        return f"no {path} endpoint: SGLang needs --enable-metrics"
+        # which server it is decides the hint (poll_engine): none here is written for another engine
+        return f"{NO_METRICS} at {path}: its figures come from enginetop's proxy (--proxy-listen) and probes"
     if status == 501:
         return METRICS_OFF
     detail = error_text(body)
@@ -123,7 +137,8 @@ def _metrics_status_message(status: int, body: bytes, has_key: bool, path: str) 
 def _auth_message(has_key: bool) -> str:
     if has_key:
         return "unauthorized: the engine refused this API key; check the key set for this engine"
-    return "unauthorized: set an API key for this engine"
+    return ("unauthorized: it answers, and needs an API key: give it with --api-key-file NAME=PATH or "
+            "--api-key-env NAME=VAR")
 
 
 def _model_id(body: bytes) -> str | None:
@@ -241,7 +256,24 @@ async def poll_engine(transport: Transport, target: EngineTarget, *, timeout: fl
     except InsecureSecret as exc:
         return sample("down", str(exc))
 
+    async def native(kind: Native, model: str | None) -> EngineSample:
+        """Ollama or LM Studio: their models as their own API gives them (no /metrics: request figures come
+        from enginetop's proxy and probes)."""
+        try:
+            models = await read_models(fetch, kind)
+        except ValueError as exc:
+            return sample("up", None, model, None, f"{NAMES[kind]}: {exc}")
+        return sample("up", None, summary(kind, models), models=models, router=kind)
+
+    async def fetch(path: str) -> tuple[int, bytes, bool]:
+        try:
+            return await _fetch(transport, target, path, headers, timeout, 8 * 2**20)
+        except _Failed as exc:
+            raise ValueError(str(exc)) from None
+
     if router is not None and known_model is not None and not check_health:
+        if router in ("ollama", "lm-studio"):
+            return await native(router, known_model)
         routed_sample = await (swapped() if router == "llama-swap" else routed("up"))
         if routed_sample.models is not None:
             return routed_sample
@@ -296,6 +328,15 @@ async def poll_engine(transport: Transport, target: EngineTarget, *, timeout: fl
         return await routed(health)  # /metrics wants a model: a router, whose models are read one by one
     if reading is None and (states := await _swap_states(transport, target, headers, timeout)) is not None:
         return await swapped(states)  # /running answers: llama-swap, whose /metrics is not an engine's
+    if reading is None and metrics_error is not None and metrics_error.startswith(NO_METRICS):
+        try:
+            kind = await which_server(fetch)
+        except ValueError:
+            kind = None
+        if kind is not None:
+            return await native(kind, model)
+        if await _sglang(fetch):  # its own route says SGLang: the hint written for it
+            metrics_error = f"{metrics_error}: SGLang serves them with --enable-metrics"
     llama = metrics_error == METRICS_OFF
     slots = slots_read if slots_read is not None and llama else \
         await _slots(transport, target, headers, timeout, reading, idle_slots, llama=llama)

@@ -166,8 +166,9 @@ class EngineSource:
         kept = self._config if self._config is not None and self._config[0] is target else None
         # a llama-server with neither /metrics nor /slots still has its /props and command line
         dialect = sample.reading.dialect if sample.reading is not None else \
-            "llamacpp" if sample.metrics_error == METRICS_OFF else None
-        if sample.health != "up" or dialect is None or sample.router is not None:
+            "llamacpp" if sample.metrics_error == METRICS_OFF else \
+            "ollama" if sample.router == "ollama" else None
+        if sample.health != "up" or dialect is None or sample.router not in (None, "ollama"):
             return sample if kept is None or kept[2] is None else replace(sample, config=kept[2])
         restarted = last is None or last.health != "up" or (
             last.reading is not None and sample.reading is not None

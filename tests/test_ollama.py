@@ -1,0 +1,113 @@
+"""Ollama watched like llama-server and vLLM: the stand-in built from Ollama's source (tests/standins/ollama,
+tests/standins/ollama_shapes.md) in front of the real llama-server, which it starts as its runner exactly as
+Ollama does. Found by its command line and named Ollama; its loaded model with its quantization, context,
+share on the GPU and keep-alive; its configuration from its OLLAMA_* settings and its runner's command line;
+the column at 200×55; and no hint written for another engine."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tui.base.paths import runs_dir
+from tui.base.process import Launched, free_port, launch, stop_group
+
+pytestmark = pytest.mark.engine
+STANDIN = Path(__file__).parent / "standins" / "ollama"
+
+
+@dataclass
+class RunningOllama:
+    url: str
+    port: int
+    launched: Launched
+
+
+@pytest.fixture(scope="module")
+def ollama() -> Iterator[RunningOllama]:
+    """`ollama serve` with two parallel slots of 2,048 tokens and the model loaded (as `ollama run` leaves
+    it), on a free port."""
+    port = free_port()
+    env = {"OLLAMA_HOST": f"127.0.0.1:{port}", "OLLAMA_NUM_PARALLEL": "2", "OLLAMA_CONTEXT_LENGTH": "2048",
+           "OLLAMA_KEEP_ALIVE": "10m"}
+    launched = launch([sys.executable, str(STANDIN), "serve", "--preload", "--parameter", "num_thread=2"],
+                      runs_dir() / f"test-ollama-{port}.log", env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"{url}/api/ps", timeout=2).json().get("models"):
+                    break
+            except (httpx.HTTPError, ValueError):
+                pass
+            assert launched.alive(), "\n".join(launched.log_tail(30))
+            assert time.monotonic() < deadline, "the Ollama stand-in did not load its model in 120 s"
+            time.sleep(0.3)
+        yield RunningOllama(url, port, launched)
+    finally:
+        stop_group(launched)
+
+
+def _snapshot(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tui", "snapshot", *args], capture_output=True, text=True,
+                          timeout=120, env={**os.environ})
+
+
+def test_snapshot_reads_its_model_and_settings(ollama: RunningOllama) -> None:
+    done = _snapshot("--json", "--engine", f"o={ollama.url}")
+    assert done.returncode == 0, done.stderr
+    e = json.loads(done.stdout)["engines"]["o"]
+    assert e["health"] == "up" and e["model"] == "Ollama: 1 model, 1 loaded", e
+    [m] = e["models"]
+    assert (m["id"], m["status"], m["quantization"], m["context_tokens"]) == \
+        ("gemma3:270m", "loaded", "Q4_K_M", 2048), m
+    assert m["vram_bytes"] == 0 and m["size_bytes"] > 100 * 2**20  # on the CPU: all of it in RAM
+    assert m["expires_wall"] > time.time() + 60  # a keep-alive of 10 minutes, counting down
+    config = e["config"]
+    assert config["engine"] == "Ollama" and config["version"]
+    assert (config["context_tokens"], config["slots"], config["kv_pool_tokens"]) == (2048, 2, 4096), config
+    assert dict(config["published"])["OLLAMA_NUM_PARALLEL"] == "2"
+    assert any(s.startswith("argv of its runner (PID ") for s in config["sources"]), config["sources"]
+    assert "-np" in config["argv"] or "--parallel" in config["argv"]
+    assert e["metrics_error"] is None
+    table = _snapshot("--engine", f"o={ollama.url}")
+    assert table.returncode == 0 and "SGLang" not in table.stdout + table.stderr
+
+
+def test_found_by_its_command_line_and_named_ollama(ollama: RunningOllama) -> None:
+    from tui.sources.discover import discover
+
+    engine = {e.port: e for e in discover().engines}[ollama.port]
+    assert (engine.program, engine.how, engine.pid) == ("Ollama", "command line", ollama.launched.pid)
+    assert engine.name == "gemma3:270m"
+    # its runner (the llama-server it started) is part of it, never an engine of its own
+    assert [c.program for c in engine.children] == ["llama-server"], engine.children
+
+
+async def test_the_column_at_200_by_55(ollama: RunningOllama, tmp_path: Path) -> None:
+    from tests.screen import screen_text
+    from tests.test_dashboard import make_app, wait_for
+    from tui.model.targets import EngineTarget
+
+    app = make_app([EngineTarget("ollama", ollama.url)], tmp_path)
+    async with app.run_test(size=(200, 55)) as pilot:
+        state = app.store.engines["ollama"]
+        await wait_for(pilot, lambda: state.sample is not None and state.sample.router == "ollama",
+                       timeout=30, what="Ollama read")
+        await wait_for(pilot, lambda: "100% CPU" in screen_text(app), what="its model drawn")
+        text = screen_text(app)
+        print(text)
+        assert re.search(r"Ollama +1 model, 1 loaded", text) and "gemma3:270m" in text
+        assert "Q4_K_M" in text and "ctx 2,048" in text and "unloads in" in text
+        assert "SGLang" not in text

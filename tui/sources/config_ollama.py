@@ -1,0 +1,141 @@
+"""Ollama's effective configuration (tui.model.config.EngineConfig), read as it sets itself up: GET
+/api/version, the loaded model from GET /api/ps (its context, quantization, parameters, size), the server's
+OLLAMA_* settings from `ollama serve`'s environment (tui.engines.ollama.settings: a name that says secret is
+masked), and the command line of the runner it started for the model (since 0.3x llama.cpp's own
+llama-server, llm/llama_server.go; before, `ollama runner` with the same flags): Ollama gives its runner the
+context of all its parallel slots at once (-c num_ctx × OLLAMA_NUM_PARALLEL -np OLLAMA_NUM_PARALLEL), so one
+request's context is the runner's context over its slots, each slot its own share. An engine on another
+machine gives its API's figures alone."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import psutil
+
+from tui.engines import ollama
+from tui.engines.argv import Options, mask_argv, parse
+from tui.engines.known import ENGINES
+from tui.model.config import EngineConfig
+from tui.sources.native_servers import OLLAMA_PS, OLLAMA_VERSION
+from tui.sources.processes import tree_pids
+
+Fetch = Callable[[str], Awaitable[tuple[int, bytes]]]
+_OFF = ("0", "false", "off", "no", "")
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return int(str(value)) if value is not None and not isinstance(value, bool) else None
+    except ValueError:
+        return None
+
+
+async def _json(fetch: Fetch, path: str, lacks: list[str]) -> Any:
+    try:
+        status, body = await fetch(path)
+    except ValueError as exc:
+        lacks.append(f"{path}: {exc}")
+        return None
+    if status != 200:
+        lacks.append(f"{path} answered HTTP {status}")
+        return None
+    try:
+        return json.loads(body)
+    except ValueError:
+        lacks.append(f"{path} is not JSON")
+        return None
+
+
+def _runner(pid: int, secrets: Sequence[str]) -> tuple[int, list[str], tuple[str, ...]] | None:
+    """The runner `ollama serve` (PID `pid`) started for its model: (its PID, its argv, the argv masked)."""
+    for child in sorted(tree_pids(pid) - {pid}):
+        try:
+            argv = psutil.Process(child).cmdline()
+        except psutil.Error:
+            continue
+        # Ollama's runner: `ollama runner …`, or (since 0.3x) llama.cpp's own llama-server
+        if "runner" in argv[1:3] or table(argv) is not ollama.OPTIONS:
+            return child, argv, mask_argv(argv, table(argv), secrets)
+    return None
+
+
+def table(argv: Sequence[str]) -> Options:
+    """The option table its runner is read with: Ollama's runner's, or the engine's own where the runner is
+    one enginetop knows (a llama-server)."""
+    return next((e.options for e in ENGINES if e.dialect != "ollama" and e.is_engine(argv)), ollama.OPTIONS)
+
+
+async def ollama_config(fetch: Fetch, pid: int | None, command_lacks: str | None,
+                        secrets: Sequence[str] = ()) -> EngineConfig:
+    """`pid`: `ollama serve`'s process on this machine (None: elsewhere or not found, `command_lacks` says
+    why)."""
+    lacks: list[str] = []
+    sources: list[str] = []
+    fields: dict[str, Any] = {}
+    version = await _json(fetch, OLLAMA_VERSION, lacks)
+    if isinstance(version, dict) and isinstance(version.get("version"), str):
+        fields["version"] = version["version"]
+        sources.append(OLLAMA_VERSION)
+    ps = await _json(fetch, OLLAMA_PS, lacks)
+    loaded = [m for m in ps.get("models") or () if isinstance(m, dict)] if isinstance(ps, dict) else []
+    if loaded:
+        sources.append(OLLAMA_PS)
+        m = loaded[0]
+        details: dict[str, Any] = m["details"] if isinstance(m.get("details"), dict) else {}
+        fields.update(model=m.get("name"), context_tokens=_int(m.get("context_length")),
+                      quantization=details.get("quantization_level"), model_bytes=_int(m.get("size")))
+        fields["served_names"] = tuple(str(x.get("name")) for x in loaded)
+    elif isinstance(ps, dict):
+        lacks.append("no model loaded: a model's context and runner are known once a request loads it")
+    argv: tuple[str, ...] = ()
+    runner_pid = None
+    if pid is None:
+        lacks.append(command_lacks or "argv: no process of this machine was found listening on its port")
+    else:
+        try:
+            environ = psutil.Process(pid).environ()
+        except psutil.Error as exc:
+            environ = {}
+            lacks.append(f"the environment of `ollama serve` (PID {pid}) cannot be read: {exc}")
+        fields["published"] = ollama.settings(environ)
+        if environ:
+            sources.append(f"OLLAMA_* (PID {pid})")
+        found = _runner(pid, secrets)
+        if found is not None:
+            runner_pid, raw, argv = found
+            sources.append(f"argv of its runner (PID {runner_pid})")
+            _runner_fields(parse(list(argv), table(raw)).options, fields)
+        elif loaded:
+            lacks.append(f"the runner of {fields.get('model')} is no child process of `ollama serve` here")
+        kv = environ.get("OLLAMA_KV_CACHE_TYPE")
+        if kv and "kv_cache_dtype" not in fields:
+            fields["kv_cache_dtype"] = kv
+        flash = environ.get("OLLAMA_FLASH_ATTENTION")
+        if flash is not None and "flash_attn" not in fields:
+            fields["flash_attn"] = "off" if flash.strip().lower() in _OFF else "on"
+    return EngineConfig(engine="Ollama", read_wall=time.time(), argv=argv, pid=runner_pid,
+                        sources=tuple(sources), lacks=tuple(lacks), **fields)
+
+
+def _runner_fields(opts: dict[str, str], fields: dict[str, Any]) -> None:
+    """The runner's settings: its --ctx-size is every slot's context together, split between its --parallel
+    slots."""
+    total, parallel = _int(opts.get("--ctx-size")), _int(opts.get("--parallel"))
+    if total:
+        fields["kv_pool_tokens"] = total
+        if parallel and parallel > 0:
+            fields["context_tokens"] = total // parallel
+    if parallel:
+        fields["slots"] = parallel
+        fields["kv_unified"] = False
+    fields["batch_size"] = _int(opts.get("--batch-size"))
+    fields["gpu_layers"] = opts.get("--n-gpu-layers") or opts.get("--gpu-layers")
+    if "--flash-attn" in opts:
+        fields["flash_attn"] = "on"
+    kv = opts.get("--kv-cache-type") or opts.get("--cache-type-k")
+    if kv:
+        fields["kv_cache_dtype"] = kv

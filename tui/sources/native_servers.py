@@ -1,0 +1,136 @@
+"""Servers that publish no Prometheus metrics but say which models they hold, each in its own API: Ollama
+(api/types.go: GET /api/version, /api/ps for the loaded models, /api/tags for the installed ones) and LM
+Studio (its REST API: GET /api/v0/models). Each is read as a router of models (tui.model.samples.RoutedModel)
+with what its API gives of each: size and its share on the GPU, context, quantization, parameters, and
+Ollama's keep-alive deadline. Their request figures come from enginetop's proxy and probes, not from here.
+
+A fingerprint (`which_server`) tells them from any other OpenAI-compatible server: Ollama answers
+/api/version with {"version": ...} and /api/ps with {"models": [...]}; LM Studio answers /api/v0/models with
+{"object": "list", "data": [...]} whose entries carry a `state`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Any, Literal
+
+from tui.model.samples import RoutedModel
+
+Fetch = Callable[[str], Awaitable[tuple[int, bytes, bool]]]  # GET path -> (status, body, over the limit)
+Native = Literal["ollama", "lm-studio"]
+
+OLLAMA_VERSION, OLLAMA_PS, OLLAMA_TAGS = "/api/version", "/api/ps", "/api/tags"
+LMSTUDIO_MODELS = "/api/v0/models"
+NAMES: dict[Native, str] = {"ollama": "Ollama", "lm-studio": "LM Studio"}
+
+
+def _json(status: int, body: bytes) -> Any:
+    if status != 200:
+        return None
+    try:
+        return json.loads(body)
+    except ValueError:
+        return None
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+async def which_server(fetch: Fetch) -> Native | None:
+    """Ollama, LM Studio, or neither, from their own routes (two or three GETs)."""
+    ps = _json(*(await fetch(OLLAMA_PS))[:2])
+    if isinstance(ps, dict) and isinstance(ps.get("models"), list):
+        version = _json(*(await fetch(OLLAMA_VERSION))[:2])
+        if isinstance(version, dict) and isinstance(version.get("version"), str):
+            return "ollama"
+    listed = _json(*(await fetch(LMSTUDIO_MODELS))[:2])
+    if isinstance(listed, dict) and isinstance(data := listed.get("data"), list) \
+            and all(isinstance(m, dict) and "state" in m for m in data):
+        return "lm-studio"
+    return None
+
+
+def expires_wall(text: Any) -> float | None:
+    """Ollama's expires_at (RFC 3339, nanoseconds) as a wall time; None when not one."""
+    if not isinstance(text, str) or not text:
+        return None
+    stamp = text.replace("Z", "+00:00")
+    head, dot, rest = stamp.partition(".")
+    if dot:  # Python's parser takes at most microseconds: the nanoseconds' last digits are dropped
+        digits = "".join(c for c in rest if c.isdigit())
+        stamp = f"{head}.{digits[:6]}{rest[len(digits):]}"
+    try:
+        return datetime.fromisoformat(stamp).timestamp()
+    except ValueError:
+        return None
+
+
+def ollama_models(ps: Any, tags: Any) -> tuple[RoutedModel, ...]:
+    """Every model Ollama has: the loaded ones (/api/ps) with their memory, its share on the GPU, context
+    and keep-alive deadline; the others (/api/tags) as unloaded."""
+    loaded: dict[str, RoutedModel] = {}
+    for m in ps.get("models") or () if isinstance(ps, dict) else ():
+        if not isinstance(m, dict) or not _str(m.get("name")):
+            continue
+        details = _dict(m.get("details"))
+        loaded[m["name"]] = RoutedModel(
+            id=m["name"], status="loaded", size_bytes=_int(m.get("size")),
+            vram_bytes=_int(m.get("size_vram")), context_tokens=_int(m.get("context_length")),
+            expires_wall=expires_wall(m.get("expires_at")),
+            quantization=_str(details.get("quantization_level")),
+            parameters=_str(details.get("parameter_size")), family=_str(details.get("family")))
+    installed = []
+    for m in tags.get("models") or () if isinstance(tags, dict) else ():
+        if isinstance(m, dict) and _str(m.get("name")) and m["name"] not in loaded:
+            details = _dict(m.get("details"))
+            installed.append(RoutedModel(
+                id=m["name"], status="unloaded", size_bytes=_int(m.get("size")),
+                quantization=_str(details.get("quantization_level")),
+                parameters=_str(details.get("parameter_size")), family=_str(details.get("family"))))
+    return (*loaded.values(), *installed)
+
+
+def lmstudio_models(listed: Any) -> tuple[RoutedModel, ...]:
+    """LM Studio's models (/api/v0/models): loaded or not, quantization, context, architecture."""
+    out = []
+    for m in listed.get("data") or () if isinstance(listed, dict) else ():
+        if not isinstance(m, dict) or not _str(m.get("id")):
+            continue
+        state = m.get("state")
+        out.append(RoutedModel(
+            id=m["id"], status="loaded" if state == "loaded" else "unloaded",
+            context_tokens=_int(m.get("loaded_context_length")) or _int(m.get("max_context_length")),
+            quantization=_str(m.get("quantization")), family=_str(m.get("arch"))))
+    return tuple(out)
+
+
+async def read_models(fetch: Fetch, kind: Native) -> tuple[RoutedModel, ...]:
+    """The server's models now. ValueError: why they could not be read."""
+    if kind == "ollama":
+        status, body, _ = await fetch(OLLAMA_PS)
+        ps = _json(status, body)
+        if not isinstance(ps, dict):
+            raise ValueError(f"{OLLAMA_PS} answered HTTP {status}, not Ollama's list of loaded models")
+        return ollama_models(ps, _json(*(await fetch(OLLAMA_TAGS))[:2]))
+    status, body, _ = await fetch(LMSTUDIO_MODELS)
+    listed = _json(status, body)
+    if not isinstance(listed, dict):
+        raise ValueError(f"{LMSTUDIO_MODELS} answered HTTP {status}, not LM Studio's list of models")
+    return lmstudio_models(listed)
+
+
+def summary(kind: Native, models: tuple[RoutedModel, ...]) -> str:
+    """"Ollama: 3 models, 1 loaded", as a router's column head says it."""
+    loaded = sum(m.status == "loaded" for m in models)
+    return f"{NAMES[kind]}: {len(models)} model{'s' if len(models) != 1 else ''}, {loaded} loaded"
