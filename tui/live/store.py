@@ -17,6 +17,7 @@ from typing import Any
 
 from tui.findings.container import container_findings
 from tui.findings.judge import by_severity, judge
+from tui.findings.models import split_model
 from tui.live.engine_state import EngineState, generated_per_s, relayed
 from tui.live.glance import busy_slots
 from tui.live.probe_energy import probe_energy_fields
@@ -258,11 +259,13 @@ class Store:
                                 t - state.watched_t if state.watched_t is not None else 0.0,
                                 state.stats.requests)
         found = judge(evidence)
+        if sample is not None and sample.health == "up" and sample.models is not None:
+            found += [f for f in (split_model(state.name, sample.models),) if f is not None]
         if state.cgroup is not None or state.container is not None:
             found = by_severity([*container_findings(state.name, state.cgroup_use, state.cgroup,
                                                      state.rss_bytes, state.container,
                                                      sample.config if sample is not None else None), *found])
-        state.findings = state.since.update(found, wall)
+        state.findings = state.since.update(by_severity(found), wall)
 
     def _routed(self, state: EngineState, sample: EngineSample, t: float) -> None:
         """Each loaded model's generation rate over the rate window (the router's own /metrics has none),

@@ -328,15 +328,18 @@ async def poll_engine(transport: Transport, target: EngineTarget, *, timeout: fl
         return await routed(health)  # /metrics wants a model: a router, whose models are read one by one
     if reading is None and (states := await _swap_states(transport, target, headers, timeout)) is not None:
         return await swapped(states)  # /running answers: llama-swap, whose /metrics is not an engine's
-    if reading is None and metrics_error is not None and metrics_error.startswith(NO_METRICS):
+    # no engine's metrics where /metrics should be: Ollama answers 404, LM Studio 200 with an error in JSON
+    unknown = reading is not None and reading.dialect == "unknown"
+    if unknown or (reading is None and metrics_error is not None and metrics_error != METRICS_OFF
+                   and not metrics_error.startswith("unauthorized")):
         try:
             kind = await which_server(fetch)
         except ValueError:
             kind = None
         if kind is not None:
             return await native(kind, model)
-        if await _sglang(fetch):  # its own route says SGLang: the hint written for it
-            metrics_error = f"{metrics_error}: SGLang serves them with --enable-metrics"
+        if metrics_error is not None and metrics_error.startswith(NO_METRICS) and await _sglang(fetch):
+            metrics_error = f"{metrics_error}: SGLang serves them with --enable-metrics"  # SGLang says so
     llama = metrics_error == METRICS_OFF
     slots = slots_read if slots_read is not None and llama else \
         await _slots(transport, target, headers, timeout, reading, idle_slots, llama=llama)
