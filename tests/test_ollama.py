@@ -6,6 +6,7 @@ the column at 200×55; and no hint written for another engine."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -111,3 +112,36 @@ async def test_the_column_at_200_by_55(ollama: RunningOllama, tmp_path: Path) ->
         assert re.search(r"Ollama +1 model, 1 loaded", text) and "gemma3:270m" in text
         assert "Q4_K_M" in text and "ctx 2,048" in text and "unloads in" in text
         assert "SGLang" not in text
+
+
+async def test_probes_speak_its_native_api_and_a_reload_is_a_finding(ollama: RunningOllama) -> None:
+    """A probe's server side is Ollama's own final answer (eval_count / eval_duration); after the model was
+    unloaded (keep_alive 0), the next probe's load_duration says it was loaded again: a finding."""
+    from tui.live.store import Store
+    from tui.model.targets import EngineTarget
+    from tui.probe.client import ProbeClient
+    from tui.sources.engine_source import read_once
+
+    target = EngineTarget("o", ollama.url)
+    body = {"messages": [{"role": "user", "content": "Count from one to twenty."}], "max_tokens": 24,
+            "temperature": 0}
+    async with ProbeClient() as client:
+        first = await client.chat(target, body, workload="chat")
+        assert first.ok and first.server is not None and first.server.source == "ollama", first.error
+        s = first.server
+        assert s.predicted_n == first.completion_tokens and s.predicted_ms
+        assert s.predicted_per_second == pytest.approx(s.predicted_n / s.predicted_ms * 1000)
+        assert first.server_label == "server (Ollama)"
+        async with httpx.AsyncClient(timeout=60) as http:  # unload it, as `ollama stop` does
+            await http.post(f"{ollama.url}/api/generate", json={"model": "gemma3:270m", "keep_alive": 0})
+            deadline = time.monotonic() + 30
+            while (await http.get(f"{ollama.url}/api/ps")).json()["models"]:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.2)
+        second = await client.chat(target, body, workload="chat")
+    assert second.ok and second.server is not None and (second.server.load_ms or 0) > 100, second.server
+    store = Store()
+    store.add(await read_once(target))
+    for result in (first, second):
+        store.add_probe("o", result)
+    assert "model-reloaded" in {f.id for f in store.engines["o"].findings}

@@ -56,9 +56,11 @@ async def test_a_non_loopback_engine_is_probed_through_the_environment_proxy(
     before = len(engine.requests)
     r = await probe(url)
     assert r.ok, r.error
-    assert [(seen.method, seen.target) for seen in proxy.requests] == [("POST", url + "/v1/chat/completions")]
-    assert proxy.requests[0].headers["connection"] == "close"  # still a fresh connection per request
-    assert len(engine.requests) == before + 1
+    # the one GET asking whether it is Ollama (tui.probe.ollama), then the probe
+    assert [(seen.method, seen.target) for seen in proxy.requests] == [("GET", url + "/api/version"),
+                                                                       ("POST", url + "/v1/chat/completions")]
+    assert proxy.requests[1].headers["connection"] == "close"  # still a fresh connection per request
+    assert len(engine.requests) == before + 2
     assert r.completion_tokens == 6 and r.ttft_s is not None and r.connect_s is not None
 
 

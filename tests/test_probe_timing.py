@@ -23,8 +23,9 @@ BODY = {"messages": [{"role": "user", "content": "one two three four five six se
 
 
 async def chat(url: str, body: dict | None = None, **kw: object) -> ProbeResult:
+    # an OpenAI server by its target: the probe's own request alone (no GET asking whether it is Ollama)
     async with ProbeClient() as client:
-        return await client.chat(EngineTarget(name="sse", url=url), body or BODY, **kw)
+        return await client.chat(EngineTarget(name="sse", url=url, api="openai"), body or BODY, **kw)
 
 
 async def test_ttft_starts_at_the_send_and_the_connect_is_measured_apart() -> None:
@@ -149,7 +150,7 @@ async def test_the_runner_sends_a_new_prompt_every_call_with_the_same_params() -
         target = EngineTarget(name="sse", url=server.url_for("ok"))
         results = [(await runner.probe(target, "short", params, repeat=1))[0] for _ in range(5)]
         swept = [await runner.sweep(target, sweep) for _ in range(2)]  # the same config twice, too
-        prompts = [req.body["messages"][0]["content"] for req in server.requests]
+        prompts = [req.body["messages"][0]["content"] for req in server.requests if req.body is not None]
     await runner.aclose()
     assert all(r.ok and r.index == 0 for r in results) and all(s.ok == 3 for s in swept)
     assert len(prompts) == 5 + 2 * 3

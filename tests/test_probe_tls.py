@@ -90,6 +90,7 @@ async def test_a_keyed_https_engine_goes_through_the_proxy_tunnel(
         r = await probe(url, key="sk-secret-123")
     assert r.ok, r.error  # the key travels inside TLS: the proxy sees only the tunnel
     tunnel = f"{socket.gethostname()}:{engine.port}"
-    assert [(p.method, p.target) for p in proxy.requests] == [("CONNECT", tunnel)]
+    # two tunnels: the GET asking whether it is Ollama (tui.probe.ollama), then the probe
+    assert [(p.method, p.target) for p in proxy.requests] == [("CONNECT", tunnel)] * 2
     assert engine.requests[-1].headers["authorization"] == "Bearer sk-secret-123"
     assert r.tls_s is not None and r.connect_s is not None

@@ -127,7 +127,8 @@ def test_cli_sends_key_and_prints_it_nowhere(keyed: SSEServer, tmp_path: Path, h
         assert proc.returncode == 0, proc.stderr
         assert KEY not in proc.stdout and KEY not in proc.stderr
     sent = list(keyed.requests)[before:]
-    assert len(sent) == 4 and all(req.headers["authorization"] == f"Bearer {KEY}" for req in sent)
+    # per run: the GET asking whether it is Ollama, then two probes; the key goes to this engine alone
+    assert len(sent) == 6 and all(req.headers["authorization"] == f"Bearer {KEY}" for req in sent)
 
 
 def test_cli_wrong_key_fails_without_echoing_it(keyed: SSEServer, tmp_path: Path) -> None:

@@ -150,7 +150,8 @@ def _probe_row(r: ProbeResult, gap_factor: float) -> str:
 def _probe_footer(summary: ProbeSummary, results: list[ProbeResult], out: TextIO) -> None:
     print(f"\n{summary.ok}/{summary.requests} ok.  median TTFT {_ms(summary.ttft_s_p50)} ms "
           f"(engine's own {_ms(summary.server_ttft_s_p50)} ms), "
-          f"decode {_fmt(summary.decode_tps_p50)} tok/s (server {_fmt(summary.server_decode_tps_p50)}), "
+          f"decode {_fmt(summary.decode_tps_p50)} tok/s ({summary.server_label or 'server'} "
+          f"{_fmt(summary.server_decode_tps_p50)}), "
           f"prefill {_fmt(summary.prefill_tps_p50, '.0f')} tok/s ({summary.prefill_source or 'n/a'})",
           file=out)
     print(f"output tokens {summary.completion_tokens} in {summary.chunks} non-empty chunks; "
@@ -162,7 +163,7 @@ def _probe_footer(summary: ProbeSummary, results: list[ProbeResult], out: TextIO
         print("≥ = lower bound: uncached prompt tokens / client TTFT (the server gave no prefill timing)",
               file=out)
     print("TTFT from the send (connection set-up apart: conn ms); srv TTFT = the engine's own "
-          "(llama.cpp prompt_ms, vLLM time_to_first_token_ms)", file=out)
+          "(llama.cpp prompt_ms, Ollama prompt_eval_duration, vLLM time_to_first_token_ms)", file=out)
     if summary.cache_served:
         print(f"! {summary.cache_served} request(s) served from the prompt cache: their TTFT and prefill "
               "measure a cache hit", file=out)

@@ -68,7 +68,8 @@ class _Pair:
             "ttft": hist("ttft_seconds", "Time to first token by the client's clock, from the request's "
                          "send (connection set-up excluded)", BASE, TTFT_BUCKETS),
             "server_ttft": hist("server_ttft_seconds", "The engine's own time to first token for the probe "
-                                "(llama.cpp prompt_ms, vLLM time_to_first_token_ms), where it reports one",
+                                "(llama.cpp prompt_ms, Ollama prompt_eval_duration, vLLM "
+                                "time_to_first_token_ms), where it reports one",
                                 BASE, TTFT_BUCKETS),
             "decode": hist("decode_tokens_per_second", "One stream's decode rate: (completion tokens - 1) / "
                            "(last token - first token)", tok, DECODE_BUCKETS),

@@ -17,7 +17,7 @@ from typing import Any
 
 from tui.findings.container import container_findings
 from tui.findings.judge import by_severity, judge
-from tui.findings.models import split_model
+from tui.findings.models import reloaded, split_model
 from tui.live.engine_state import EngineState, generated_per_s, relayed
 from tui.live.glance import busy_slots
 from tui.live.probe_energy import probe_energy_fields
@@ -260,7 +260,10 @@ class Store:
                                 state.stats.requests)
         found = judge(evidence)
         if sample is not None and sample.health == "up" and sample.models is not None:
-            found += [f for f in (split_model(state.name, sample.models),) if f is not None]
+            loads = [(r.workload, r.server.load_ms) for _, r in state.probes
+                     if getattr(r, "server", None) is not None and r.server.load_ms is not None]
+            found += [f for f in (split_model(state.name, sample.models), reloaded(state.name, loads))
+                      if f is not None]
         if state.cgroup is not None or state.container is not None:
             found = by_severity([*container_findings(state.name, state.cgroup_use, state.cgroup,
                                                      state.rss_bytes, state.container,
@@ -504,6 +507,9 @@ class Store:
                 and result.ended_at is not None:
             self._probe_energy.append((name, result))
             self._probes_energy(t)
+        if getattr(getattr(result, "server", None), "load_ms", None) is not None:
+            state = self.engine(name)  # Ollama said it loaded the model for it: judged again
+            self._judge(state, t, time.time())
 
     def throttle_spans(self, t0: float) -> list[tuple[float, float]]:
         """Periods (start, end) since t0 in which a GPU reported a real throttle reason; a span still open

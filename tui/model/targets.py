@@ -14,6 +14,9 @@ class EngineTarget:
     health_path: str = "/health"
     metrics_path: str = "/metrics"
     model: str | None = None  # what requests name: a llama-server router's model (None: the engine's own)
+    # the API its probes speak: "ollama" (its native /api/chat), "openai", or None: asked once
+    # (tui.probe.ollama)
+    api: str | None = None
 
     @property
     def base(self) -> str:

@@ -1,5 +1,10 @@
 """Streams one OpenAI-compatible chat completion and records when each part of it arrived.
 
+An Ollama server is asked on its native API instead (/api/chat, /api/generate: tui.probe.ollama), whose
+NDJSON stream ends with the server's own counts and durations; whether a server is Ollama is asked once per
+base URL and client (`ProbeClient._ollama_of`), or said by the target (`api`). Every other server gets the
+OpenAI request and its SSE stream, unchanged.
+
 Every request gets a fresh TCP connection (no keep-alive pool, `Connection: close`): llama-server closes
 the connection after a streamed response while advertising keep-alive, and a pooled client then loses
 requests. Failures of any kind become a `ProbeResult` with `error` set; only cancellation propagates.
@@ -27,6 +32,17 @@ from tui.base.secrets import redact
 from tui.model.samples import PromptProgress
 from tui.net.http1 import Exchange, HttpFailure, Phases
 from tui.net.policy import InsecureSecret, error_text, public_url, target_headers
+from tui.probe.ollama import (
+    API_OLLAMA,
+    API_OPENAI,
+    NDJSON,
+    OLLAMA_CHAT_PATH,
+    OLLAMA_GENERATE_PATH,
+    OllamaServer,
+    ask_server,
+    chunk_text,
+)
+from tui.probe.ollama import request_body as ollama_body
 from tui.probe.results import (
     CHUNK_ESTIMATE_NOTE,
     FailureKind,
@@ -41,7 +57,10 @@ COMPLETIONS_PATH = "/v1/completions"  # a raw prompt, no chat template: the toke
 
 
 class ProbeTarget(Protocol):
-    """Anything with a name, a base URL and an optional API key (e.g. tui.sources.engine.EngineTarget)."""
+    """Anything with a name, a base URL and an optional API key (e.g. tui.sources.engine.EngineTarget).
+
+    It may also have `api`: "ollama" (the server is Ollama: its native API without asking), "openai" (never
+    ask whether it is Ollama), or None / absent (ask once: ProbeClient._ollama_of)."""
 
     @property
     def name(self) -> str: ...
@@ -199,6 +218,59 @@ class _Recorder:
                     float(progress.get("time_ms") or 0)))
 
 
+@dataclass
+class _OllamaRecorder(_Recorder):
+    """Ollama's NDJSON stream (tui.probe.ollama): a JSON object a line, timed like SSE chunks; the line with
+    done: true ends it and carries the server's figures (`final`)."""
+
+    final: dict[str, Any] | None = None
+
+    def feed(self, data: bytes, now: float) -> None:
+        if self._tail:
+            data = self._tail + data
+        lines = data.split(b"\n")
+        self._tail = lines.pop()
+        if len(self._tail) > self.max_event_bytes:
+            raise _StreamError(f"stream line over {self.max_event_bytes} bytes; stopped")
+        for line in lines:
+            self._line(line, now)
+
+    def finish(self, now: float) -> None:
+        tail, self._tail = self._tail, b""
+        self._line(tail, now)
+
+    def _line(self, line: bytes, now: float) -> None:
+        line = line.strip()
+        if not line or self.done:  # nothing after the last answer counts
+            return
+        self.events += 1
+        if len(line) > self.max_event_bytes:
+            raise _StreamError(
+                f"stream line {self.events} is over {self.max_event_bytes} bytes; stopped reading")
+        try:
+            obj = orjson.loads(line)
+        except ValueError:
+            raise _StreamError(f"invalid JSON in stream line {self.events}: {_start(line)}") from None
+        if not isinstance(obj, dict):
+            raise _StreamError(f"stream line {self.events} is not a JSON object: {_start(line)}")
+        if obj.get("error") is not None:  # {"error": "..."}: streamResponse's words for a failure mid-stream
+            raise _StreamError(f"server error in the stream after {self.chunks} chunks: {error_text(obj)}")
+        if self.model is None and isinstance(model := obj.get("model"), str):
+            self.model = model
+        if piece := chunk_text(obj):  # the last answer may carry text too
+            self.chunks += 1
+            if self.first_token_at is None:
+                self.first_token_at = now
+            self.last_token_at = now
+            self.text.append(piece)
+            self.token_times.append(now)
+        if obj.get("done") is True:
+            self.done = True
+            if isinstance(reason := obj.get("done_reason"), str) and reason:
+                self.finish_reason = reason  # "stop", "length" (as OpenAI's finish_reason)
+            self.final = obj
+
+
 def _start(payload: bytes) -> str:
     return repr(payload[:80].decode("utf-8", "replace"))
 
@@ -208,9 +280,20 @@ class ProbeClient:
 
     def __init__(self, limits: ProbeLimits | None = None) -> None:
         self.limits = limits or ProbeLimits()
+        # Whether each base URL is Ollama, as its answers said ((base, target said so) -> server or None),
+        # and the checks under way, which every probe of that URL meanwhile waits for.
+        self._ollama: dict[tuple[str, bool], OllamaServer | None] = {}
+        self._checks: dict[tuple[str, bool], asyncio.Task[OllamaServer | None]] = {}
 
     async def aclose(self) -> None:
-        """Nothing is pooled: every connection is closed when its request ends. Kept for `async with`."""
+        """Nothing is pooled: every connection is closed when its request ends. Kept for `async with`; a check
+        of a server still under way is stopped."""
+        checks, self._checks = list(self._checks.values()), {}
+        for task in checks:
+            task.cancel()
+        for task in checks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     async def __aenter__(self) -> ProbeClient:
         return self
@@ -231,15 +314,28 @@ class ProbeClient:
     ) -> ProbeResult:
         """Send `body` (stream and include_usage are forced on) and time the streamed answer; `path`
         COMPLETIONS_PATH for a raw prompt. `on_progress` sees llama-server's prompt progress when the body
-        asks for it (`return_progress`)."""
-        body = {**body, "stream": True}
-        body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
-        # Encoded before the clock starts, so the client's own JSON work is not counted as server time.
-        content = orjson.dumps(body)
-        headers = {"Content-Type": "application/json", "Accept": "text/event-stream", "Connection": "close",
-                   "Accept-Encoding": "identity"}
+        asks for it (`return_progress`). An Ollama server gets the same request in its native shape
+        (tui.probe.ollama.request_body: /api/chat, or /api/generate with raw for a raw prompt)."""
+        ollama = await self._ollama_of(target, body)
+        rec: _Recorder
+        if ollama is not None:
+            raw = path == COMPLETIONS_PATH
+            model = body.get("model") or getattr(target, "model", None) or ollama.model
+            content = orjson.dumps(ollama_body(body, raw, model))
+            url = chat_url(target.url, OLLAMA_GENERATE_PATH if raw else OLLAMA_CHAT_PATH)
+            headers = {"Content-Type": "application/json", "Accept": NDJSON, "Connection": "close",
+                       "Accept-Encoding": "identity"}
+            rec = _OllamaRecorder(max_event_bytes=self.limits.max_event_bytes)
+        else:
+            body = {**body, "stream": True}
+            body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+            # Encoded before the clock starts, so the client's own JSON work is not counted as server time.
+            content = orjson.dumps(body)
+            url = chat_url(target.url, path)
+            headers = {"Content-Type": "application/json", "Accept": "text/event-stream",
+                       "Connection": "close", "Accept-Encoding": "identity"}
+            rec = _Recorder(max_event_bytes=self.limits.max_event_bytes, on_progress=on_progress)
         key = target.api_key
-        rec = _Recorder(max_event_bytes=self.limits.max_event_bytes, on_progress=on_progress)
         exchange = Exchange(self.limits.read_s)
         status: int | None = None
         error: str | None = None
@@ -249,7 +345,7 @@ class ProbeClient:
         try:
             headers.update(target_headers(target))  # refuses a secret in clear text through a proxy
             async with asyncio.timeout(self.limits.total_s):
-                await exchange.open(chat_url(target.url, path), headers, content, self.limits.connect_s)
+                await exchange.open(url, headers, content, self.limits.connect_s)
                 status, response_headers = await exchange.head()
                 error, failure = await self._read(exchange, status, response_headers, rec)
         except TimeoutError:
@@ -271,6 +367,50 @@ class ProbeClient:
         return self._result(target, workload, index, turn, wall_start, phases, ended_at, status,
                             (error, failure), rec, key)
 
+    async def speaks_ollama(self, target: ProbeTarget, body: dict[str, Any] | None = None) -> bool:
+        """Whether probes of `target` (with `body`'s model) go to Ollama's native API: the check a first
+        probe makes, for a caller that wants it made before its clock starts (a bench's ready())."""
+        return await self._ollama_of(target, body or {}) is not None
+
+    async def _ollama_of(self, target: ProbeTarget, body: dict[str, Any]) -> OllamaServer | None:
+        """The Ollama server behind `target`, or None: speak OpenAI to it.
+
+        A target that says `api="openai"` is never asked. One that says "ollama" is not asked either, unless
+        neither the body nor the target names a model: Ollama wants one, and its /api/ps (/api/tags) says
+        which (one or two GETs, once). Any other is asked once per base URL and client, before its first
+        probe and outside its clock (tui.probe.ollama.ask_server: one GET of /api/version for a server that
+        is not Ollama, two or three for Ollama); a check that got no answer (refused, timed out) is not
+        kept, and the probe then fails on its own."""
+        api = getattr(target, "api", None)
+        if api == API_OPENAI:
+            return None
+        known = api == API_OLLAMA
+        if known and (body.get("model") or getattr(target, "model", None)):
+            return OllamaServer(None, None)
+        base = chat_url(target.url, "")
+        if (base, known) in self._ollama:
+            return self._ollama[base, known]
+        task = self._checks.get((base, known))
+        if task is None:
+            task = asyncio.ensure_future(self._check(target, base, known))
+            self._checks[base, known] = task
+        # shielded: a probe cancelled while it waits does not cancel the check the others wait for
+        server = await asyncio.shield(task)
+        return OllamaServer(None, None) if known and server is None else server
+
+    async def _check(self, target: ProbeTarget, base: str, known: bool) -> OllamaServer | None:
+        try:
+            try:
+                headers = target_headers(target)
+            except InsecureSecret:
+                return None  # the probe itself says why nothing is sent
+            answered, server = await ask_server(base, headers, self.limits.connect_s, known)
+            if answered:
+                self._ollama[base, known] = server
+            return server
+        finally:
+            self._checks.pop((base, known), None)
+
     async def _read(
         self, exchange: Exchange, status: int, headers: dict[str, str], rec: _Recorder
     ) -> tuple[str | None, FailureKind | None]:
@@ -285,6 +425,8 @@ class ProbeClient:
             await exchange.body(keep)
             return f"HTTP {status}: {error_text(bytes(raw[:limit]))}", "http"
         ctype = headers.get("content-type", "")
+        if isinstance(rec, _OllamaRecorder):
+            return await self._read_ndjson(exchange, ctype, rec)
         if "text/event-stream" not in ctype:
             got = ctype or "no content type"
             return f"expected an event stream but the server answered {got}", "protocol"
@@ -297,6 +439,24 @@ class ProbeClient:
         rec.finish(time.monotonic())
         if not rec.done and rec.finish_reason is None:
             return f"stream ended early after {rec.chunks} chunks (no finish_reason, no [DONE])", "dropped"
+        return None, None
+
+    async def _read_ndjson(
+        self, exchange: Exchange, ctype: str, rec: _OllamaRecorder
+    ) -> tuple[str | None, FailureKind | None]:
+        # Ollama streams application/x-ndjson; a single JSON answer (application/json) reads the same way.
+        if "ndjson" not in ctype and "application/json" not in ctype:
+            got = ctype or "no content type"
+            return f"expected Ollama's NDJSON stream but the server answered {got}", "protocol"
+
+        def take(data: bytes, now: float) -> bool:
+            rec.feed(data, now)
+            return rec.done  # the last answer: nothing after it is read
+
+        await exchange.body(take)
+        rec.finish(time.monotonic())
+        if not rec.done:
+            return f"stream ended early after {rec.chunks} chunks (no final line with done: true)", "dropped"
         return None, None
 
     def _transport_error(self, exc: HttpFailure, status: int | None, rec: _Recorder) -> str:
@@ -331,7 +491,11 @@ class ProbeClient:
         notes: list[str] = []
         usage = rec.usage or {}
         server: ServerTimings | None = None
-        if rec.timings is not None:
+        ollama = isinstance(rec, _OllamaRecorder)
+        if isinstance(rec, _OllamaRecorder):
+            if rec.final is not None:
+                server = ServerTimings.from_ollama(rec.final)
+        elif rec.timings is not None:
             server = ServerTimings.from_llamacpp(rec.timings)
         elif rec.vllm_metrics is not None:
             server = ServerTimings.from_vllm(rec.vllm_metrics)
@@ -340,8 +504,9 @@ class ProbeClient:
         prompt = _count(usage, "prompt_tokens")
         details = usage.get("prompt_tokens_details")
         cached = _count(details, "cached_tokens") if isinstance(details, dict) else None
-        if server is not None and server.source == "llamacpp":
+        if server is not None and server.source in ("llamacpp", "ollama"):
             # llama.cpp without include_usage support still sends its timings: same counts, server-side.
+            # Ollama sends no usage: its counts are these (prompt_eval_count, eval_count; no cached count).
             if completion is None:
                 completion = server.predicted_n
             if prompt is None and server.prompt_n is not None:
@@ -355,7 +520,7 @@ class ProbeClient:
             if error is None or rec.chunks:
                 completion = rec.chunks
                 notes.append(CHUNK_ESTIMATE_NOTE)
-        if rec.usage is None and error is None:
+        if rec.usage is None and error is None and not ollama:
             notes.append("no usage in the stream")
         if error is None and not rec.done:
             notes.append("stream ended without [DONE]")

@@ -1,7 +1,8 @@
 """Immutable results of probe requests, and the figures derived from them.
 
-Token counts come from the server (`usage`, or llama.cpp `timings`); when a server sends neither, the
-count of non-empty stream chunks stands in and the result says so (`token_source == "chunks"`).
+Token counts come from the server (`usage`, llama.cpp `timings`, or Ollama's final answer); when a server
+sends none, the count of non-empty stream chunks stands in and the result says so (`token_source ==
+"chunks"`).
 Client-clock times and server-side times are kept apart and labelled; "not available" is None.
 
 Client times are `time.monotonic()` seconds (the dashboard store's clock). TTFT and end-to-end time start
@@ -65,19 +66,38 @@ def _int(obj: dict[str, Any], key: str) -> int | None:
     return None if value is None else int(value)
 
 
+def _ns_ms(ns: float | None) -> float | None:
+    return None if ns is None else ns / 1e6
+
+
+def _per_second(count: int | None, ns: float | None) -> float | None:
+    return count / ns * 1e9 if count is not None and ns else None
+
+
+TimingSource = Literal["llamacpp", "vllm", "ollama"]
+# How every view names the server side of a probe, by whose figures it is.
+SERVER_LABELS: dict[str, str] = {"llamacpp": "server (llama.cpp)", "vllm": "server (vLLM)",
+                                 "ollama": "server (Ollama)"}
+# Sources whose figures are llama.cpp-shaped (a prompt time and count, a decode time, count and rate): the
+# engine's own TTFT is its prompt time, its decode and prefill rates are its own.
+PROMPT_TIMED: tuple[str, ...] = ("llamacpp", "ollama")
+
+
 @dataclass(frozen=True, slots=True)
 class ServerTimings:
-    """Server-side timing of one request, as the engine reported it (llama.cpp `timings`, vLLM `metrics`)."""
+    """Server-side timing of one request, as the engine reported it (llama.cpp `timings`, vLLM `metrics`,
+    Ollama's final answer: from_ollama)."""
 
-    source: Literal["llamacpp", "vllm"]
+    source: TimingSource
     # llama.cpp `timings`
     cache_n: int | None = None  # prompt tokens reused from the cache
-    prompt_n: int | None = None  # prompt tokens actually processed
+    prompt_n: int | None = None  # prompt tokens actually processed (Ollama: the whole prompt, cache and all)
     prompt_ms: float | None = None
     prompt_per_second: float | None = None
     predicted_n: int | None = None
     predicted_ms: float | None = None  # first token -> last token
-    predicted_per_second: float | None = None  # (predicted_n - 1) / predicted_ms
+    # llama.cpp: (predicted_n - 1) / predicted_ms; Ollama: eval_count / eval_duration (every token)
+    predicted_per_second: float | None = None
     draft_n: int | None = None
     draft_n_accepted: int | None = None
     # vLLM per-request `metrics` (--enable-per-request-metrics)
@@ -86,6 +106,9 @@ class ServerTimings:
     generation_ms: float | None = None
     mean_itl_ms: float | None = None
     tokens_per_second: float | None = None  # vLLM: all generated tokens / inference interval
+    # Ollama's final answer (api.Metrics), besides the counts and times above
+    load_ms: float | None = None  # load_duration: the model loaded (or found loaded) for this request
+    total_ms: float | None = None  # total_duration: the request's whole time in the server
 
     @classmethod
     def from_llamacpp(cls, timings: dict[str, Any]) -> ServerTimings:
@@ -113,11 +136,49 @@ class ServerTimings:
             tokens_per_second=_num(metrics, "tokens_per_second"),
         )
 
+    @classmethod
+    def from_ollama(cls, final: dict[str, Any]) -> ServerTimings:
+        """Ollama's last streamed answer (done: true), its api.Metrics in nanoseconds, as llama.cpp's fields:
+        prompt_n = prompt_eval_count (the whole prompt, cached tokens included: Ollama does not say how many
+        were cached), prompt_ms = prompt_eval_duration, predicted_n = eval_count, predicted_ms =
+        eval_duration, load_ms = load_duration, total_ms = total_duration.
+
+        The rates are Ollama's own (api.Metrics.Summary, `ollama run --verbose`): its eval rate counts every
+        token over eval_duration, eval_count / eval_duration, where llama.cpp's counts the tokens after the
+        first, (predicted_n - 1) / predicted_ms; its prompt eval rate is prompt_eval_count /
+        prompt_eval_duration, cached tokens counted over the time of those that were not."""
+        # Go's `omitempty` leaves a zero out: on a final answer with its durations, a count left out is 0.
+        zero = 0 if _num(final, "total_duration") is not None else None
+        prompt_n = _int(final, "prompt_eval_count")
+        if prompt_n is None:
+            prompt_n = zero
+        predicted_n = _int(final, "eval_count")
+        if predicted_n is None:
+            predicted_n = zero
+        prompt_ns, eval_ns = _num(final, "prompt_eval_duration"), _num(final, "eval_duration")
+        return cls(
+            source="ollama",
+            prompt_n=prompt_n,
+            prompt_ms=_ns_ms(prompt_ns),
+            prompt_per_second=_per_second(prompt_n, prompt_ns),
+            predicted_n=predicted_n,
+            predicted_ms=_ns_ms(eval_ns),
+            predicted_per_second=_per_second(predicted_n, eval_ns),
+            load_ms=_ns_ms(_num(final, "load_duration")),
+            total_ms=_ns_ms(_num(final, "total_duration")),
+        )
+
+    @property
+    def label(self) -> str:
+        """Whose figures these are, in the words every view uses: "server (llama.cpp)", "server (Ollama)"."""
+        return SERVER_LABELS.get(self.source, f"server ({self.source})")
+
     @property
     def ttft_s(self) -> float | None:
         """The engine's own time to first token: llama.cpp's prompt_ms (slot start -> prompt done; the first
-        token is sampled from that last batch), vLLM's time_to_first_token_ms (scheduled -> first token)."""
-        ms = self.prompt_ms if self.source == "llamacpp" else self.ttft_ms
+        token is sampled from that last batch), Ollama's prompt_eval_duration (the same, from the runner),
+        vLLM's time_to_first_token_ms (scheduled -> first token)."""
+        ms = self.prompt_ms if self.source in PROMPT_TIMED else self.ttft_ms
         return None if ms is None else ms / 1000.0
 
     @property
@@ -127,8 +188,9 @@ class ServerTimings:
 
     @property
     def decode_tps(self) -> float | None:
-        """Server-side decode rate: llama.cpp's own figure; for vLLM 1 / mean inter-token latency."""
-        if self.source == "llamacpp":
+        """Server-side decode rate: llama.cpp's and Ollama's own figure; for vLLM 1 / mean inter-token
+        latency."""
+        if self.source in PROMPT_TIMED:
             return self.predicted_per_second or None
         if self.mean_itl_ms:
             return 1000.0 / self.mean_itl_ms
@@ -140,7 +202,8 @@ class ServerTimings:
 
 @dataclass(frozen=True, slots=True)
 class ProbeResult:
-    """One streamed chat completion. Times are `time.monotonic()` seconds; None = did not happen."""
+    """One streamed chat completion (or Ollama chat or generate). Times are `time.monotonic()` seconds;
+    None = did not happen."""
 
     engine: str
     url: str
@@ -263,6 +326,11 @@ class ProbeResult:
         return self.server.decode_tps if self.server is not None else None
 
     @property
+    def server_label(self) -> str | None:
+        """Whose server-side figures these are ("server (llama.cpp)", "server (Ollama)"), or None."""
+        return self.server.label if self.server is not None else None
+
+    @property
     def prefill_source(self) -> PrefillSource | None:
         if self.server_prefill_tps is not None:
             return "server"
@@ -274,7 +342,7 @@ class ProbeResult:
     def server_prefill_tps(self) -> float | None:
         if self.server is None or not self.ok:
             return None
-        if self.server.source == "llamacpp":
+        if self.server.source in PROMPT_TIMED:
             return self.server.prompt_per_second or None
         if self.server.ttft_ms and self.prompt_tokens is not None and self._uncached_prompt_tokens():
             return self._uncached_prompt_tokens() / (self.server.ttft_ms / 1000.0)
@@ -406,6 +474,12 @@ def _gap_cause(gap: float, server: float, queue: float | None, connect: float | 
             f"the stream delivered it {gap * 1000:.0f} ms later ({measured})")
 
 
+def _one_label(labels: set[str]) -> str | None:
+    if not labels:
+        return None
+    return labels.pop() if len(labels) == 1 else "server (mixed)"
+
+
 def token_source_of(results: list[ProbeResult]) -> str | None:
     sources = {r.token_source for r in results if r.ok}
     if not sources:
@@ -432,6 +506,9 @@ class ProbeSummary:
     token_source: str | None  # "server", "chunks", "mixed", or None when nothing succeeded
     errors: tuple[str, ...]  # distinct error texts, first few
     cache_served: int = 0  # requests a prompt cache served though they meant to measure prefill
+    # Whose the server-side medians are ("server (llama.cpp)", "server (Ollama)"; "server (mixed)" when the
+    # requests' engines differ), None when no request had any
+    server_label: str | None = None
 
     @property
     def failed(self) -> int:
@@ -463,6 +540,7 @@ class ProbeSummary:
             token_source=token_source_of(good),
             errors=tuple(errors),
             cache_served=sum(r.cache_served for r in good),
+            server_label=_one_label({r.server_label for r in good if r.server_label is not None}),
         )
 
     def to_json(self) -> dict[str, Any]:

@@ -116,7 +116,9 @@ def discovered_targets(engines: Sequence[FoundEngine], key_files: list[str] | No
         found = ", ".join(e.name for e in engines) or "none"
         raise TargetError(f"API key given for {', '.join(sorted(unknown))}: neither an --engine given nor an "
                           f"engine found on this machine (found: {found})")
-    return [EngineTarget(name=e.name, url=e.url, api_key=_key(files, envs, e.name)) for e in engines]
+    # Ollama's probes speak its native API (tui.probe.ollama): said here, so they need not ask
+    return [EngineTarget(name=e.name, url=e.url, api_key=_key(files, envs, e.name),
+                         api="ollama" if e.program == "Ollama" else None) for e in engines]
 
 
 def profile_target(profile: Profile, *, strict: bool = False) -> EngineTarget:
