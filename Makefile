@@ -16,7 +16,7 @@ LLAMA_CMAKE_ARGS := -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_B
 LLAMA_JOBS := $(shell echo $$(( $$(nproc) + 1 )))
 export ENGINETOP_CACHE
 
-.PHONY: all setup engine demo demo-llama demo-fleet test lint bench clean chromium vllm prometheus podman
+.PHONY: all setup engine demo demo-llama demo-fleet test lint bench clean chromium vllm prometheus podman litellm
 
 all: setup
 
@@ -55,7 +55,7 @@ demo-llama: engine
 
 # Bytecode is kept (under the cache, not in the tree) even where PYTHONDONTWRITEBYTECODE is set: the suite
 # starts `enginetop` in dozens of subprocesses, each of which would otherwise compile tui/ anew (0.4 s of CPU).
-test: engine vllm chromium prometheus podman lint
+test: engine vllm chromium prometheus podman litellm lint
 	PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(ENGINETOP_CACHE)/pycache $(BIN)/python -m pytest -q
 
 # ruff, the import contracts (the layers and the two rules) and the type checker. mypy keeps its cache beside the
@@ -109,6 +109,17 @@ podman:
 	@command -v podman >/dev/null 2>&1 && command -v runc >/dev/null 2>&1 && command -v socat >/dev/null 2>&1 || { \
 	  apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends podman runc fuse-overlayfs socat; }
 	@podman --version
+
+# LiteLLM's proxy (PyPI), in a venv of its own beside the engines: a real OpenAI-compatible gateway the tests
+# watch in front of the real llama-server. Pinned: unpinned, pip backtracks through a dozen 40 MB wheels whose
+# `proxy` extra names a package the index does not have; prisma makes its 401 a 401 (without it, 500).
+LITELLM_VER := 1.108.7
+litellm:
+	@test -x $(ENGINETOP_CACHE)/litellm-venv/bin/litellm || { \
+	  $(PY) -m venv $(ENGINETOP_CACHE)/litellm-venv && \
+	  $(ENGINETOP_CACHE)/litellm-venv/bin/pip install -q --no-cache-dir 'litellm[proxy]==$(LITELLM_VER)' \
+	    prometheus_client prisma; }
+	@$(ENGINETOP_CACHE)/litellm-venv/bin/python -c "import litellm, importlib.metadata as m; print('litellm', m.version('litellm'))"
 
 # scripts/gpu_check.py on a machine whose Python lacks pynvml (the lent GPU machine has no network): the
 # venv's pynvml.py, one file, into an ignored folder the device tool can carry (see the script's docstring).

@@ -42,9 +42,10 @@ _ERROR_BODY_BYTES = 4096  # enough of an error response to quote its message
 class _Failed(Exception):
     """One request failed; the message is final, user-facing text."""
 
-    def __init__(self, message: str, refused: bool = False) -> None:
+    def __init__(self, message: str, refused: bool = False, late: bool = False) -> None:
         super().__init__(message)
         self.refused = refused
+        self.late = late  # no answer in time (the server is there: it accepted the connection)
 
 
 @functools.lru_cache(maxsize=64)  # asked on every poll of the same few URLs
@@ -70,7 +71,7 @@ def nothing_listened(sample: EngineSample) -> bool:
 
 def _transport_failure(exc: Exception, where: str, timeout: float, path: str) -> _Failed:
     if isinstance(exc, (httpx.TimeoutException, TimeoutError)):
-        return _Failed(f"no answer within {timeout:g}s from {where}{path}")
+        return _Failed(f"no answer within {timeout:g}s from {where}{path}", late=True)
     text = str(exc)
     low = text.lower()
     if isinstance(exc, httpx.ConnectError):
@@ -293,7 +294,15 @@ async def poll_engine(transport: Transport, target: EngineTarget, *, timeout: fl
     except _Failed as exc:
         if exc.refused and launched_by_us:
             return sample("starting", f"{NOT_YET} {where} (starting up)")
-        return sample("down", str(exc))
+        if not (exc.late and await _lists_models(transport, target, headers, timeout)):
+            return sample("down", str(exc))
+        # a gateway's /health may ask every model behind it first (LiteLLM's takes seconds): its model
+        # list answers at once, and the rest of the poll says the rest
+        status, body = 200, b""
+        health_note: str | None = (f"{target.health_path} is slow (a gateway's asks every model behind it): "
+                                   f"{exc}")
+    else:
+        health_note = None
     no_health_route = status == 404
     if status == 503:
         detail = error_text(body)
@@ -343,7 +352,17 @@ async def poll_engine(transport: Transport, target: EngineTarget, *, timeout: fl
     llama = metrics_error == METRICS_OFF
     slots = slots_read if slots_read is not None and llama else \
         await _slots(transport, target, headers, timeout, reading, idle_slots, llama=llama)
-    return sample(health, None, model, reading, metrics_error, slots)
+    return sample(health, health_note, model, reading, metrics_error, slots)
+
+
+async def _lists_models(transport: Transport, target: EngineTarget, headers: dict[str, str],
+                        timeout: float) -> bool:
+    """/v1/models answers with a model list: the server is up, whatever its /health does."""
+    try:
+        status, body, _ = await _fetch(transport, target, "/v1/models", headers, timeout, 1 << 20)
+    except _Failed:
+        return False
+    return status == 200 and _model_id(body) is not None
 
 
 async def _router(transport: Transport, target: EngineTarget, headers: dict[str, str],
