@@ -145,3 +145,42 @@ async def test_probes_speak_its_native_api_and_a_reload_is_a_finding(ollama: Run
     for result in (first, second):
         store.add_probe("o", result)
     assert "model-reloaded" in {f.id for f in store.engines["o"].findings}
+
+
+async def test_the_proxy_reads_each_native_request_as_ollama_answered_it(ollama: RunningOllama,
+                                                                          tmp_path: Path) -> None:
+    """Ollama publishes no per-request series: enginetop's proxy in front of it reads each answer of its
+    native API (streamed NDJSON by default, or one object), finish reasons from done_reason, lengths and
+    phases from Ollama's own counts and durations, and relays every byte unchanged."""
+    from tui.model.targets import EngineTarget
+    from tui.net.listen import Listen
+    from tui.proxy.options import ProxyOptions, build_proxy
+
+    proxy = build_proxy(ProxyOptions({"o": Listen("127.0.0.1", free_port())}, key_file=tmp_path / "k"),
+                        [EngineTarget("o", ollama.url)])
+    await proxy.start()
+    via = proxy.routes[0].proxy_url
+    said: list[dict] = []
+    try:
+        async with httpx.AsyncClient(timeout=120) as client:
+            for n, stream in ((6, True), (9, False), (40, True)):
+                body = {"model": "gemma3:270m", "prompt": "The capital of France is", "stream": stream,
+                        "options": {"num_predict": n, "temperature": 0}}
+                if n == 40:
+                    body["options"]["stop"] = [" "]  # ends at its first space: "stop"
+                reply = await client.post(f"{via}/api/generate", json=body)
+                assert reply.status_code == 200, reply.text
+                lines = [json.loads(line) for line in reply.text.splitlines() if line.strip()]
+                assert all("done" in line for line in lines)  # relayed line by line, unchanged
+                said.append(lines[-1])
+        lives = proxy.samples()[0].stats.per_request
+    finally:
+        await proxy.stop()
+    assert lives is not None and lives.origin == "proxy" and lives.ended == 3
+    reasons = [s["done_reason"] for s in said]
+    assert sorted(reasons) == ["length", "length", "stop"], reasons
+    assert dict(lives.finish_window) == {"length": 2.0, "stop": 1.0}
+    generated = sum(s["eval_count"] for s in said) / 3
+    assert lives.gen_len is not None and lives.gen_len[0] == pytest.approx(generated)
+    decode = sorted(s["eval_duration"] / 1e9 for s in said)
+    assert lives.decode_s is not None and lives.decode_s[0] == pytest.approx(decode[1])

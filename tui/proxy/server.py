@@ -47,7 +47,8 @@ log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
 CONNECT_TIMEOUT_S = 10.0
-GENERATION_SUFFIXES = ("/chat/completions", "/completions", "/completion")
+GENERATION_SUFFIXES = ("/chat/completions", "/completions", "/completion", "/api/chat", "/api/generate")
+OLLAMA_SUFFIXES = ("/api/chat", "/api/generate")  # Ollama's native API: it streams unless told not to
 OPENAI_SUFFIXES = ("/chat/completions", "/completions")  # where stream_options exists
 # RFC 9110 7.6.1: meant for one connection, never forwarded. Host and Content-Length are set anew.
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
@@ -252,7 +253,8 @@ class TrafficProxy:
             return body, None  # not JSON: the engine will say what is wrong; nothing to measure
         if not isinstance(req, dict):
             return body, None
-        stream = bool(req.get("stream"))
+        native = path.rstrip("/").endswith(OLLAMA_SUFFIXES)
+        stream = req.get("stream") is not False if native else bool(req.get("stream"))
         injected = False
         options = req.get("stream_options")
         if stream and route.engine not in self._counts_itself and path.rstrip("/").endswith(OPENAI_SUFFIXES) \
@@ -281,6 +283,8 @@ class TrafficProxy:
                     encoded = "Content-Encoding" in upstream.headers
                     if upstream.content_type == "text/event-stream" and not encoded:
                         relay = StreamRelay(exchange.reading, exchange.injected)
+                    elif upstream.content_type == "application/x-ndjson" and not encoded:
+                        relay = StreamRelay(exchange.reading, False, ndjson=True)
                 response = web.StreamResponse(status=upstream.status, reason=upstream.reason,
                                               headers=out_headers)
                 if relay is None and upstream.content_length is not None:

@@ -83,6 +83,12 @@ def generated_text(obj: dict[str, Any]) -> str | None:
                 parts.append(text)
         joined = "".join(parts)
         return joined or None
+    message = obj.get("message")  # Ollama's /api/chat
+    if isinstance(message, dict) and isinstance(text := message.get("content"), str):
+        return text or None
+    response = obj.get("response")  # Ollama's /api/generate
+    if isinstance(response, str):
+        return response or None
     content = obj.get("content")  # llama.cpp's own /completion
     return content if isinstance(content, str) and content else None
 
@@ -101,7 +107,20 @@ def _finish_reason(obj: dict[str, Any]) -> str | None:
             return reason
     if obj.get("stop") is True and isinstance(kind := obj.get("stop_type"), str) and kind != "none":
         return "length" if kind == "limit" else "stop"
+    if obj.get("done") is True and isinstance(reason := obj.get("done_reason"), str):
+        return reason  # Ollama's native API: "stop", "length" (and "load"/"unload" for no prompt)
     return None
+
+
+def ollama_timings(obj: dict[str, Any]) -> dict[str, Any] | None:
+    """Ollama's final line (api/types.go Metrics, nanoseconds) as llama.cpp's `timings` say the same
+    figures (prompt_n, prompt_ms, predicted_n, predicted_ms): one shape for the proxy's per-request phases."""
+    if obj.get("done") is not True or not isinstance(obj.get("eval_count"), int):
+        return None
+    ns = 1e6
+    return {"prompt_n": obj.get("prompt_eval_count") or 0,
+            "prompt_ms": (obj.get("prompt_eval_duration") or 0) / ns,
+            "predicted_n": obj["eval_count"], "predicted_ms": (obj.get("eval_duration") or 0) / ns}
 
 
 def _is_usage_chunk(obj: dict[str, Any]) -> bool:
@@ -134,6 +153,9 @@ class StreamReading:
             self.usage = obj["usage"]
         if isinstance(obj.get("timings"), dict):
             self.timings = obj["timings"]
+        elif (ollama := ollama_timings(obj)) is not None:
+            self.timings = ollama
+            self.usage = {"prompt_tokens": ollama["prompt_n"], "completion_tokens": ollama["predicted_n"]}
         if isinstance(obj.get("metrics"), dict):
             self.metrics = obj["metrics"]
         if self.model is None and isinstance(obj.get("model"), str):
@@ -146,7 +168,7 @@ class StreamReading:
                 self.error_prompt_tokens = n_prompt
 
     def take_body(self, body: bytes) -> None:
-        """A whole non-streamed JSON answer."""
+        """A whole non-streamed JSON answer (Ollama's `"stream": false`: its one object)."""
         try:
             obj = orjson.loads(body)
         except orjson.JSONDecodeError:
@@ -168,13 +190,24 @@ class StreamRelay:
     `injected`: the proxy added include_usage itself, so the usage chunk is the proxy's, not the client's.
     """
 
-    def __init__(self, reading: StreamReading, injected: bool) -> None:
+    def __init__(self, reading: StreamReading, injected: bool, ndjson: bool = False) -> None:
         self.reading = reading
         self.injected = injected
+        self.ndjson = ndjson  # Ollama's native stream: a JSON object a line, not server-sent events
         self._rest = b""
         self._held: tuple[bytes, dict[str, Any]] | None = None  # a finish chunk waiting for the usage chunk
 
     def feed(self, data: bytes, now: float) -> list[bytes]:
+        if self.ndjson:
+            *lines, self._rest = (self._rest + data).split(b"\n")
+            for line in lines:
+                try:
+                    obj = orjson.loads(line) if line.strip() else None
+                except orjson.JSONDecodeError:
+                    obj = None
+                if isinstance(obj, dict):
+                    self.reading.take(obj, now)
+            return [line + b"\n" for line in lines]
         events, self._rest = split_events(self._rest + data)
         out: list[bytes] = []
         for event in events:
