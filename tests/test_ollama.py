@@ -81,6 +81,8 @@ def test_snapshot_reads_its_model_and_settings(ollama: RunningOllama) -> None:
     assert dict(config["published"])["OLLAMA_NUM_PARALLEL"] == "2"
     assert any(s.startswith("argv of its runner (PID ") for s in config["sources"]), config["sources"]
     assert "-np" in config["argv"] or "--parallel" in config["argv"]
+    # the model's own facts, from POST /api/show's model_info (the GGUF's): the context it was trained for
+    assert (config["train_context"], config["params"]) == (32768, 268098176), config
     assert e["metrics_error"] is None
     table = _snapshot("--engine", f"o={ollama.url}")
     assert table.returncode == 0 and "SGLang" not in table.stdout + table.stderr

@@ -37,7 +37,7 @@ from tui.engines.knowledge import EngineKnowledge, program_name
 from tui.engines.known import by_dialect
 from tui.model.config import EngineConfig
 from tui.model.slots import SlotsReading
-from tui.sources.config_ollama import ollama_config
+from tui.sources.config_ollama import Post, ollama_config
 
 Fetch = Callable[[str], Awaitable[tuple[int, bytes]]]  # GET path -> (status, body); raises ValueError
 
@@ -400,8 +400,8 @@ def config_from_json(data: dict[str, Any] | None) -> EngineConfig | None:
 
 async def read_config(fetch: Fetch, dialect: str, *, slots: SlotsReading | None = None,
                       metrics_text: str | None = None, pid: int | None = None,
-                      remote: bool = False, secrets: Sequence[str] = (), no_pid: str | None = None
-                      ) -> EngineConfig | None:
+                      remote: bool = False, secrets: Sequence[str] = (), no_pid: str | None = None,
+                      post: Post | None = None) -> EngineConfig | None:
     """The configuration of a running engine of `dialect` (as /metrics named it), asked with `fetch`.
     `metrics_text`: a /metrics body just read (vLLM's cache_config_info is in it). `pid`: the local process
     that listens on the engine's port; `remote`: the engine is on another machine (its argv cannot be read);
@@ -434,7 +434,7 @@ async def read_config(fetch: Fetch, dialect: str, *, slots: SlotsReading | None 
 
     if dialect == "ollama":
         return await ollama_config(fetch, None if isinstance(command, str) else pid,
-                                   command if isinstance(command, str) else None, secrets)
+                                   command if isinstance(command, str) else None, secrets, post)
     if dialect == "llamacpp":
         props = await get_json("/props")
         return llama_config(props if isinstance(props, dict) else None, slots, command, lacks, pid, secrets,

@@ -23,7 +23,10 @@ from tui.model.config import EngineConfig
 from tui.sources.native_servers import OLLAMA_PS, OLLAMA_VERSION
 from tui.sources.processes import tree_pids
 
+OLLAMA_SHOW = "/api/show"
+
 Fetch = Callable[[str], Awaitable[tuple[int, bytes]]]
+Post = Callable[[str, dict[str, Any]], Awaitable[tuple[int, bytes]]]  # POST path with a JSON body
 _OFF = ("0", "false", "off", "no", "")
 
 
@@ -70,7 +73,7 @@ def table(argv: Sequence[str]) -> Options:
 
 
 async def ollama_config(fetch: Fetch, pid: int | None, command_lacks: str | None,
-                        secrets: Sequence[str] = ()) -> EngineConfig:
+                        secrets: Sequence[str] = (), post: Post | None = None) -> EngineConfig:
     """`pid`: `ollama serve`'s process on this machine (None: elsewhere or not found, `command_lacks` says
     why)."""
     lacks: list[str] = []
@@ -89,6 +92,8 @@ async def ollama_config(fetch: Fetch, pid: int | None, command_lacks: str | None
         fields.update(model=m.get("name"), context_tokens=_int(m.get("context_length")),
                       quantization=details.get("quantization_level"), model_bytes=_int(m.get("size")))
         fields["served_names"] = tuple(str(x.get("name")) for x in loaded)
+        if post is not None and isinstance(m.get("name"), str):
+            await _show(post, m["name"], fields, sources, lacks)
     elif isinstance(ps, dict):
         lacks.append("no model loaded: a model's context and runner are known once a request loads it")
     argv: tuple[str, ...] = ()
@@ -119,6 +124,26 @@ async def ollama_config(fetch: Fetch, pid: int | None, command_lacks: str | None
             fields["flash_attn"] = "off" if flash.strip().lower() in _OFF else "on"
     return EngineConfig(engine="Ollama", read_wall=time.time(), argv=argv, pid=runner_pid,
                         sources=tuple(sources), lacks=tuple(lacks), **fields)
+
+
+async def _show(post: Post, model: str, fields: dict[str, Any], sources: list[str], lacks: list[str]) -> None:
+    """The model's own facts (POST /api/show, model_info as the GGUF has it): its parameters and the context
+    it was trained for."""
+    try:
+        status, body = await post(OLLAMA_SHOW, {"model": model})
+        shown = json.loads(body) if status == 200 else None
+    except ValueError as exc:
+        lacks.append(f"{OLLAMA_SHOW}: {exc}")
+        return
+    info = shown.get("model_info") if isinstance(shown, dict) else None
+    if not isinstance(info, dict):
+        lacks.append(f"{OLLAMA_SHOW} answered HTTP {status} without model_info")
+        return
+    sources.append(OLLAMA_SHOW)
+    arch = info.get("general.architecture")
+    fields["params"] = _int(info.get("general.parameter_count"))
+    if isinstance(arch, str):
+        fields["train_context"] = _int(info.get(f"{arch}.context_length"))
 
 
 def _runner_fields(opts: dict[str, str], fields: dict[str, Any]) -> None:

@@ -507,8 +507,23 @@ async def poll_config(transport: Transport, target: EngineTarget, dialect: str, 
             raise ValueError("the answer is larger than 8 MiB; not read")
         return status, body
 
+    async def post(path: str, body: dict[str, Any]) -> tuple[int, bytes]:
+        """A POST that only reads (Ollama's /api/show), within the poll's timeout."""
+        try:
+            async with asyncio.timeout(timeout):
+                status, data, over = await exchange(transport, "POST", target.base + path,
+                                                    {**headers, "Content-Type": "application/json"},
+                                                    8 * 2**20, timeout, json.dumps(body).encode(),
+                                                    error_cap=_ERROR_BODY_BYTES)
+        except (httpx.HTTPError, TimeoutError, OSError, ValueError) as exc:
+            raise ValueError(_scrub(str(_transport_failure(exc, _where(target.url), timeout, path)),
+                                    target)) from None
+        if over:
+            raise ValueError("the answer is larger than 8 MiB; not read")
+        return status, data
+
     config = await read_config(fetch, dialect, slots=slots, pid=pid, remote=remote, secrets=_secrets(target),
-                               no_pid=no_pid)
+                               no_pid=no_pid, post=post)
     if config is None or not config.lacks:
         return config
     return replace(config, lacks=tuple(_scrub(x, target) or "" for x in config.lacks))
