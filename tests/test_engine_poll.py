@@ -176,6 +176,19 @@ async def test_health_timeout(fake: Fake, transport_kind: str) -> None:
     assert sample.health_reason == f"no answer within 0.3s from 127.0.0.1:{fake.port}/health"
 
 
+async def test_a_gateways_slow_health_with_its_model_list_is_up_and_said(fake: Fake,
+                                                                        transport_kind: str) -> None:
+    """A gateway (LiteLLM's /health asks every model behind it): no engine's /metrics, its model list at once:
+    up, with its slow /health said; an engine whose /health hangs stays down (test_health_timeout)."""
+    healthy(fake)
+    del fake.routes["/metrics"], fake.routes[FILTERED]
+    fake.routes["/health"] = Route(200, b"", delay=5.0)
+    sample = await poll(fake, transport_kind, timeout=0.3)
+    assert sample.health == "up" and sample.model == "Qwen/Qwen3-8B"
+    assert sample.health_reason == ("/health is slow (a gateway's asks every model behind it): no answer "
+                                    f"within 0.3s from 127.0.0.1:{fake.port}/health")
+
+
 async def test_metrics_slow_drip_hits_the_total_deadline(fake: Fake, transport_kind: str) -> None:
     # Each byte arrives well within a read timeout, but the whole body would take minutes.
     healthy(fake, Route(200, VLLM_BODY[:2000], drip=0.05))

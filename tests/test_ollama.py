@@ -116,6 +116,38 @@ async def test_the_column_at_200_by_55(ollama: RunningOllama, tmp_path: Path) ->
         assert "SGLang" not in text
 
 
+class _Recording:
+    """A relay in front of Ollama that keeps the last line of every answer it passed on unchanged."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream, self.last_line, self.url = upstream, {}, ""
+
+    async def __aenter__(self) -> _Recording:
+        from aiohttp import web
+
+        async def relay(request: web.Request) -> web.Response:
+            async with httpx.AsyncClient(timeout=120) as client:
+                reply = await client.request(request.method, self.upstream + request.path_qs,
+                                             content=await request.read())
+            lines = [line for line in reply.text.splitlines() if line.strip()]
+            if lines and request.path in ("/api/chat", "/api/generate"):
+                self.last_line = json.loads(lines[-1])
+            return web.Response(status=reply.status_code, body=reply.content,
+                                content_type=reply.headers.get("content-type", "").split(";")[0] or None)
+
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", relay)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        port = free_port()
+        await web.TCPSite(self._runner, "127.0.0.1", port).start()
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._runner.cleanup()
+
+
 async def test_probes_speak_its_native_api_and_a_reload_is_a_finding(ollama: RunningOllama) -> None:
     """A probe's server side is Ollama's own final answer (eval_count / eval_duration); after the model was
     unloaded (keep_alive 0), the next probe's load_duration says it was loaded again: a finding."""
@@ -124,16 +156,18 @@ async def test_probes_speak_its_native_api_and_a_reload_is_a_finding(ollama: Run
     from tui.probe.client import ProbeClient
     from tui.sources.engine_source import read_once
 
-    target = EngineTarget("o", ollama.url)
     body = {"messages": [{"role": "user", "content": "Count from one to twenty."}], "max_tokens": 24,
             "temperature": 0}
-    async with ProbeClient() as client:
-        first = await client.chat(target, body, workload="chat")
+    async with _Recording(ollama.url) as seen, ProbeClient() as client:
+        first = await client.chat(EngineTarget("o", seen.url), body, workload="chat")
         assert first.ok and first.server is not None and first.server.source == "ollama", first.error
-        s = first.server
-        assert s.predicted_n == first.completion_tokens and s.predicted_ms
-        assert s.predicted_per_second == pytest.approx(s.predicted_n / s.predicted_ms * 1000)
+        final = seen.last_line  # Ollama's own final answer, as it came over the wire
+        assert final["done"] is True and first.completion_tokens == final["eval_count"]
+        assert first.server.predicted_per_second == pytest.approx(final["eval_count"] / final["eval_duration"]
+                                                                  * 1e9)
         assert first.server_label == "server (Ollama)"
+    target = EngineTarget("o", ollama.url)
+    async with ProbeClient() as client:
         async with httpx.AsyncClient(timeout=60) as http:  # unload it, as `ollama stop` does
             await http.post(f"{ollama.url}/api/generate", json={"model": "gemma3:270m", "keep_alive": 0})
             deadline = time.monotonic() + 30

@@ -11,16 +11,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
-from tui.base.secrets import says_secret
+from tui.base.secrets import mask_urls, says_secret
 from tui.engines.argv import ONE, SWITCH, Options
 from tui.engines.knowledge import DraftKind, EngineKnowledge, program_name
-
-# envconfig/config.go: the settings people change, read from `ollama serve`'s environment
-ENV = ("OLLAMA_HOST", "OLLAMA_NUM_PARALLEL", "OLLAMA_MAX_LOADED_MODELS", "OLLAMA_MAX_QUEUE",
-       "OLLAMA_KEEP_ALIVE", "OLLAMA_CONTEXT_LENGTH", "OLLAMA_FLASH_ATTENTION", "OLLAMA_KV_CACHE_TYPE",
-       "OLLAMA_NEW_ENGINE", "OLLAMA_SCHED_SPREAD", "OLLAMA_GPU_OVERHEAD", "OLLAMA_LOAD_TIMEOUT",
-       "OLLAMA_MODELS", "OLLAMA_ORIGINS", "OLLAMA_DEBUG", "OLLAMA_NOPRUNE", "OLLAMA_MULTIUSER_CACHE",
-       "OLLAMA_LLM_LIBRARY")
 
 # the runner's flags (runner/llamarunner): llama-server's names, one value each but the switches
 OPTIONS = Options(
@@ -42,10 +35,19 @@ def is_ollama(argv: Sequence[str]) -> bool:
     return any(arg in ("serve", "runner") for arg in argv[1:4])
 
 
-def settings(environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-    """Its OLLAMA_* settings as the environment gives them; a value whose name says secret is masked."""
-    return tuple((k, "***" if says_secret(k) else environ[k]) for k in sorted(environ)
-                 if k.startswith("OLLAMA_"))
+def settings(environ: Mapping[str, str], secrets: Sequence[str] = ()) -> tuple[tuple[str, str], ...]:
+    """Its OLLAMA_* settings (envconfig/config.go) as the environment gives them: a value whose name says
+    secret masked, a URL's credentials masked, and `secrets` (the key enginetop was given) wherever they
+    appear."""
+    out = []
+    for k in sorted(environ):
+        if not k.startswith("OLLAMA_"):
+            continue
+        value = "***" if says_secret(k) else mask_urls(environ[k])
+        for secret in secrets:
+            value = value.replace(secret, "***") if secret else value
+        out.append((k, value))
+    return tuple(out)
 
 
 def _no_spec(depth: int, now: int | None, kind: str | None = None) -> str:

@@ -47,7 +47,7 @@ def processor_words(size: int | None, vram: int | None) -> str | None:
         return "100% GPU"
     if vram > size or size == 0:
         return None
-    cpu = round((size - vram) / size * 100)
+    cpu = int((size - vram) / size * 100 + 0.5)  # Go's math.Round: halves away from zero
     return f"{cpu}%/{100 - cpu}% CPU/GPU"
 
 

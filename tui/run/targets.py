@@ -116,9 +116,16 @@ def discovered_targets(engines: Sequence[FoundEngine], key_files: list[str] | No
         found = ", ".join(e.name for e in engines) or "none"
         raise TargetError(f"API key given for {', '.join(sorted(unknown))}: neither an --engine given nor an "
                           f"engine found on this machine (found: {found})")
-    # Ollama's probes speak its native API (tui.probe.ollama): said here, so they need not ask
-    return [EngineTarget(name=e.name, url=e.url, api_key=_key(files, envs, e.name),
-                         api="ollama" if e.program == "Ollama" else None) for e in engines]
+    # the API its probes speak, where its command line said what it is (Ollama's native one, tui.probe.ollama;
+    # an engine's OpenAI one): said here, so that they need not ask
+    return [EngineTarget(name=e.name, url=e.url, api_key=_key(files, envs, e.name), api=_api(e))
+            for e in engines]
+
+
+def _api(engine: FoundEngine) -> str | None:
+    if engine.how != "command line":
+        return None
+    return "ollama" if engine.program == "Ollama" else "openai"
 
 
 def profile_target(profile: Profile, *, strict: bool = False) -> EngineTarget:

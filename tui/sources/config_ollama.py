@@ -9,6 +9,7 @@ machine gives its API's figures alone."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -66,6 +67,13 @@ def _runner(pid: int, secrets: Sequence[str]) -> tuple[int, list[str], tuple[str
     return None
 
 
+def _environ(pid: int) -> tuple[dict[str, str], str | None]:
+    try:
+        return psutil.Process(pid).environ(), None
+    except psutil.Error as exc:
+        return {}, f"the environment of `ollama serve` (PID {pid}) cannot be read: {exc}"
+
+
 def table(argv: Sequence[str]) -> Options:
     """The option table its runner is read with: Ollama's runner's, or the engine's own where the runner is
     one enginetop knows (a llama-server)."""
@@ -101,15 +109,13 @@ async def ollama_config(fetch: Fetch, pid: int | None, command_lacks: str | None
     if pid is None:
         lacks.append(command_lacks or "argv: no process of this machine was found listening on its port")
     else:
-        try:
-            environ = psutil.Process(pid).environ()
-        except psutil.Error as exc:
-            environ = {}
-            lacks.append(f"the environment of `ollama serve` (PID {pid}) cannot be read: {exc}")
-        fields["published"] = ollama.settings(environ)
+        environ, why = await asyncio.to_thread(_environ, pid)  # /proc reads: never on the event loop
+        if why:
+            lacks.append(why)
+        fields["published"] = ollama.settings(environ, secrets)
         if environ:
             sources.append(f"OLLAMA_* (PID {pid})")
-        found = _runner(pid, secrets)
+        found = await asyncio.to_thread(_runner, pid, secrets)
         if found is not None:
             runner_pid, raw, argv = found
             sources.append(f"argv of its runner (PID {runner_pid})")
@@ -155,12 +161,14 @@ def _runner_fields(opts: dict[str, str], fields: dict[str, Any]) -> None:
         if parallel and parallel > 0:
             fields["context_tokens"] = total // parallel
     if parallel:
+        # each slot has its own num_ctx by Ollama's design (no unified pool to ask for): not llama-server's
+        # split, which its findings would answer with llama-server's flags
         fields["slots"] = parallel
-        fields["kv_unified"] = False
     fields["batch_size"] = _int(opts.get("--batch-size"))
     fields["gpu_layers"] = opts.get("--n-gpu-layers") or opts.get("--gpu-layers")
-    if "--flash-attn" in opts:
-        fields["flash_attn"] = "on"
+    if "--flash-attn" in opts:  # llama-server's takes a value (on, off, auto); Ollama's old runner none
+        fields["flash_attn"] = opts["--flash-attn"] or "on"
+    fields["ubatch_size"] = _int(opts.get("--ubatch-size"))
     kv = opts.get("--kv-cache-type") or opts.get("--cache-type-k")
     if kv:
         fields["kv_cache_dtype"] = kv

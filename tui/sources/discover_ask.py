@@ -26,7 +26,7 @@ import httpx
 
 from tui.sources.discover_found import FoundEngine, How
 from tui.sources.discover_listeners import UNREAD, Candidate
-from tui.sources.native_servers import LMSTUDIO_MODELS, OLLAMA_VERSION
+from tui.sources.native_servers import LMSTUDIO_GREETING, OLLAMA_PS, is_lmstudio
 
 DEADLINE_S = 3.0
 MAX_BODY_BYTES = 256 * 1024
@@ -73,12 +73,12 @@ async def get(client: httpx.AsyncClient, url: str, deadline: float) -> Reply:
 
 
 def _fingerprint(lmstudio: Reply, ollama: Reply) -> str | None:
-    """LM Studio (/api/v0/models: models with their `state`) or Ollama (/api/version), by their own routes:
-    neither has a command line enginetop reads (LM Studio is an app; an Ollama of another user or in a VM)."""
-    data = lmstudio.body.get("data") if isinstance(lmstudio.body, dict) else None
-    if isinstance(data, list) and all(isinstance(m, dict) and "state" in m for m in data):
+    """LM Studio (its greeting, {"lmstudio": true}) or Ollama (/api/ps: its loaded models), by their own
+    routes: neither has a command line enginetop reads (LM Studio is an app; an Ollama of another user or in
+    a VM). A `version` alone is no fingerprint: other web apps answer /api/version so."""
+    if is_lmstudio(lmstudio.body, None):
         return "LM Studio"
-    if isinstance(ollama.body, dict) and isinstance(ollama.body.get("version"), str):
+    if isinstance(ollama.body, dict) and isinstance(ollama.body.get("models"), list):
         return "Ollama"
     return None
 
@@ -100,7 +100,7 @@ async def confirm(client: httpx.AsyncClient, c: Candidate, deadline: float) -> F
         asks = [get(client, f"{base}/health", deadline), get(client, f"{base}/v1/models", deadline)]
         if c.program is None:  # not an engine by its command line: enginetop's proxy, LM Studio, Ollama?
             asks += [get(client, f"{base}{path}", deadline)
-                     for path in (PROXY_TRAFFIC_PATH, LMSTUDIO_MODELS, OLLAMA_VERSION)]
+                     for path in (PROXY_TRAFFIC_PATH, LMSTUDIO_GREETING, OLLAMA_PS)]
         replies = await asyncio.gather(*asks)
         if any(r.status is not None or r.late for r in replies):
             break

@@ -129,7 +129,7 @@ def _metrics_status_message(status: int, body: bytes, has_key: bool, path: str) 
     if status == 404:
         # which server it is decides the hint (poll_engine): none here is written for another engine
         return f"{NO_METRICS} at {path}: its figures come from enginetop's proxy (--proxy-listen) and probes"
-    if status == 501:
+    if status == 501 and b"--metrics" in body:  # llama-server's own words: "Start it with `--metrics`"
         return METRICS_OFF
     detail = error_text(body)
     return f"{path} answered HTTP {status}" + (f": {detail}" if detail else "")
@@ -204,7 +204,7 @@ async def poll_engine(transport: Transport, target: EngineTarget, *, timeout: fl
                       known_model: str | None = None, check_health: bool = True,
                       router: RouterKind | None = None, only: NameFilter | None = None,
                       idle_slots: tuple[EngineReading, SlotsReading] | None = None,
-                      slots_read: SlotsReading | None = None) -> EngineSample:
+                      slots_read: SlotsReading | None = None, plain: str | None = None) -> EngineSample:
     """One poll. `launched_by_us`: a refused connection means "still starting" (vLLM binds its port only
     after loading the model), not "down". `known_model`: the model id from a recent poll, so /v1/models
     need not be asked again (a dashboard polling every second asks it only now and then). `check_health`
@@ -216,7 +216,9 @@ async def poll_engine(transport: Transport, target: EngineTarget, *, timeout: fl
     and the /metrics reading taken with them, every slot idle then: while /metrics reads exactly the same, no
     request has run since, so those slots are given again without asking (the caller bounds how long).
     `slots_read`: a llama-server without --metrics whose /slots are being read meanwhile
-    (tui.sources.slot_watch): the latest reading, given instead of asking again."""
+    (tui.sources.slot_watch): the latest reading, given instead of asking again. `plain`: the last poll found
+    a server with no metrics that is neither Ollama nor LM Studio, and said this of it: while its /metrics
+    still answers so, it is not asked anything more (the caller asks afresh every few seconds)."""
     where = _where(target.url)
 
     def sample(health: Health, reason: str | None = None, model: str | None = None,
@@ -274,7 +276,9 @@ async def poll_engine(transport: Transport, target: EngineTarget, *, timeout: fl
 
     if router is not None and known_model is not None and not check_health:
         if router in ("ollama", "lm-studio"):
-            return await native(router, known_model)
+            native_sample = await native(router, known_model)
+            if native_sample.models is not None:
+                return native_sample  # else asked afresh below: gone, or another server now
         routed_sample = await (swapped() if router == "llama-swap" else routed("up"))
         if routed_sample.models is not None:
             return routed_sample
@@ -285,6 +289,10 @@ async def poll_engine(transport: Transport, target: EngineTarget, *, timeout: fl
                 await _slots(transport, target, headers, timeout, reading, idle_slots,
                              llama=metrics_error == METRICS_OFF)
             return sample("up", None, known_model, reading, metrics_error, slots)
+        if plain is not None and metrics_error is not None and metrics_error.startswith(NO_METRICS):
+            # an OpenAI-compatible server found to be no engine enginetop reads: nothing more to ask each
+            # poll (its /health may be a gateway's, which asks every model behind it), its words kept
+            return sample("up", None, known_model, None, plain)
 
     # /health first: when the engine is down or loading, /models and /metrics would only repeat that.
     health: Health = "up"
@@ -294,7 +302,7 @@ async def poll_engine(transport: Transport, target: EngineTarget, *, timeout: fl
     except _Failed as exc:
         if exc.refused and launched_by_us:
             return sample("starting", f"{NOT_YET} {where} (starting up)")
-        if not (exc.late and await _lists_models(transport, target, headers, timeout)):
+        if not (exc.late and await _gateway(transport, target, headers, timeout, max_body)):
             return sample("down", str(exc))
         # a gateway's /health may ask every model behind it first (LiteLLM's takes seconds): its model
         # list answers at once, and the rest of the poll says the rest
@@ -355,14 +363,18 @@ async def poll_engine(transport: Transport, target: EngineTarget, *, timeout: fl
     return sample(health, health_note, model, reading, metrics_error, slots)
 
 
-async def _lists_models(transport: Transport, target: EngineTarget, headers: dict[str, str],
-                        timeout: float) -> bool:
-    """/v1/models answers with a model list: the server is up, whatever its /health does."""
+async def _gateway(transport: Transport, target: EngineTarget, headers: dict[str, str], timeout: float,
+                   max_body: int) -> bool:
+    """A server with no engine's metrics whose /v1/models answers a model list: a gateway, up whatever its
+    /health does. An engine whose /health hangs is down, however its API server still answers."""
     try:
         status, body, _ = await _fetch(transport, target, "/v1/models", headers, timeout, 1 << 20)
     except _Failed:
         return False
-    return status == 200 and _model_id(body) is not None
+    if status != 200 or _model_id(body) is None:
+        return False
+    reading, _ = await _metrics(transport, target, headers, timeout, max_body)
+    return reading is None or reading.dialect == "unknown"
 
 
 async def _router(transport: Transport, target: EngineTarget, headers: dict[str, str],

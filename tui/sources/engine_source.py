@@ -20,7 +20,15 @@ from tui.model.targets import EngineTarget
 from tui.net.keepalive import Transports, exchange
 from tui.net.policy import is_loopback_host, target_headers
 from tui.sources.containers import shared_catalog
-from tui.sources.engine import METRICS_OFF, NameFilter, nothing_listened, poll_config, poll_engine, poll_slots
+from tui.sources.engine import (
+    METRICS_OFF,
+    NO_METRICS,
+    NameFilter,
+    nothing_listened,
+    poll_config,
+    poll_engine,
+    poll_slots,
+)
 from tui.sources.port_holder import whose_port
 from tui.sources.rates import went_back
 from tui.sources.router import SSE_PATH, LoadProgress
@@ -76,7 +84,12 @@ class EngineSource:
         # A dead vLLM engine core still serves /metrics, so /health is asked now and then; llama-server
         # answers both from one HTTP server (503 on every path while loading), so /metrics says it all.
         llama = last is not None and last.reading is not None and last.reading.dialect == "llamacpp"
-        check_health = known is None or (not llama and started - self._health_asked >= HEALTH_REFRESH_S)
+        # a server with no metrics that is no engine enginetop reads (a gateway): its /health may ask every
+        # model behind it (LiteLLM's does), so it is asked only with its model list, not every few seconds
+        plain = last.metrics_error if last is not None and last.router is None and last.reading is None \
+            and last.metrics_error is not None and last.metrics_error.startswith(NO_METRICS) else None
+        check_health = known is None or (not llama and plain is None
+                                         and started - self._health_asked >= HEALTH_REFRESH_S)
         if check_health:
             self._health_asked = started
         router = last.router if last is not None else None  # set only beside the router's models
@@ -101,7 +114,7 @@ class EngineSource:
         sample = await poll_engine(self.transports.for_url(target.url), target,
                                    timeout=self.timeout_s, launched_by_us=self.launched_by_us,
                                    known_model=known, check_health=check_health, router=router, only=only,
-                                   idle_slots=reuse, slots_read=watched)
+                                   idle_slots=reuse, slots_read=watched, plain=plain)
         if target is not self.target:
             return []  # switched meanwhile: the old engine's answer
         if reuse is None or sample.slots is not reuse[1]:  # asked (or none to ask)

@@ -23,6 +23,7 @@ Native = Literal["ollama", "lm-studio"]
 
 OLLAMA_VERSION, OLLAMA_PS, OLLAMA_TAGS = "/api/version", "/api/ps", "/api/tags"
 LMSTUDIO_MODELS = "/api/v0/models"
+LMSTUDIO_GREETING = "/lmstudio-greeting"  # {"lmstudio": true}: how its own `lms` and SDKs tell it
 NAMES: dict[Native, str] = {"ollama": "Ollama", "lm-studio": "LM Studio"}
 
 
@@ -54,11 +55,18 @@ async def which_server(fetch: Fetch) -> Native | None:
         version = _json(*(await fetch(OLLAMA_VERSION))[:2])
         if isinstance(version, dict) and isinstance(version.get("version"), str):
             return "ollama"
-    listed = _json(*(await fetch(LMSTUDIO_MODELS))[:2])
-    if isinstance(listed, dict) and isinstance(data := listed.get("data"), list) \
-            and all(isinstance(m, dict) and "state" in m for m in data):
+    greeting = _json(*(await fetch(LMSTUDIO_GREETING))[:2])
+    if is_lmstudio(greeting, None):
         return "lm-studio"
     return None
+
+
+def is_lmstudio(greeting: Any, listed: Any) -> bool:
+    """LM Studio's greeting, or a model list (/api/v0/models) whose models carry its `state`."""
+    if isinstance(greeting, dict) and greeting.get("lmstudio") is True:
+        return True
+    data = listed.get("data") if isinstance(listed, dict) else None
+    return isinstance(data, list) and bool(data) and all(isinstance(m, dict) and "state" in m for m in data)
 
 
 def expires_wall(text: Any) -> float | None:
@@ -68,8 +76,8 @@ def expires_wall(text: Any) -> float | None:
     stamp = text.replace("Z", "+00:00")
     head, dot, rest = stamp.partition(".")
     if dot:  # Python's parser takes at most microseconds: the nanoseconds' last digits are dropped
-        digits = "".join(c for c in rest if c.isdigit())
-        stamp = f"{head}.{digits[:6]}{rest[len(digits):]}"
+        digits = len(rest) - len(rest.lstrip("0123456789"))  # the fraction, then the zone (+02:00)
+        stamp = f"{head}.{rest[:min(digits, 6)]}{rest[digits:]}"
     try:
         return datetime.fromisoformat(stamp).timestamp()
     except ValueError:
