@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -221,3 +222,39 @@ def test_an_unpublished_container_is_asked_at_its_own_address(podman_env, no_soc
     finally:
         podman.remove(podman_env, bridged)
         podman.remove(podman_env, alone)
+
+
+def test_an_ollama_in_a_container_is_found_and_named_ollama(podman_env, api) -> None:
+    """The Ollama stand-in (tests/standins/ollama) in a real Podman container with its port published: found
+    through the runtime (conmon's port → `ollama serve` in the container), named after its container, read as
+    Ollama with its loaded model."""
+    import sys
+
+    import podman
+
+    from tui.base.process import free_port
+
+    name, port = "et-test-ollama", free_port()
+    standin = str(Path(__file__).parent / "standins" / "ollama")
+    try:
+        podman.start(podman_env, name, ["-p", f"127.0.0.1:{port}:11434", "--env", "OLLAMA_HOST=0.0.0.0:11434",
+                                        "--workdir", str(Path(__file__).parent.parent)],
+                     [sys.executable, standin, "serve", "--preload", "--parameter", "num_thread=1"])
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                if httpx.get(f"{url}/api/ps", timeout=2).json().get("models"):
+                    break
+            except (httpx.HTTPError, ValueError):
+                pass
+            assert time.monotonic() < deadline, "the Ollama stand-in in its container did not load its model"
+            time.sleep(0.5)
+        engine = {e.port: e for e in discover().engines}[port]
+        assert (engine.program, engine.name) == ("Ollama", name), engine
+        assert engine.container is not None and engine.container.runtime == "podman"
+        e = _snapshot(url, api, name="o")
+        assert e["model"] == "Ollama: 1 model, 1 loaded" and e["container"]["name"] == name, e
+        assert e["config"]["engine"] == "Ollama" and e["config"]["slots"] == 1
+    finally:
+        podman.remove(podman_env, name)

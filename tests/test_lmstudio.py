@@ -67,3 +67,33 @@ def test_lm_studio_is_read_from_its_own_api_with_no_wrong_hint(lmstudio: tuple[s
                            text=True, timeout=60, env=env)
     assert "LM Studio" in found.stderr and f"on :{port}, answering as an OpenAI-compatible server" in \
         found.stderr, found.stderr
+
+
+async def test_the_proxy_reads_lm_studios_own_stats(lmstudio: tuple[str, int], tmp_path: Path) -> None:
+    """Requests to LM Studio's REST API through enginetop's proxy: each answer's `stats` (its own
+    time_to_first_token and generation_time) are the request's prefill and decode."""
+    from tui.base.process import free_port as port_for
+    from tui.model.targets import EngineTarget
+    from tui.net.listen import Listen
+    from tui.proxy.options import ProxyOptions, build_proxy
+
+    url, _ = lmstudio
+    proxy = build_proxy(ProxyOptions({"lms": Listen("127.0.0.1", port_for())}, key_file=tmp_path / "k"),
+                        [EngineTarget("lms", url)])
+    await proxy.start()
+    stats = []
+    try:
+        async with httpx.AsyncClient(timeout=120) as client:
+            for n in (6, 10, 14):
+                body = {"model": "google/gemma-3-270m", "max_tokens": n,
+                        "messages": [{"role": "user", "content": "Tell a story."}]}
+                reply = await client.post(proxy.routes[0].proxy_url + "/api/v0/chat/completions", json=body)
+                assert reply.status_code == 200, reply.text
+                stats.append(reply.json()["stats"])
+        lives = proxy.samples()[0].stats.per_request
+    finally:
+        await proxy.stop()
+    assert lives is not None and lives.ended == 3
+    assert lives.decode_s is not None and lives.prefill_s is not None
+    assert lives.decode_s[0] == pytest.approx(sorted(s["generation_time"] for s in stats)[1])
+    assert lives.prefill_s[0] == pytest.approx(sorted(s["time_to_first_token"] for s in stats)[1])

@@ -220,3 +220,13 @@ async def test_the_proxy_reads_each_native_request_as_ollama_answered_it(ollama:
     assert lives.gen_len is not None and lives.gen_len[0] == pytest.approx(generated)
     decode = sorted(s["eval_duration"] / 1e9 for s in said)
     assert lives.decode_s is not None and lives.decode_s[0] == pytest.approx(decode[1])
+
+
+def test_bench_runs_on_ollama_like_any_engine(ollama: RunningOllama) -> None:
+    """A workload replayed on Ollama (its native API: tui.probe.ollama), every request answered."""
+    workload = Path(__file__).parent / "data" / "workloads" / "aiperf_multi_turn.jsonl"
+    done = subprocess.run([sys.executable, "-m", "tui", "bench", str(workload), "--engine", f"o={ollama.url}",
+                           "--concurrency", "1"], capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"requests ok / sent +5 / 5", done.stdout) and re.search(r"errors +0", done.stdout), \
+        done.stdout

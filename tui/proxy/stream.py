@@ -112,6 +112,21 @@ def _finish_reason(obj: dict[str, Any]) -> str | None:
     return None
 
 
+def lmstudio_timings(obj: dict[str, Any]) -> dict[str, Any] | None:
+    """LM Studio's `stats` on an answer of its REST API (/api/v0/...: tokens_per_second,
+    time_to_first_token and generation_time in seconds) as llama.cpp's `timings` say the same figures."""
+    stats = obj.get("stats")
+    if not isinstance(stats, dict) or not isinstance(stats.get("generation_time"), int | float):
+        return None
+    usage: dict[str, Any] = obj["usage"] if isinstance(obj.get("usage"), dict) else {}
+    ttft = stats.get("time_to_first_token")
+    return {"prompt_n": usage.get("prompt_tokens") or 0,
+            "prompt_ms": ttft * 1000 if isinstance(ttft, int | float) else None,
+            "predicted_n": usage.get("completion_tokens") or 0,
+            "predicted_ms": stats["generation_time"] * 1000,
+            "predicted_per_second": stats.get("tokens_per_second")}
+
+
 def ollama_timings(obj: dict[str, Any]) -> dict[str, Any] | None:
     """Ollama's final line (api/types.go Metrics, nanoseconds) as llama.cpp's `timings` say the same
     figures (prompt_n, prompt_ms, predicted_n, predicted_ms): one shape for the proxy's per-request phases."""
@@ -156,6 +171,8 @@ class StreamReading:
         elif (ollama := ollama_timings(obj)) is not None:
             self.timings = ollama
             self.usage = {"prompt_tokens": ollama["prompt_n"], "completion_tokens": ollama["predicted_n"]}
+        elif (lmstudio := lmstudio_timings(obj)) is not None:
+            self.timings = lmstudio
         if isinstance(obj.get("metrics"), dict):
             self.metrics = obj["metrics"]
         if self.model is None and isinstance(obj.get("model"), str):

@@ -129,7 +129,8 @@ def _metrics_status_message(status: int, body: bytes, has_key: bool, path: str) 
     if status == 404:
         # which server it is decides the hint (poll_engine): none here is written for another engine
         return f"{NO_METRICS} at {path}: its figures come from enginetop's proxy (--proxy-listen) and probes"
-    if status == 501 and b"--metrics" in body:  # llama-server's own words: "Start it with `--metrics`"
+    # llama-server's own words: "This server does not support metrics endpoint. Start it with `--metrics`"
+    if status == 501 and (b"--metrics" in body or b"does not support metrics" in body):
         return METRICS_OFF
     detail = error_text(body)
     return f"{path} answered HTTP {status}" + (f": {detail}" if detail else "")
