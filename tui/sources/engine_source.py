@@ -29,7 +29,7 @@ from tui.sources.engine import (
     poll_engine,
     poll_slots,
 )
-from tui.sources.port_holder import whose_port
+from tui.sources.port_holder import whose_port, whose_ports
 from tui.sources.rates import went_back
 from tui.sources.router import SSE_PATH, LoadProgress
 from tui.sources.slot_counters import RunningTokens, SlotCounters
@@ -275,8 +275,9 @@ class LocalPids:
             if not all(isinstance(known.get(name), int) and pid_alive(known[name])  # type: ignore[arg-type]
                        for name in self.watched):
                 found: dict[str, int | str] = {}
-                for name, (host, port) in self.watched.items():
-                    holder = whose_port(host, port, shared_catalog())
+                holders = whose_ports(list(self.watched.values()), shared_catalog())  # one socket walk
+                for name, address in self.watched.items():
+                    holder = holders[address]
                     if holder.engine_pid is not None:
                         found[name] = holder.engine_pid
                     elif holder.pid is not None and holder.why_none:

@@ -60,7 +60,17 @@ def is_enginetop(argv: Sequence[str]) -> bool:
 def whose_port(host: str | None, port: int, catalog: Catalog | None = None) -> PortHolder:
     """Who listens on (`host`, `port`) of this machine (host None: any address), and the engine behind it.
     `catalog`: the runtimes' containers (None: /proc alone)."""
-    pid = pids_listening([(host, port)]).get((host, port))
+    return whose_ports([(host, port)], catalog)[(host, port)]
+
+
+def whose_ports(addresses: list[tuple[str | None, int]], catalog: Catalog | None = None
+                ) -> dict[tuple[str | None, int], PortHolder]:
+    """whose_port for each address, from one walk of every socket."""
+    listening = pids_listening(addresses)
+    return {(host, port): _holder(listening.get((host, port)), port, catalog) for host, port in addresses}
+
+
+def _holder(pid: int | None, port: int, catalog: Catalog | None) -> PortHolder:
     if pid is None:
         # Docker with its userland proxy off publishes through the firewall alone: no process listens
         published = catalog.publishing(port) if catalog is not None else None
