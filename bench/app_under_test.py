@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import signal
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from tests.fake_pynvml import FakeNvml, h200
 from tui.record.writer import Recorder
@@ -22,17 +24,20 @@ def main() -> None:
     parser.add_argument("--engine", action="append", required=True)
     parser.add_argument("--record", type=Path, default=None, help="record as the dashboard does by default")
     parser.add_argument("--profile", type=Path, default=None,
-                        help="run under cProfile and write its stats here when the app ends (SIGTERM)")
+                        help="cProfile the event loop from SIGUSR1 until the app ends (SIGTERM): stats here")
+    parser.add_argument("--tty", action="store_true",
+                        help="draw in the terminal it was started in (a pseudo-terminal), not headless")
     args = parser.parse_args()
     targets = build_targets(args.engine)
     config = AppConfig(targets=targets, gpu_sampler=lambda: GpuSampler(FakeNvml([h200()])))
     if args.record is not None:
         config.recorder = Recorder(args.record, {t.name: t.url for t in targets})
     profiler = cProfile.Profile() if args.profile is not None else None
+    if profiler is not None:  # the steady state only: the bench says when it begins (start-up is not a cycle)
+        signal.signal(signal.SIGUSR1, lambda *_: profiler.enable())
     try:
-        if profiler is not None:
-            profiler.enable()
-        EnginetopApp(config).run(headless=True, size=(200, 60))
+        app = EnginetopApp(config)
+        app.run() if args.tty else app.run(headless=True, size=(200, 60))
     finally:
         if profiler is not None:
             profiler.disable()

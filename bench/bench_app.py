@@ -30,6 +30,7 @@ import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # tests/conftest.py imports its helpers by name
 
 from tests.conftest import start_llama  # noqa: E402
 from tests.prom_filter import restricted  # noqa: E402

@@ -26,6 +26,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # tests/conftest.py imports its helpers by name
 
 from bench.meter import TreeMeter  # noqa: E402
 from bench.tools import ensure_tool  # noqa: E402

@@ -40,6 +40,7 @@ import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # tests/conftest.py imports its helpers by name
 
 from tests.conftest import start_llama as start_demo_llama  # noqa: E402
 from tui.base.process import Launched, stop_group  # noqa: E402

@@ -22,6 +22,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # tests/conftest.py imports its helpers by name
 
 from tests.test_swap import StandIn  # noqa: E402
 from tui.model.targets import EngineTarget  # noqa: E402

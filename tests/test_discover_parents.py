@@ -24,9 +24,7 @@ from waiting import until
 from tui.base.paths import runs_dir
 from tui.base.process import Launched, free_port, launch, stop_group
 from tui.engines.install_llamacpp import demo_model_path, llama_server_binary
-from tui.proxy.metrics import TRAFFIC_PATH
 from tui.sources.discover import discover
-from tui.sources.discover_ask import PROXY_TRAFFIC_PATH
 from tui.sources.discover_found import FoundChild
 
 pytestmark = pytest.mark.engine
@@ -152,7 +150,6 @@ def test_enginetops_own_proxy_is_never_an_engine(llama_server, tmp_path: Path,
     """A real `enginetop proxy` in front of the session's llama-server, on a port discovery asks as usual:
     it relays the engine's /health and /v1/models, and is not found as a second copy of it; from its command
     line, or (its sockets unlisted: another user's, a container's) from what only it answers."""
-    assert PROXY_TRAFFIC_PATH == TRAFFIC_PATH
     script = Path(sys.executable).parent / "enginetop"  # as pip installs it: `enginetop proxy`
     run = [sys.executable, "-m", "tui"] if how == "python -m tui" else [str(script)]
     port = free_port()

@@ -18,7 +18,7 @@ from tui.engines.install_llamacpp import demo_argv
 from tui.live.store import Store
 from tui.model.targets import EngineTarget
 from tui.net.keepalive import Transports
-from tui.sources.engine import METRICS_OFF
+from tui.sources.engine_metrics import METRICS_OFF
 from tui.sources.engine_source import EngineSource
 from widgets.engine_panel import render_engine
 

@@ -7,7 +7,8 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tui.exporter.metrics import TTFT_BUCKETS, ProbeMetrics, failure_reason, split_families
-from tui.probe.results import ProbeResult, ServerTimings
+from tui.probe.results import ProbeResult
+from tui.probe.timings import ServerTimings
 
 
 def result(engine: str, workload: str, ttft: float, *, ok: bool = True, turn: int | None = None,

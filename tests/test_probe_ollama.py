@@ -26,7 +26,8 @@ from tui.base.process import Launched, free_port, launch, stop_group
 from tui.model.targets import EngineTarget
 from tui.probe.client import COMPLETIONS_PATH, ProbeClient, ProbeLimits
 from tui.probe.ollama import request_body as ollama_body
-from tui.probe.results import ProbeResult, ProbeSummary, ServerTimings
+from tui.probe.results import ProbeResult, ProbeSummary
+from tui.probe.timings import ServerTimings
 from tui.probe.workloads import WorkloadParams, short_body
 
 BODY = {"messages": [{"role": "user", "content": "one two three"}], "max_tokens": 12, "temperature": 0,

@@ -6,7 +6,8 @@ import io
 
 from rich.console import Console
 
-from tui.probe.results import ProbeResult, ServerTimings
+from tui.probe.results import ProbeResult
+from tui.probe.timings import ServerTimings
 from widgets.probe_panel import render_probes
 
 

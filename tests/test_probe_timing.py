@@ -14,9 +14,10 @@ from sse_server import Scenario, SSEServer, running
 
 from tui.model.targets import EngineTarget
 from tui.probe.client import ProbeClient
-from tui.probe.results import DEFAULT_TTFT_GAP_FACTOR, ProbeResult, ServerTimings
+from tui.probe.results import DEFAULT_TTFT_GAP_FACTOR, ProbeResult
 from tui.probe.runner import ProbeRunner
 from tui.probe.sweep import SweepConfig
+from tui.probe.timings import ServerTimings
 from tui.probe.workloads import WorkloadParams, request_body
 
 BODY = {"messages": [{"role": "user", "content": "one two three four five six seven eight"}], "max_tokens": 8}

@@ -19,12 +19,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.prometheus_server import running_prometheus
 from tests.sse_server import Scenario, SSEServer
 from tests.waiting import until_async
+from tui.base.defaults import METRICS_PATH, TRAFFIC_PATH
 from tui.base.process import free_port
 from tui.live.store import Store
 from tui.model.samples import EngineSample
 from tui.net.listen import Listen, ListenError
 from tui.proxy import upstream as spares
-from tui.proxy.metrics import METRICS_PATH, TRAFFIC_PATH
 from tui.proxy.server import Route, TrafficProxy
 from tui.proxy.source import ProxyTraffic, RemoteTraffic
 from widgets.engine_panel import render_engine

@@ -27,7 +27,8 @@ from tui.model.samples import (
     HostSample,
     ProcessTreeMemory,
 )
-from tui.probe.results import ProbeResult, ServerTimings
+from tui.probe.results import ProbeResult
+from tui.probe.timings import ServerTimings
 from tui.record.codec import scrub
 from tui.record.reader import Recording
 from tui.record.replay import ReplaySource, parse_goto

@@ -14,6 +14,7 @@ from tui.live.engine_state import EngineState
 from tui.live.glance import busy_slots, finish_shares, model_name
 from tui.live.placement import container_words, limit_words
 from tui.live.provenance import generation_note
+from tui.live.shares import engine_shares
 from tui.live.store import TRAFFIC_TTFT
 from tui.model.findings import Finding
 from tui.model.samples import EngineReading, RequestStats
@@ -113,7 +114,7 @@ def _finding_lines(grid: Rows, findings: tuple[Finding, ...], width: int) -> Non
 def _load_rows(grid: Rows, state: EngineState, room: int) -> None:
     sample = state.sample
     assert sample is not None and sample.reading is not None
-    reading, config = sample.reading, sample.config
+    reading, config, shares = sample.reading, sample.config, engine_shares(sample)
 
     def with_bar(fraction: float | None, text: Text) -> Text:
         """A bar as wide as the room beside `text` leaves (up to 20), the text cut to the room."""
@@ -128,15 +129,15 @@ def _load_rows(grid: Rows, state: EngineState, room: int) -> None:
         text = Text(f"{reading.running:.0f}/{slots}" if slots else f"{reading.running:.0f}")
         if reading.waiting is not None:
             text.append(f"  waiting {reading.waiting:.0f}", style="bold yellow" if reading.waiting else "")
-        grid.add_row("running", with_bar(reading.running / slots if slots else None, text))
+        grid.add_row("running", with_bar(shares.running, text))
     if reading.kv_cache_usage is not None:
         pool = config.kv_pool_tokens if config is not None else None
         text = Text(f"{reading.kv_cache_usage:.0%}") + Text(f" of {pool:,} tokens" if pool else "",
                                                            style="dim")
-        grid.add_row("KV", with_bar(reading.kv_cache_usage, text))
+        grid.add_row("KV", with_bar(shares.kv, text))
     elif sample.slots is not None and sample.slots.kv_estimate is not None:
         text = Text(f"{sample.slots.kv_estimate:.0%} of the slots' context (estimate)", style="dim")
-        grid.add_row("KV", with_bar(sample.slots.kv_estimate, text))
+        grid.add_row("KV", with_bar(shares.kv, text))
 
 
 def _rate_rows(grid: Rows, state: EngineState, reading: EngineReading, room: int) -> None:

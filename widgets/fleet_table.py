@@ -4,7 +4,7 @@ engine across refreshes, sorts by any column and filters by a typed text."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -21,7 +21,9 @@ from textual.widget import Widget
 from tui.fleet.match import GpuMatcher
 from tui.live.engine_state import EngineState
 from tui.live.fleet_energy import joules_per_token
+from tui.live.fleet_gpus import fleet_gpus
 from tui.live.glance import model_name
+from tui.model.fleet_gpus import FleetGpus
 from tui.model.samples import EngineSample, GpuSample
 from widgets.fmt import NA, ms, num, pct
 from widgets.styles import STATUS_STYLE
@@ -30,7 +32,8 @@ from widgets.styles import STATUS_STYLE
 @dataclass(frozen=True, slots=True)
 class Column:
     label: str
-    value: Callable[[EngineSample, EngineState, Sequence[GpuSample]], Any]  # sorts by it: figure or text
+    # its GPUs' figures (tui.live.fleet_gpus) -> what it sorts by: a figure or text
+    value: Callable[[EngineSample, EngineState, FleetGpus], Any]
     text: Callable[[Any], str]
 
 
@@ -42,23 +45,8 @@ def _reading(attr: str):
     return lambda s, st, g: getattr(s.reading, attr) if s.reading else None
 
 
-def _gpu_mean(attr: str):
-    def value(s, st, gpus):
-        vals = [getattr(g, attr) for g in gpus if getattr(g, attr) is not None]
-        return sum(vals) / len(vals) if vals else None
-    return value
-
-
-def _gpu_max(attr: str):
-    def value(s, st, gpus):
-        vals = [getattr(g, attr) for g in gpus if getattr(g, attr) is not None]
-        return max(vals) if vals else None
-    return value
-
-
-def _throttle(s, st, gpus) -> str:
-    words = sorted({w for g in gpus if g.throttled for w in g.throttle_reasons if w != "idle"})
-    return ", ".join(words)
+def _gpus(attr: str):
+    return lambda s, st, g: getattr(g, attr)
 
 
 def _status(s: EngineSample, st, g) -> str:
@@ -84,17 +72,16 @@ COLUMNS = (
     Column("wait", _reading("waiting"), lambda v: num(v, "{:.0f}")),
     Column("KV", _reading("kv_cache_usage"), lambda v: pct(v)),
     Column("prefix hit", _stat("prefix_cache_hit_rate"), lambda v: pct(v)),
-    Column("GPU util", _gpu_mean("util_gpu_pct"), lambda v: num(v, "{:.0f}%")),
-    Column("GPU W", lambda s, st, g: sum(x.power_w for x in g if x.power_w is not None) if g else None,
-           lambda v: num(v, "{:.0f}")),
+    Column("GPU util", _gpus("util_pct"), lambda v: num(v, "{:.0f}%")),
+    Column("GPU W", _gpus("power_w"), lambda v: num(v, "{:.0f}")),
     # joules per generated token from the GPUs' energy (dcgm's counter, field 156, or power x time) over
     # their window, over the tokens generated in that same window (tui.live.fleet_energy, set by build_rows);
     # a node's GPUs shared by several engines: the node's joules over all their tokens
     Column("J/tok", lambda s, st, g: None, lambda v: num(v, "{:.2f}")),
-    Column("GPU °C", _gpu_max("temp_c"), lambda v: num(v, "{:.0f}")),
+    Column("GPU °C", _gpus("temp_c"), lambda v: num(v, "{:.0f}")),
     # whose the three GPU figures are: the engine's own GPUs, or its node's, shared with the engines there
     Column("GPUs", lambda s, st, g: "", str),
-    Column("throttle", _throttle, lambda v: v or ""),
+    Column("throttle", lambda s, st, g: ", ".join(g.throttle), lambda v: v or ""),
     Column("alerts / why", lambda s, st, g: "; ".join(s.alerts) or (s.health_reason or "") or (
         s.metrics_error or ""), str),
 )
@@ -121,15 +108,16 @@ def build_rows(engines: dict[str, EngineState], gpus: Iterable[GpuSample]) -> li
         if s is None:
             continue
         share = shares[name]
-        values = tuple(c.value(s, state, share.gpus) for c in COLUMNS)
+        figures = fleet_gpus(share.gpus)
+        values = tuple(c.value(s, state, figures) for c in COLUMNS)
         values = (*values[:JPT], per_token[name], *values[JPT + 1:])
-        if share.gpus:
-            whose = f"{len(share.gpus)} {'own' if share.own else 'node'}"
+        if figures.count:
+            whose = f"{figures.count} {'own' if share.own else 'node'}"
             values = (*values[:GPUS], whose, *values[GPUS + 1:])
         cells: list[Text | str] = [c.text(v) for c, v in zip(COLUMNS, values, strict=True)]
         status = values[0]
         cells[0] = Text(str(status), style=STATUS_STYLE.get(str(status), ""))
-        if share.gpus and not share.own:  # the node's figures, not this engine's: said, and dimmed
+        if figures.count and not share.own:  # the node's figures, not this engine's: said, and dimmed
             for i in range(GPUS - 4, GPUS + 1):
                 cells[i] = Text(str(cells[i]), style="dim")
         if values[THROTTLE]:

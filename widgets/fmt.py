@@ -34,9 +34,10 @@ def mib(n_bytes: float | None, missing: str = NA) -> str:
 
 
 def bar(fraction: float | None, width: int = 10, style: str | None = None) -> Text:
-    """A bar of `fraction` (0 to 1) of `width` cells. With `style` (a capacity in the engine's column): the
-    filled share in it (yellow past 70 %, red past 90 %), the rest dim; without (the GPU and host panels), the
-    characters alone. Blank where the fraction is not known."""
+    """A bar of `fraction` (0 to 1, a share made below the widgets: tui.live.shares) of `width` cells. With
+    `style` (a capacity in the engine's column): the filled share in it (yellow past 70 %, red past 90 %), the
+    rest dim; without (the GPU and host panels), the characters alone. Blank where the fraction is not
+    known."""
     if fraction is None:
         return Text(" " * width)
     filled = max(0, min(width, round(fraction * width)))

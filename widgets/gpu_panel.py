@@ -3,27 +3,23 @@ over the window and idle power, heat, clocks, VRAM, throttling and who holds VRA
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from rich.console import Group, RenderableType
 from rich.text import Text
 
+from tui.live.shares import gpu_shares
 from tui.model.samples import GpuReport, GpuSample
+from tui.model.shares import GpuShares
 from widgets.energy import window_text
 from widgets.fmt import NA, Rows, bar, gib, num
-from widgets.panel import Panel
+from widgets.host_panel import MachinePanel
 from widgets.styles import ALARM
 
 
-class GpuPanel(Panel):
-    DEFAULT_CSS = """
-    GpuPanel { border: round $secondary; padding: 0 1; height: auto; }
-    """
-    BORDER_TITLE = "GPU"
-
-    def show(self, report: GpuReport | None) -> None:
-        self.redraw(render_gpus(report))
-
-
-def render_gpus(report: GpuReport | None) -> Group | Text:
+def render_gpus(report: GpuReport | None, shares: Sequence[GpuShares] | None = None) -> Group | Text:
+    """`shares`: each GPU's utilisation and memory, in the report's order (tui.live.shares.gpu_shares);
+    made from the report where a caller has none."""
     if report is None:
         return Text("reading GPUs…", style="dim")
     if report.unavailable:
@@ -35,11 +31,20 @@ def render_gpus(report: GpuReport | None) -> Group | Text:
         parts.append(Text(report.error, style="bold yellow"))
     if report.driver_version:
         parts.append(Text(f"driver {report.driver_version}", style="dim"))
-    parts.extend(_render_gpu(g) for g in report.gpus)
+    if shares is None:
+        shares = gpu_shares(report)
+    parts.extend(_render_gpu(g, s) for g, s in zip(report.gpus, shares, strict=True))
     return Group(*parts)
 
 
-def _render_gpu(g: GpuSample) -> Group:
+class GpuPanel(MachinePanel):
+    BORDER_TITLE = "GPU"
+
+    def draw(self, reading: GpuReport | None, shares: Sequence[GpuShares] | None) -> Group | Text:
+        return render_gpus(reading, shares)
+
+
+def _render_gpu(g: GpuSample, shares: GpuShares) -> Group:
     grid = Rows()
     where = f"{g.host} " if g.host else ""
     name = g.name or "GPU"
@@ -56,8 +61,7 @@ def _render_gpu(g: GpuSample) -> Group:
         title.append("  THROTTLED: " + ", ".join(r for r in g.throttle_reasons if r != "idle"), style=ALARM)
     elif g.throttle_reasons:
         title.append("  " + ", ".join(g.throttle_reasons), style="dim")
-    util = g.util_gpu_pct
-    grid.add_row("util", f"{bar(None if util is None else util / 100).plain} {num(util, '{:.0f}%')}"
+    grid.add_row("util", f"{bar(shares.util).plain} {num(g.util_gpu_pct, '{:.0f}%')}"
                  f"   mem-ctrl {num(g.util_mem_pct, '{:.0f}%')}")
     bw = NA
     if g.mem_bw_gbps is not None:
@@ -75,8 +79,7 @@ def _render_gpu(g: GpuSample) -> Group:
         grid.add_row("energy", energy)
     grid.add_row("clocks", f"SM {num(g.sm_clock_mhz, '{:.0f}')} MHz"
                  f"  mem {num(g.mem_clock_mhz, '{:.0f}')} MHz")
-    used, total = g.vram_used_bytes, g.vram_total_bytes
-    frac = used / total if used is not None and total else None
+    used, total, frac = g.vram_used_bytes, g.vram_total_bytes, shares.memory
     if g.unified_memory and used is None and total is None:  # GB10, Jetson: the host's RAM is the figure
         grid.add_row("memory", Text("unified memory: see host RAM", style="dim"))
     elif g.unified_memory:

@@ -3,9 +3,14 @@ kills engines too)."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from rich.console import RenderableType
 from rich.text import Text
 
+from tui.live.shares import host_shares
 from tui.model.samples import HostSample
+from tui.model.shares import HostShares
 from widgets.energy import window_text
 from widgets.fmt import Rows, bar, gib, num
 from widgets.panel import Panel
@@ -13,31 +18,37 @@ from widgets.panel import Panel
 RAM_ALARM = 0.90  # above this share of RAM (or any swap in use under load) the panel turns red
 
 
-class HostPanel(Panel):
+class MachinePanel(Panel):
+    """A panel of the machine's own figures (the host's, its GPUs'), in the look they share: `show` draws the
+    reading it is given, with its bars' shares (tui.live.shares), through the subclass's `draw`."""
+
     DEFAULT_CSS = """
-    HostPanel { border: round $secondary; padding: 0 1; height: auto; }
+    MachinePanel { border: round $secondary; padding: 0 1; height: auto; }
     """
-    BORDER_TITLE = "host"
 
-    def show(self, sample: HostSample | None) -> None:
-        self.redraw(render_host(sample))
+    def draw(self, reading: Any, shares: Any) -> RenderableType:
+        raise NotImplementedError
+
+    def show(self, reading: Any, shares: Any = None) -> None:
+        self.redraw(self.draw(reading, shares))
 
 
-def render_host(h: HostSample | None) -> Text:
+def render_host(h: HostSample | None, shares: HostShares | None = None) -> Text:
+    """`shares`: the sample's CPU and RAM (tui.live.shares.host_shares); made from it where a caller has
+    none."""
     if h is None:
         return Text("reading host…", style="dim")
+    if shares is None:
+        shares = host_shares(h)
     grid = Rows()
-    cpu = h.cpu_pct
-    grid.add_row("CPU", f"{bar(None if cpu is None else cpu / 100).plain} {num(cpu, '{:.0f}%')}"
+    grid.add_row("CPU", f"{bar(shares.cpu).plain} {num(h.cpu_pct, '{:.0f}%')}"
                  f" of {num(h.cpu_count, '{:.0f}')} cores")
     energy = window_text(h.cpu_energy)
     if energy is not None:
         grid.add_row("CPU energy", energy)
     elif h.cpu_energy_error:
         grid.add_row("CPU energy", Text(h.cpu_energy_error, style="dim"))
-    ram_frac = None
-    if h.ram_used_bytes is not None and h.ram_total_bytes:
-        ram_frac = h.ram_used_bytes / h.ram_total_bytes
+    ram_frac = shares.ram
     ram = Text(f"{bar(ram_frac).plain} {gib(h.ram_used_bytes)} / {gib(h.ram_total_bytes)}")
     if ram_frac is not None and ram_frac > RAM_ALARM:
         ram.stylize("bold red")
@@ -52,3 +63,10 @@ def render_host(h: HostSample | None) -> Text:
     for engine, why in h.unowned:
         grid.add_row(engine, Text(f"no process here: its port is held by {why}", style="dim"))
     return grid.text()
+
+
+class HostPanel(MachinePanel):
+    BORDER_TITLE = "host"
+
+    def draw(self, reading: HostSample | None, shares: HostShares | None) -> Text:
+        return render_host(reading, shares)

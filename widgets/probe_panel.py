@@ -14,14 +14,14 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from tui.base.stats import median
+from tui.live.probe_summary import MEDIAN_OF, probe_medians
+from tui.model.probe_medians import ProbeMedians
 from tui.probe.results import DEFAULT_TTFT_GAP_FACTOR, ProbeResult
 from widgets.energy import joules
 from widgets.fmt import NA, ms, num
 from widgets.panel import Panel
 
 SHOWN = 4  # most recent results listed
-MEDIAN_OF = 5
 
 
 class ProbePanel(Panel):
@@ -32,40 +32,40 @@ class ProbePanel(Panel):
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
-        self._drawn: tuple[tuple[ProbeResult, ...], float | None] = ((), None)
+        self._drawn: tuple[tuple[ProbeResult, ...], float | None, ProbeMedians | None] = ((), None, None)
 
     def show(self, results: Sequence[ProbeResult], busy: bool, every_s: float | None,
-             ttft_gap_factor: float = DEFAULT_TTFT_GAP_FACTOR) -> None:
+             ttft_gap_factor: float = DEFAULT_TTFT_GAP_FACTOR, medians: ProbeMedians | None = None) -> None:
+        """`medians`: of the results (tui.live.probe_summary), as the screen gathered them."""
         subtitle = ("probing… " if busy else "") + (f"every {every_s:g}s" if every_s else "f: probe now")
         if subtitle != self.border_subtitle:  # setting it, even to the same words, repaints the border
             self.border_subtitle = subtitle
         # Results never change once made: the same newest results (the same objects) draw the same panel.
         newest = tuple(results[-max(SHOWN, MEDIAN_OF):])
-        drawn, factor = self._drawn
+        drawn, factor, drawn_medians = self._drawn
         same = len(drawn) == len(newest) and all(a is b for a, b in zip(drawn, newest, strict=True))
-        if not same or factor != ttft_gap_factor:
-            self._drawn = (newest, ttft_gap_factor)
-            self.redraw(render_probes(results, ttft_gap_factor))
+        if not same or factor != ttft_gap_factor or drawn_medians != medians:
+            self._drawn = (newest, ttft_gap_factor, medians)
+            self.redraw(render_probes(results, ttft_gap_factor, medians))
 
 
-def render_probes(results: Sequence[ProbeResult],
-                  ttft_gap_factor: float = DEFAULT_TTFT_GAP_FACTOR) -> Group | Text:
+def render_probes(results: Sequence[ProbeResult], ttft_gap_factor: float = DEFAULT_TTFT_GAP_FACTOR,
+                  medians: ProbeMedians | None = None) -> Group | Text:
+    """`medians`: the results' (tui.live.probe_summary); made from them where a caller has none."""
     if not results:
         return Text("no probe yet (press f)", style="dim")
-    recent = list(results)[-MEDIAN_OF:]
-    ok = [r for r in recent if r.ok]
+    if medians is None:
+        medians = probe_medians(results)
     head = Text()
-    if ok:
-        head.append(f"median of last {len(ok)}: ", style="dim")
-        head.append(f"decode {num(median(r.decode_tps for r in ok))} tok/s", style="bold")
-        server = median(r.server_decode_tps for r in ok)
-        if server is not None:
-            head.append(f" (server {server:.1f})")
-        head.append(f"  TTFT {ms(median(r.ttft_s for r in ok))}", style="bold")
-        server_ttft = median(r.server_ttft_s for r in ok)
-        if server_ttft is not None:
-            head.append(f" (engine {ms(server_ttft)})")
-        if any(r.estimated for r in ok):
+    if medians.count:
+        head.append(f"median of last {medians.count}: ", style="dim")
+        head.append(f"decode {num(medians.decode_tps)} tok/s", style="bold")
+        if medians.server_decode_tps is not None:
+            head.append(f" (server {medians.server_decode_tps:.1f})")
+        head.append(f"  TTFT {ms(medians.ttft_s)}", style="bold")
+        if medians.server_ttft_s is not None:
+            head.append(f" (engine {ms(medians.server_ttft_s)})")
+        if medians.estimated:
             head.append("  estimated from chunks", style="yellow")
     shown = list(results)[-SHOWN:]
     # Speculative engines: each request's accepted / drafted tokens (llama.cpp's timings)

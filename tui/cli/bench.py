@@ -7,43 +7,27 @@ Ctrl-C ended the run (what was measured is printed and written all the same)."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import orjson
+from typing import TYPE_CHECKING, Any
 
 from tui.cli.options import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, add_output, add_targets
-from tui.compare.engines import ProfileEngine, StartError, new_manager
-from tui.lifecycle.profile_files import load_profiles
-from tui.lifecycle.profiles import Profile, ProfileError
-from tui.model.bench import RunState
-from tui.model.findings import Finding
-from tui.model.samples import EngineSample
-from tui.model.slo import Slo, SloError
-from tui.model.targets import EngineTarget
-from tui.net.loop import run_loop
-from tui.probe.client import ProbeLimits
-from tui.probe.results import ProbeResult
-from tui.proxy.headroom import MeasuredCapacity, save_capacities
-from tui.run.targets import build_targets
-from tui.sources.config import config_json
-from tui.sources.energy_meter import EnergyMeter, EnginePids
-from tui.sources.engine_source import is_local, read_once
-from tui.sources.gpu import GpuSampler
-from tui.workload.bench import Bench, EngineRun, engine_json, summarize, table
-from tui.workload.capacity import Capacity, CapacityResult, Search, curve_table
-from tui.workload.evidence import run_findings
-from tui.workload.formats import WorkloadError, load_workload
-from tui.workload.live import LiveFile, Shown, progress_of
-from tui.workload.report import BENCH_SCHEMA, CAPACITY_SCHEMA
-from tui.workload.schedule import Mode, Planned, ScheduleError, parse_arrival, plan
-from tui.workload.tokenizer import load_tokenizer
-from tui.workload.workers import WorkerBench, WorkerPool, make_bench, parse_workers
+
+if TYPE_CHECKING:
+    from tui.lifecycle.profiles import Profile
+    from tui.model.bench import RunState
+    from tui.model.findings import Finding
+    from tui.model.samples import EngineSample
+    from tui.model.targets import EngineTarget
+    from tui.probe.results import ProbeResult
+    from tui.workload.bench import Bench
+    from tui.workload.capacity import Capacity
+    from tui.workload.live import LiveFile, Shown
+    from tui.workload.schedule import Mode, Planned
+    from tui.workload.workers import WorkerBench
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -122,6 +106,9 @@ def _bad(command: str, exc: Exception) -> int:
 
 
 def _write(args: argparse.Namespace, result: dict[str, Any], text: str) -> None:
+    # imported when the command runs, so --help and the other commands never pay for it
+    import orjson
+
     if args.output is not None:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
@@ -161,6 +148,9 @@ class Part:
         """The part's start, the configuration captured from the running engine, and the findings its requests
         and the engine's own figures revealed (`findings`: judged by the caller, as a capacity search judges
         each level on its own requests)."""
+        from tui.sources.config import config_json
+        from tui.workload.evidence import run_findings
+
         if findings is None:
             findings = run_findings(self.name, results, block_size, self.before, self.after,
                                     concurrency_max) if self.before is not None else []
@@ -171,6 +161,9 @@ class Part:
 
 
 def _parts(args: argparse.Namespace) -> list[Part]:
+    from tui.lifecycle.profile_files import load_profiles
+    from tui.run.targets import build_targets
+
     parts = [Part(t.name, target=t) for t in build_targets(args.engine, args.api_key_file, args.api_key_env)]
     if args.profile:
         if args.parallel_engines:
@@ -188,6 +181,11 @@ def _parts(args: argparse.Namespace) -> list[Part]:
 async def _on_engine(part: Part, manager: Any, work: Callable[[EngineTarget], Awaitable[Any]]) -> None:
     """Run `work` on the part's engine: started first when it is a profile (the switch stops whatever the
     manager ran before), stopped after."""
+    import asyncio
+
+    from tui.compare.engines import ProfileEngine, StartError
+    from tui.model.targets import EngineTarget
+
     if part.profile is None:
         assert part.target is not None
         await _measured(part, part.target, work)
@@ -211,6 +209,8 @@ async def _on_engine(part: Part, manager: Any, work: Callable[[EngineTarget], Aw
 
 async def _measured(part: Part, target: EngineTarget, work: Callable[[EngineTarget], Awaitable[Any]]) -> None:
     """The engine read (with its configuration) before the part and after it: its findings rest on both."""
+    from tui.sources.engine_source import read_once
+
     part.before = await read_once(target)
     try:
         await work(target)
@@ -222,6 +222,11 @@ def _run_all(parts: list[Part], work: Callable[[Part, EngineTarget], Awaitable[A
              live: LiveFile, snapshot: Callable[[], dict[str, Shown]]) -> bool:
     """Every engine's part, one after another or at once, its figures written live for the dashboard; True
     when Ctrl-C ended the run (what was measured is kept: each part records as it goes)."""
+    import asyncio
+
+    from tui.compare.engines import new_manager
+    from tui.net.loop import run_loop
+
     manager = new_manager(None) if any(p.profile for p in parts) else None
 
     def one(part: Part) -> Awaitable[None]:
@@ -247,6 +252,22 @@ def _run_all(parts: list[Part], work: Callable[[Part, EngineTarget], Awaitable[A
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from tui.lifecycle.profiles import ProfileError
+    from tui.model.slo import Slo, SloError
+    from tui.probe.client import ProbeLimits
+    from tui.sources.energy_meter import EnergyMeter, EnginePids
+    from tui.sources.engine_source import is_local
+    from tui.sources.gpu import GpuSampler
+    from tui.workload.bench import EngineRun, engine_json, summarize, table
+    from tui.workload.formats import WorkloadError, load_workload
+    from tui.workload.live import LiveFile, Shown, progress_of
+    from tui.workload.report import BENCH_SCHEMA
+    from tui.workload.schedule import ScheduleError, parse_arrival, plan
+    from tui.workload.tokenizer import load_tokenizer
+    from tui.workload.workers import WorkerPool, make_bench, parse_workers
+
     try:
         parts = _parts(args)
         slo = Slo.parse(args.slo) if args.slo is not None else None
@@ -321,6 +342,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_capacity(args: argparse.Namespace) -> int:
+    from tui.lifecycle.profiles import ProfileError
+    from tui.model.slo import Slo, SloError
+    from tui.probe.client import ProbeLimits
+    from tui.proxy.headroom import MeasuredCapacity, save_capacities
+    from tui.sources.energy_meter import EnergyMeter, EnginePids
+    from tui.sources.gpu import GpuSampler
+    from tui.workload.capacity import Capacity, CapacityResult, Search, curve_table
+    from tui.workload.formats import WorkloadError, load_workload
+    from tui.workload.live import LiveFile, Shown, progress_of
+    from tui.workload.report import CAPACITY_SCHEMA
+    from tui.workload.schedule import ScheduleError
+    from tui.workload.tokenizer import load_tokenizer
+    from tui.workload.workers import parse_workers
+
     try:
         parts = _parts(args)
         search = Search(Slo.parse(args.slo), attainment=args.attainment, arrival=args.arrival,

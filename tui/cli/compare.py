@@ -12,28 +12,17 @@ import json
 import sys
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tui.base.paths import runs_dir
+from tui.base.defaults import WORKLOADS
 from tui.cli.options import add_output
-from tui.compare.ab import ABConfig, Mode, run_comparison
-from tui.compare.analysis import arm_findings, verdict_words
-from tui.compare.arms import ScheduleError, arms_from_profiles, choose_mode
-from tui.compare.report import write_report
-from tui.compare.result_files import load_result, write_result
-from tui.compare.roofline import model_weight_bytes, parse_bandwidth, parse_bytes
 from tui.compare.stats import DEFAULT_CV_THRESHOLD_PCT
-from tui.compare.sweep_param import best_value, margins, parse_param_spec, sweep_profiles, sweep_table
-from tui.lifecycle.profile_files import load_profiles
-from tui.lifecycle.profiles import Profile, ProfileError
-from tui.probe.client import ProbeLimits
-from tui.probe.sweep import parse_levels
-from tui.probe.workloads import WORKLOADS
-from tui.run.targets import EngineSpec, TargetError, parse_engine_spec
-from tui.workload.blocks import WorkloadBlocks
-from tui.workload.formats import WorkloadError, load_workload
-from tui.workload.report import is_workload_result, write_workload_report
-from tui.workload.tokenizer import load_tokenizer
+
+if TYPE_CHECKING:
+    from tui.compare.ab import ABConfig, Mode
+    from tui.lifecycle.profiles import Profile
+    from tui.run.targets import EngineSpec
+    from tui.workload.blocks import WorkloadBlocks
 
 
 class UsageError(ValueError):
@@ -44,6 +33,9 @@ PROBE_WORKLOADS = [w for w in WORKLOADS if w != "agent"]
 
 
 def _levels(text: str) -> tuple[int, ...]:
+    # imported when the command runs, so --help and the other commands never pay for it
+    from tui.probe.sweep import parse_levels
+
     try:
         return parse_levels(text, "--concurrency")
     except ValueError as exc:
@@ -152,6 +144,8 @@ def _gpu_source() -> tuple[Any, bool]:
 
 
 def _load(args: argparse.Namespace) -> Any:
+    from tui.lifecycle.profile_files import load_profiles
+
     return load_profiles(args.profiles_dir) if args.profiles_dir else load_profiles()
 
 
@@ -161,6 +155,11 @@ def _is_url(spec: str) -> bool:
 
 def _block_source(args: argparse.Namespace, config: ABConfig) -> WorkloadBlocks | None:
     """The user's workload for the blocks, when --workload names a file."""
+    from tui.probe.client import ProbeLimits
+    from tui.workload.blocks import WorkloadBlocks
+    from tui.workload.formats import WorkloadError, load_workload
+    from tui.workload.tokenizer import load_tokenizer
+
     if config.workload_file is None:
         if args.tokenizer:
             raise UsageError("--tokenizer is for --workload FILE (prompts made from its hash ids)")
@@ -175,6 +174,8 @@ def _block_source(args: argparse.Namespace, config: ABConfig) -> WorkloadBlocks 
 
 
 def _config(args: argparse.Namespace, mode: Mode) -> ABConfig:
+    from tui.compare.ab import ABConfig
+
     replay = args.workload not in PROBE_WORKLOADS
     config = ABConfig(
         instances=args.instances,
@@ -198,6 +199,8 @@ def _config(args: argparse.Namespace, mode: Mode) -> ABConfig:
 
 
 def _roofline_input(args: argparse.Namespace, result: dict[str, Any]) -> dict[str, Any] | None:
+    from tui.compare.roofline import model_weight_bytes, parse_bandwidth, parse_bytes
+
     bytes_per_token = bytes_source = None
     if args.weights:
         path = Path(args.weights).expanduser()
@@ -242,6 +245,8 @@ def _roofline_input(args: argparse.Namespace, result: dict[str, Any]) -> dict[st
 
 
 def _validate_roofline_args(args: argparse.Namespace) -> None:
+    from tui.compare.roofline import parse_bandwidth, parse_bytes
+
     if args.bandwidth:
         try:
             parse_bandwidth(args.bandwidth)
@@ -259,6 +264,10 @@ def _progress(message: str) -> None:
 
 
 def _finish(args: argparse.Namespace, result: dict[str, Any], kind: str) -> int:
+    from tui.base.paths import runs_dir
+    from tui.compare.report import write_report
+    from tui.compare.result_files import write_result
+
     out = args.output or runs_dir() / "compare" / f"{kind}-{datetime.now().strftime('%Y%m%d-%H%M%S')}.json"
     result["roofline_input"] = _roofline_input(args, result)
     result["source_file"] = str(out)
@@ -278,6 +287,9 @@ def _finish(args: argparse.Namespace, result: dict[str, Any], kind: str) -> int:
 
 
 def _print_summary(result: dict[str, Any]) -> None:
+    from tui.compare.analysis import arm_findings, verdict_words
+    from tui.compare.sweep_param import best_value, margins, sweep_table
+
     def f(v: float | None, d: int = 1) -> str:
         return "n/a" if v is None else f"{v:.{d}f}"
 
@@ -338,6 +350,11 @@ def _print_summary(result: dict[str, Any]) -> None:
 
 
 def cmd_ab(args: argparse.Namespace) -> int:
+    from tui.compare.ab import run_comparison
+    from tui.compare.arms import ScheduleError, arms_from_profiles, choose_mode
+    from tui.lifecycle.profiles import ProfileError
+    from tui.run.targets import TargetError, parse_engine_spec
+
     try:
         _validate_roofline_args(args)
         if len(args.arms) < 2:
@@ -372,6 +389,11 @@ def cmd_ab(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    from tui.compare.ab import run_comparison
+    from tui.compare.arms import arms_from_profiles, choose_mode
+    from tui.compare.sweep_param import parse_param_spec, sweep_profiles
+    from tui.lifecycle.profiles import ProfileError
+
     try:
         _validate_roofline_args(args)
         spec = parse_param_spec(args.param)
@@ -395,7 +417,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from tui.compare.report import write_report
+    from tui.compare.result_files import load_result
     from tui.record.report import is_recording
+    from tui.workload.report import write_workload_report
 
     if is_recording(args.result):
         return _recording_report(args)
@@ -433,6 +458,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 def _workload_result(path: Path) -> dict[str, Any] | None:
     """A bench or capacity result, or None when the file is something else (or unreadable: load_result
     says why)."""
+    from tui.workload.report import is_workload_result
+
     try:
         data = json.loads(path.read_bytes())
     except (OSError, ValueError):

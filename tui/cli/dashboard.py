@@ -8,11 +8,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tui.base.defaults import WORKLOADS
 from tui.cli.options import EXIT_BAD_INPUT, add_discover, add_fleet, add_retention, add_targets, fleet_options
 from tui.cli.proxy import add_proxy_trace_args, proxy_options
 from tui.cli.setup import build_demo_engine
 from tui.probe.results import DEFAULT_TTFT_GAP_FACTOR
-from tui.run.targets import build_targets, keys_by_name
 
 DEMO_PROFILES = {"llama": ["demo-cpu-threads2"], "both": ["demo-cpu-threads2", "demo-vllm-gemma"]}
 
@@ -34,7 +34,7 @@ def add_dashboard_args(parser: argparse.ArgumentParser) -> None:
                         help="probe every watched engine this often (default: only on key f; engines "
                              "enginetop starts are probed every 10 s)")
     parser.add_argument("--probe-workload", default="short",
-                        choices=["short", "long-prefill", "agent", "thinking-off"])
+                        choices=list(WORKLOADS))
     parser.add_argument("--probe-max-tokens", type=int, default=64)
     parser.add_argument("--ttft-gap-factor", type=float, default=DEFAULT_TTFT_GAP_FACTOR, metavar="X",
                         help="flag a probe whose client TTFT is over X times the engine's own "
@@ -66,6 +66,7 @@ def add_dashboard_args(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
+    # imported when the command runs, so --help and the other commands never pay for it
     import logging
 
     from tui.base.paths import runs_dir
@@ -73,6 +74,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     from tui.lifecycle.profile_files import load_profiles
     from tui.lifecycle.profiles import ProfileError
     from tui.probe.sweep import SweepConfig, parse_levels
+    from tui.run.targets import build_targets, keys_by_name
     from tui.ui.app import EnginetopApp
     from tui.ui.config import AppConfig
 

@@ -7,32 +7,20 @@ a non-loopback --listen without --allow-remote, a bad engine or key).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
-import logging
-import signal
 import sys
 from collections.abc import Coroutine
-from typing import Any
-
-from prometheus_client import disable_created_metrics
+from typing import TYPE_CHECKING, Any
 
 from tui.cli.options import EXIT_BAD_INPUT, add_targets
-from tui.exporter.metrics import ProbeMetrics
-from tui.exporter.schedule import ProbeScheduler, Schedule, parse_workloads
-from tui.exporter.serve import serve as serve_metrics
-from tui.exporter.watch import watch_engines
-from tui.model.targets import EngineTarget
-from tui.net.listen import ListenError, bind_message, check_free, parse_listen
-from tui.net.policy import public_url
-from tui.probe.client import ProbeLimits
-from tui.probe.results import ProbeResult
-from tui.probe.runner import ProbeRunner
-from tui.probe.workloads import WorkloadParams
-from tui.run.targets import build_targets, profile_target
+
+if TYPE_CHECKING:
+    from tui.exporter.metrics import ProbeMetrics
+    from tui.exporter.schedule import ProbeScheduler, Schedule
+    from tui.model.targets import EngineTarget
+    from tui.probe.results import ProbeResult
 
 DEFAULT_LISTEN = "127.0.0.1:9469"
-log = logging.getLogger("tui.exporter")
 
 
 def register(subparsers: Any) -> None:
@@ -71,7 +59,9 @@ def register(subparsers: Any) -> None:
 def profile_targets(names: list[str] | None) -> list[EngineTarget]:
     """The engines of these profiles at their URLs (probed, never started); a key file that cannot be read
     is an error."""
+    # imported when the command runs, so --help and the other commands never pay for it
     from tui.lifecycle.profile_files import load_profiles
+    from tui.run.targets import profile_target
 
     if not names:
         return []
@@ -80,6 +70,9 @@ def profile_targets(names: list[str] | None) -> list[EngineTarget]:
 
 
 def _schedule(args: argparse.Namespace) -> Schedule:
+    from tui.exporter.schedule import Schedule, parse_workloads
+    from tui.probe.workloads import WorkloadParams
+
     if args.max_tokens is not None and args.max_tokens < 1:
         raise ValueError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     if args.prompt_tokens < 1:
@@ -93,6 +86,9 @@ def _schedule(args: argparse.Namespace) -> Schedule:
 
 
 def _targets(args: argparse.Namespace) -> list[EngineTarget]:
+    from tui.net.policy import public_url
+    from tui.run.targets import build_targets
+
     targets = build_targets(args.engine, args.api_key_file, args.api_key_env) + profile_targets(args.profile)
     if not targets:
         raise ValueError("give at least one --engine NAME=URL or --profile NAME to probe")
@@ -111,23 +107,29 @@ class _UpLog:
     """One log line when an engine's probes start failing or recover, not one per failed probe."""
 
     def __init__(self, metrics: ProbeMetrics) -> None:
+        import logging
+
         self.metrics = metrics
         self.down: dict[str, bool] = {}
+        self.log = logging.getLogger("tui.exporter")
 
     def __call__(self, result: ProbeResult) -> None:
         self.metrics.observe(result)
         was_down = self.down.get(result.engine)
         self.down[result.engine] = not result.ok
         if not result.ok and not was_down:
-            log.warning("%s: probe failed (%s): %s", result.engine, result.failure, result.error)
+            self.log.warning("%s: probe failed (%s): %s", result.engine, result.failure, result.error)
         elif result.ok and was_down:
-            log.warning("%s: probes succeed again", result.engine)
+            self.log.warning("%s: probes succeed again", result.engine)
 
 
 async def probe_until_stopped(scheduler: ProbeScheduler,
                               watch: Coroutine[Any, Any, None] | None = None) -> None:
     """Probe (and `watch` the engines' own figures) until SIGTERM, SIGINT or SIGHUP; the HTTP server runs on
     its own threads meanwhile."""
+    import asyncio
+    import signal
+
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -144,6 +146,19 @@ async def probe_until_stopped(scheduler: ProbeScheduler,
 
 
 def cmd_exporter(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+
+    from prometheus_client import disable_created_metrics
+
+    from tui.exporter.metrics import ProbeMetrics
+    from tui.exporter.schedule import ProbeScheduler
+    from tui.exporter.serve import serve as serve_metrics
+    from tui.exporter.watch import watch_engines
+    from tui.net.listen import ListenError, bind_message, check_free, parse_listen
+    from tui.probe.client import ProbeLimits
+    from tui.probe.runner import ProbeRunner
+
     logging.basicConfig(level=getattr(logging, args.log_level), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

@@ -11,17 +11,13 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tui.base.install import command
-from tui.lifecycle import state
-from tui.lifecycle.engine import StepError, launch_instance
-from tui.lifecycle.profile_files import ProfileSet, load_profiles
-from tui.lifecycle.profile_resolve import ResolvedProfile, resolve
-from tui.lifecycle.profiles import ProfileError
-from tui.lifecycle.switch import EngineManager, SwitchResult
-from tui.model.samples import GpuReport
-from tui.model.status import StepEvent
+if TYPE_CHECKING:
+    from tui.lifecycle.profile_files import ProfileSet
+    from tui.lifecycle.switch import EngineManager, SwitchResult
+    from tui.model.samples import GpuReport
+    from tui.model.status import StepEvent
 
 
 def register(subparsers: Any) -> None:
@@ -75,6 +71,9 @@ def _gpu_reader() -> Callable[[], GpuReport] | None:
 
 
 def _load() -> ProfileSet:
+    # imported when the command runs, so --help and the other commands never pay for it
+    from tui.lifecycle.profile_files import load_profiles
+
     return load_profiles()
 
 
@@ -87,6 +86,13 @@ def _fail(result: SwitchResult) -> int:
 def _adopt(profiles: ProfileSet, name: str) -> tuple[EngineManager | None, str | None]:
     """A manager holding the engine `up` recorded for `name` (or the server an attach profile names: a
     router's model is unloaded by a switch away from it), or an error message."""
+    from tui.base.install import command
+    from tui.lifecycle import state
+    from tui.lifecycle.engine import launch_instance
+    from tui.lifecycle.profile_resolve import ResolvedProfile, resolve
+    from tui.lifecycle.profiles import ProfileError
+    from tui.lifecycle.switch import EngineManager
+
     try:
         profile = profiles.get(name)
     except ProfileError as exc:
@@ -158,6 +164,9 @@ def cmd_profiles(args: argparse.Namespace) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
+    from tui.lifecycle.profiles import ProfileError
+    from tui.lifecycle.switch import EngineManager
+
     loaded = _load()
     try:
         profile = loaded.get(args.profile)
@@ -184,6 +193,9 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 
 def cmd_switch(args: argparse.Namespace) -> int:
+    from tui.lifecycle.engine import StepError
+    from tui.lifecycle.profiles import ProfileError
+
     loaded = _load()
     try:
         target = loaded.get(args.to_profile)

@@ -7,6 +7,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from tui.base.defaults import DEFAULT_PORTS, PORTS_ENV
+
 # The exit codes of every command (`enginetop --help` prints this table; so does the README).
 EXIT_OK = 0
 EXIT_FAILED = 1  # the command ran and what it did failed: every probe failed, a switch failed, a write failed
@@ -45,8 +47,6 @@ def add_targets(parser: argparse.ArgumentParser, *, profiles: bool = False) -> N
 
 
 def add_discover(parser: argparse.ArgumentParser) -> None:
-    from tui.sources.discover import DEFAULT_PORTS, PORTS_ENV
-
     ports = ",".join(str(p) for p in DEFAULT_PORTS)
     parser.add_argument("--no-discover", action="store_true",
                         help="with no --engine, --profile or --prometheus, do not look for the engines "

@@ -8,27 +8,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from tui.base.secrets import SecretError
+from tui.base.defaults import DEFAULT_LEVELS, SWEEP_WORKLOADS, WORKLOADS
 from tui.cli.options import EXIT_BAD_INPUT, EXIT_FAILED, add_targets
-from tui.model.targets import EngineTarget
-from tui.net.loop import run_loop
-from tui.probe.client import ProbeClient, ProbeLimits
-from tui.probe.results import DEFAULT_TTFT_GAP_FACTOR, ProbeResult, ProbeSummary
-from tui.probe.sweep import (
-    DEFAULT_LEVELS,
-    SWEEP_WORKLOADS,
-    LevelResult,
-    SweepConfig,
-    parse_levels,
-    run_sweep,
-)
-from tui.probe.workloads import WORKLOADS, WorkloadParams, run_workload
-from tui.run.targets import TargetError, build_targets
-from tui.sources.energy_meter import EnergyMeter, EnginePids
-from tui.sources.engine_source import is_local
-from tui.sources.gpu import GpuSampler
+from tui.probe.results import DEFAULT_TTFT_GAP_FACTOR
+
+if TYPE_CHECKING:
+    from tui.model.targets import EngineTarget
+    from tui.probe.client import ProbeLimits
+    from tui.probe.results import ProbeResult, ProbeSummary
+    from tui.probe.sweep import LevelResult
+    from tui.probe.workloads import WorkloadParams
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -74,6 +65,9 @@ def register(subparsers: Any) -> None:
 
 
 def _target(args: argparse.Namespace) -> EngineTarget:
+    # imported when the command runs, so --help and the other commands never pay for it
+    from tui.run.targets import TargetError, build_targets
+
     if not args.engine or len(args.engine) > 1:
         raise TargetError("give one --engine URL (or NAME=URL): this command measures one engine")
     [target] = build_targets(args.engine, args.api_key_file, args.api_key_env)
@@ -81,6 +75,8 @@ def _target(args: argparse.Namespace) -> EngineTarget:
 
 
 def _params(args: argparse.Namespace, default_max_tokens: int | None) -> WorkloadParams:
+    from tui.probe.workloads import WorkloadParams
+
     if args.max_tokens is not None and args.max_tokens < 1:
         raise ValueError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     if args.prompt_tokens < 1:
@@ -97,6 +93,8 @@ def _params(args: argparse.Namespace, default_max_tokens: int | None) -> Workloa
 
 
 def _limits(args: argparse.Namespace) -> ProbeLimits:
+    from tui.probe.client import ProbeLimits
+
     if args.timeout <= 0:
         raise ValueError(f"--timeout must be positive, got {args.timeout}")
     return ProbeLimits(read_s=args.timeout)
@@ -171,6 +169,9 @@ def _probe_footer(summary: ProbeSummary, results: list[ProbeResult], out: TextIO
 
 async def _probe(args: argparse.Namespace, target: EngineTarget, params: WorkloadParams,
                  limits: ProbeLimits) -> list[ProbeResult]:
+    from tui.probe.client import ProbeClient
+    from tui.probe.workloads import run_workload
+
     results: list[ProbeResult] = []
     if not args.json:
         print(f"probe {target.name} ({target.url}), workload {args.workload}, {args.repeat} request(s)")
@@ -186,6 +187,14 @@ async def _probe(args: argparse.Namespace, target: EngineTarget, params: Workloa
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
+    from tui.base.secrets import SecretError
+    from tui.net.loop import run_loop
+    from tui.probe.results import ProbeSummary
+    from tui.run.targets import TargetError
+    from tui.sources.energy_meter import EnergyMeter, EnginePids
+    from tui.sources.engine_source import is_local
+    from tui.sources.gpu import GpuSampler
+
     try:
         target = _target(args)
         params = _params(args, None)
@@ -246,6 +255,12 @@ def _level_row(lv: LevelResult) -> str:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    from tui.base.secrets import SecretError
+    from tui.net.loop import run_loop
+    from tui.probe.client import ProbeClient
+    from tui.probe.sweep import SweepConfig, parse_levels, run_sweep
+    from tui.run.targets import TargetError
+
     try:
         target = _target(args)
         config = SweepConfig(

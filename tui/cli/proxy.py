@@ -7,21 +7,16 @@ loopback without --allow-remote, an unwritable trace).
 from __future__ import annotations
 
 import argparse
-import asyncio
-import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from tui.base.defaults import BLOCK_SIZE, CONNECT_TIMEOUT_S, MAX_BODY_BYTES, METRICS_PATH, TRAFFIC_PATH
 from tui.cli.options import EXIT_BAD_INPUT
-from tui.model.traffic import RequestRecord
-from tui.net.listen import ListenError, check_free
-from tui.net.loop import run_loop
-from tui.proxy.metrics import METRICS_PATH, TRAFFIC_PATH
-from tui.proxy.options import ProxyOptions, build_proxy, parse_listens
-from tui.proxy.server import CONNECT_TIMEOUT_S, MAX_BODY_BYTES
-from tui.proxy.trace import BLOCK_SIZE, content_path, meta_path
-from tui.run.targets import build_targets
+
+if TYPE_CHECKING:
+    from tui.model.traffic import RequestRecord
+    from tui.proxy.options import ProxyOptions
 
 
 def add_proxy_trace_args(parser: argparse.ArgumentParser, prefix: str = "") -> None:
@@ -63,6 +58,10 @@ def proxy_options(listens: list[str], names: list[str], allow_remote: bool, trac
                   block_size: int, capture_content: bool, flag: str = "--listen",
                   **limits: Any) -> ProxyOptions:
     """Checked before anything starts: addresses (free, loopback unless allowed), block size, trace file."""
+    # imported when the command runs, so --help and the other commands never pay for it
+    from tui.net.listen import check_free
+    from tui.proxy.options import ProxyOptions, parse_listens
+
     if block_size < 1:
         raise ValueError(f"--block-size must be at least 1, got {block_size}")
     if capture_content and trace is None:
@@ -78,6 +77,11 @@ def proxy_options(listens: list[str], names: list[str], allow_remote: bool, trac
 
 
 def cmd_proxy(args: argparse.Namespace) -> int:
+    from tui.net.listen import ListenError
+    from tui.net.loop import run_loop
+    from tui.proxy.options import build_proxy
+    from tui.run.targets import build_targets
+
     try:
         targets = build_targets(args.engine)
         if args.max_body <= 0 or args.connect_timeout <= 0:
@@ -99,6 +103,12 @@ def _say_failure(record: RequestRecord) -> None:
 
 
 async def _serve(proxy: Any, options: ProxyOptions) -> int:
+    import asyncio
+    import signal
+
+    from tui.net.listen import ListenError
+    from tui.proxy.trace import content_path, meta_path
+
     try:
         await proxy.start()
     except ListenError as exc:

@@ -5,7 +5,6 @@ tui.cli.dashboard.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 import time
@@ -13,7 +12,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tui.cli.options import add_fleet, add_output, add_retention, add_targets, fleet_options
-from tui.record.schema import RecordingError
 
 if TYPE_CHECKING:
     from tui.record.writer import Recorder
@@ -81,6 +79,9 @@ def open_recorder(path: Path | None, targets: list, retention: argparse.Namespac
 
 
 def cmd_record(args: argparse.Namespace) -> int:
+    # imported when the command runs, so --help and the other commands never pay for it
+    import asyncio
+
     from tui.run.record import record
     from tui.run.sources import RunOptions
     from tui.run.targets import build_targets, profile_target
@@ -158,6 +159,7 @@ def start_profile(profile, recorder, say):  # -> (EngineTarget | None, EngineMan
 def cmd_replay(args: argparse.Namespace) -> int:
     from tui.record.reader import Recording
     from tui.record.replay import parse_goto
+    from tui.record.schema import RecordingError
     from tui.ui.config import AppConfig
     from tui.ui.replay import ReplayApp
 
@@ -176,6 +178,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from tui.record.export import write_csv, write_openmetrics
     from tui.record.reader import Recording
+    from tui.record.schema import RecordingError
 
     try:
         rec = Recording(args.file)

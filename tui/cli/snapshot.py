@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 from typing import Any
@@ -103,6 +102,9 @@ def table(snapshot: dict[str, Any]) -> str:
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
+    # imported when the command runs, so --help and the other commands never pay for it
+    import asyncio
+
     from tui.run.snapshot import any_engine_down, take_snapshot
     from tui.run.sources import RunOptions
     from tui.run.targets import build_targets

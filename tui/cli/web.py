@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import socket
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tui.base import install
 from tui.cli.dashboard import add_dashboard_args
 from tui.cli.options import EXIT_BAD_INPUT
-from tui.net.listen import Listen, ListenError, bind_message, check_free, parse_listen
-from tui.run.targets import build_targets, parse_engine_spec
+
+if TYPE_CHECKING:
+    from tui.net.listen import Listen
 
 DEFAULT_LISTEN = "127.0.0.1:8765"
 
@@ -66,6 +65,11 @@ def dashboard_argv(args: argparse.Namespace) -> list[str]:
 
 def _check(args: argparse.Namespace) -> Listen:
     """Everything a tab's dashboard would refuse, refused once here, before anything is served."""
+    # imported when the command runs, so --help and the other commands never pay for it
+    from tui.base import install
+    from tui.net.listen import check_free, parse_listen
+    from tui.run.targets import build_targets, parse_engine_spec
+
     listen = parse_listen(args.listen, args.allow_remote)
     for spec in args.engine or []:
         parsed = parse_engine_spec(spec)
@@ -101,6 +105,8 @@ def _check(args: argparse.Namespace) -> Listen:
 
 
 def public_url(listen: Listen, given: str | None) -> str:
+    import socket
+
     if given:
         return given.rstrip("/")
     host = listen.host
@@ -115,6 +121,8 @@ def tab_command(args: argparse.Namespace) -> str:
 
 
 def cmd_web(args: argparse.Namespace) -> int:
+    from tui.net.listen import ListenError, bind_message
+
     try:
         listen = _check(args)
     except (ListenError, ValueError) as exc:  # TargetError, SecretError, ProfileError are ValueErrors

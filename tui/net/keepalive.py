@@ -6,7 +6,7 @@ second, and httpx's stack (Request and Response objects, httpcore's pool, anyio'
 object per read) cost about 1.6 ms of CPU a poll against 0.9 ms here with the same parse
 (bench/bench_app.py, issue 9's CPU budget). Proxies still go through httpx (`Transports` below decides):
 what is sent, the trust for https and the errors are the same either way, and failures are raised as the
-httpx exceptions `tui.sources.engine` already turns into words.
+httpx exceptions `tui.sources.engine_http` already turns into words.
 
 The fleet view's Prometheus client sends its queries through the same pool, as POSTs with a form body
 (tui.fleet.prometheus says why). Every request the pool sends is idempotent (a GET, a Prometheus query), so
@@ -156,7 +156,7 @@ class KeepAlivePool:
 
 
 def _as_httpx(exc: HttpFailure) -> httpx.HTTPError:
-    """The client's failure as the httpx exception the pool's callers turn into words (tui.sources.engine)."""
+    """The client's failure as the httpx exception the pool's callers turn into words (engine_http)."""
     if exc.kind == "request":
         return httpx.LocalProtocolError(exc.detail)
     if exc.kind == "protocol":

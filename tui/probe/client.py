@@ -8,6 +8,7 @@ OpenAI request and its SSE stream, unchanged.
 Every request gets a fresh TCP connection (no keep-alive pool, `Connection: close`): llama-server closes
 the connection after a streamed response while advertising keep-alive, and a pooled client then loses
 requests. Failures of any kind become a `ProbeResult` with `error` set; only cancellation propagates.
+The answer is read as it streams, and made a result, by tui.probe.stream; this module is the HTTP.
 
 Clock: `time.monotonic()`, the dashboard store's clock. TTFT and end-to-end time start when the request
 is sent; setting up the connection (TCP connect, TLS) is timed apart (`connect_s`, `tls_s`).
@@ -20,18 +21,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
 
-from tui.base.secrets import redact
 from tui.model.samples import PromptProgress
-from tui.net.http1 import Exchange, HttpFailure, Phases
-from tui.net.policy import InsecureSecret, error_text, public_url, target_headers
+from tui.net.http1 import Exchange, HttpFailure
+from tui.net.policy import InsecureSecret, error_text, target_headers
 from tui.probe.ollama import (
     API_OLLAMA,
     API_OPENAI,
@@ -40,24 +39,17 @@ from tui.probe.ollama import (
     OLLAMA_GENERATE_PATH,
     OllamaServer,
     ask_server,
-    chunk_text,
 )
 from tui.probe.ollama import request_body as ollama_body
-from tui.probe.results import (
-    CHUNK_ESTIMATE_NOTE,
-    FailureKind,
-    ProbeResult,
-    ServerTimings,
-    TokenSource,
-    cache_note,
-)
+from tui.probe.results import FailureKind, ProbeResult
+from tui.probe.stream import OllamaRecorder, Recorder, StreamError
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"  # a raw prompt, no chat template: the tokens are exactly the text's
 
 
 class ProbeTarget(Protocol):
-    """Anything with a name, a base URL and an optional API key (e.g. tui.sources.engine.EngineTarget).
+    """Anything with a name, a base URL and an optional API key (e.g. tui.model.targets.EngineTarget).
 
     It may also have `api`: "ollama" (the server is Ollama: its native API without asking), "openai" (never
     ask whether it is Ollama), or None / absent (ask once: ProbeClient._ollama_of)."""
@@ -96,184 +88,6 @@ _FAILURE_OF_KIND: dict[str, FailureKind] = {
     "connect": "refused", "connect-timeout": "timeout", "silent": "timeout", "dropped": "dropped",
     "protocol": "protocol", "tls": "tls", "proxy": "proxy", "url": "config",
 }
-
-# Delta fields that carry generated text: reasoning (vLLM, SGLang, llama.cpp's reasoning format) and content.
-TEXT_KEYS = ("reasoning_content", "reasoning", "content")
-
-
-class _StreamError(Exception):
-    """A stream that cannot be read on; the message is the result's error."""
-
-
-@dataclass
-class _Recorder:
-    """Mutable state while one stream is read; frozen into a ProbeResult at the end."""
-
-    max_event_bytes: int
-    first_token_at: float | None = None
-    last_token_at: float | None = None
-    chunks: int = 0
-    events: int = 0
-    finish_reason: str | None = None
-    model: str | None = None
-    usage: dict[str, Any] | None = None
-    timings: dict[str, Any] | None = None
-    vllm_metrics: dict[str, Any] | None = None
-    done: bool = False
-    on_progress: Callable[[PromptProgress], None] | None = None
-    text: list[str] = field(default_factory=list)
-    token_times: list[float] = field(default_factory=list)
-    _data: list[bytes] = field(default_factory=list)
-    _data_bytes: int = 0
-    _tail: bytes = b""  # an incomplete line carried to the next read
-
-    def feed(self, data: bytes, now: float) -> None:
-        """Bytes as they arrived (`now`: their arrival time, shared by every line in them).
-
-        Lines are handled inline, not one method call each: this runs for every read of every probe."""
-        if self._tail:
-            data = self._tail + data
-        if b"\r" in data:
-            data = data.replace(b"\r\n", b"\n")
-        lines = data.split(b"\n")
-        self._tail = lines.pop()
-        if len(self._tail) > self.max_event_bytes:
-            raise _StreamError(f"stream line over {self.max_event_bytes} bytes; stopped")
-        for line in lines:
-            if not line:  # a blank line ends an event
-                if self._data:
-                    self._dispatch(now)
-            elif line[:5] == b"data:":  # event:, id:, retry: and ": comments" carry nothing we need
-                self._add_data(line[6:] if line[5:6] == b" " else line[5:])
-
-    def finish(self, now: float) -> None:
-        if self._tail.rstrip(b"\r")[:5] == b"data:":
-            line = self._tail.rstrip(b"\r")
-            self._add_data(line[6:] if line[5:6] == b" " else line[5:])
-        self._tail = b""
-        if self._data:
-            self._dispatch(now)
-
-    def _add_data(self, value: bytes) -> None:
-        self._data_bytes += len(value)
-        if self._data_bytes > self.max_event_bytes:
-            raise _StreamError(
-                f"stream event {self.events + 1} is over {self.max_event_bytes} bytes; stopped reading"
-            )
-        self._data.append(value)
-
-    def _dispatch(self, now: float) -> None:
-        payload = self._data[0] if len(self._data) == 1 else b"\n".join(self._data)
-        self._data.clear()
-        self._data_bytes = 0
-        self.events += 1
-        if payload[:1] != b"{" and payload.strip() == b"[DONE]":
-            self.done = True
-            return
-        try:
-            obj = orjson.loads(payload)  # a stream event a token: ~3x cheaper than json's parser
-        except ValueError:
-            raise _StreamError(f"invalid JSON in stream event {self.events}: {_start(payload)}") from None
-        if not isinstance(obj, dict):
-            raise _StreamError(f"stream event {self.events} is not a JSON object: {_start(payload)}")
-        if obj.get("error") is not None:
-            raise _StreamError(f"server error in the stream after {self.chunks} chunks: {error_text(obj)}")
-        self._take_chunk(obj, now)
-
-    def _take_chunk(self, obj: dict[str, Any], now: float) -> None:
-        if self.model is None and isinstance(model := obj.get("model"), str):
-            self.model = model
-        choices = obj.get("choices")
-        if isinstance(choices, list):
-            for choice in choices:
-                if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-                    continue
-                delta = choice.get("delta")
-                text = choice.get("text")  # /v1/completions
-                piece = text if isinstance(text, str) else ""
-                if isinstance(delta, dict):
-                    for key in TEXT_KEYS:
-                        if isinstance(value := delta.get(key), str):
-                            piece += value
-                if piece:
-                    self.chunks += 1
-                    if self.first_token_at is None:
-                        self.first_token_at = now
-                    self.last_token_at = now
-                    self.text.append(piece)
-                    self.token_times.append(now)
-                if isinstance(reason := choice.get("finish_reason"), str):
-                    self.finish_reason = reason
-        if isinstance(usage := obj.get("usage"), dict):
-            self.usage = usage
-        if isinstance(timings := obj.get("timings"), dict):
-            self.timings = timings
-        if isinstance(metrics := obj.get("metrics"), dict):
-            self.vllm_metrics = metrics
-        if self.on_progress is not None and isinstance(progress := obj.get("prompt_progress"), dict):
-            # a shape we do not know is passed over: the progress is a nicety, the result is what counts
-            with contextlib.suppress(KeyError, TypeError, ValueError):
-                self.on_progress(PromptProgress(
-                    int(progress["total"]), int(progress.get("cache") or 0), int(progress["processed"]),
-                    float(progress.get("time_ms") or 0)))
-
-
-@dataclass
-class _OllamaRecorder(_Recorder):
-    """Ollama's NDJSON stream (tui.probe.ollama): a JSON object a line, timed like SSE chunks; the line with
-    done: true ends it and carries the server's figures (`final`)."""
-
-    final: dict[str, Any] | None = None
-
-    def feed(self, data: bytes, now: float) -> None:
-        if self._tail:
-            data = self._tail + data
-        lines = data.split(b"\n")
-        self._tail = lines.pop()
-        if len(self._tail) > self.max_event_bytes:
-            raise _StreamError(f"stream line over {self.max_event_bytes} bytes; stopped")
-        for line in lines:
-            self._line(line, now)
-
-    def finish(self, now: float) -> None:
-        tail, self._tail = self._tail, b""
-        self._line(tail, now)
-
-    def _line(self, line: bytes, now: float) -> None:
-        line = line.strip()
-        if not line or self.done:  # nothing after the last answer counts
-            return
-        self.events += 1
-        if len(line) > self.max_event_bytes:
-            raise _StreamError(
-                f"stream line {self.events} is over {self.max_event_bytes} bytes; stopped reading")
-        try:
-            obj = orjson.loads(line)
-        except ValueError:
-            raise _StreamError(f"invalid JSON in stream line {self.events}: {_start(line)}") from None
-        if not isinstance(obj, dict):
-            raise _StreamError(f"stream line {self.events} is not a JSON object: {_start(line)}")
-        if obj.get("error") is not None:  # {"error": "..."}: streamResponse's words for a failure mid-stream
-            raise _StreamError(f"server error in the stream after {self.chunks} chunks: {error_text(obj)}")
-        if self.model is None and isinstance(model := obj.get("model"), str):
-            self.model = model
-        if piece := chunk_text(obj):  # the last answer may carry text too
-            self.chunks += 1
-            if self.first_token_at is None:
-                self.first_token_at = now
-            self.last_token_at = now
-            self.text.append(piece)
-            self.token_times.append(now)
-        if obj.get("done") is True:
-            self.done = True
-            if isinstance(reason := obj.get("done_reason"), str) and reason:
-                self.finish_reason = reason  # "stop", "length" (as OpenAI's finish_reason)
-            self.final = obj
-
-
-def _start(payload: bytes) -> str:
-    return repr(payload[:80].decode("utf-8", "replace"))
-
 
 class ProbeClient:
     """Probes one request at a time or many at once; each request opens its own connection."""
@@ -317,7 +131,7 @@ class ProbeClient:
         asks for it (`return_progress`). An Ollama server gets the same request in its native shape
         (tui.probe.ollama.request_body: /api/chat, or /api/generate with raw for a raw prompt)."""
         ollama = await self._ollama_of(target, body)
-        rec: _Recorder
+        rec: Recorder
         if ollama is not None:
             raw = path == COMPLETIONS_PATH
             model = body.get("model") or getattr(target, "model", None) or ollama.model
@@ -325,7 +139,7 @@ class ProbeClient:
             url = chat_url(target.url, OLLAMA_GENERATE_PATH if raw else OLLAMA_CHAT_PATH)
             headers = {"Content-Type": "application/json", "Accept": NDJSON, "Connection": "close",
                        "Accept-Encoding": "identity"}
-            rec = _OllamaRecorder(max_event_bytes=self.limits.max_event_bytes)
+            rec = OllamaRecorder(max_event_bytes=self.limits.max_event_bytes)
         else:
             body = {**body, "stream": True}
             body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
@@ -334,7 +148,7 @@ class ProbeClient:
             url = chat_url(target.url, path)
             headers = {"Content-Type": "application/json", "Accept": "text/event-stream",
                        "Connection": "close", "Accept-Encoding": "identity"}
-            rec = _Recorder(max_event_bytes=self.limits.max_event_bytes, on_progress=on_progress)
+            rec = Recorder(max_event_bytes=self.limits.max_event_bytes, on_progress=on_progress)
         key = target.api_key
         exchange = Exchange(self.limits.read_s)
         status: int | None = None
@@ -351,7 +165,7 @@ class ProbeClient:
         except TimeoutError:
             error = f"request took longer than {self.limits.total_s:g}s in all; cancelled"
             failure = "timeout"
-        except _StreamError as exc:
+        except StreamError as exc:
             error, failure = str(exc), "protocol"
         except HttpFailure as exc:
             error = self._transport_error(exc, status, rec)
@@ -364,8 +178,8 @@ class ProbeClient:
         phases = exchange.phases
         if phases.sent_at is not None:
             wall_start += phases.sent_at - started_at  # the wall clock at the send, like sent_at
-        return self._result(target, workload, index, turn, wall_start, phases, ended_at, status,
-                            (error, failure), rec, key)
+        return rec.result(target.name, target.url, workload, index, turn, wall_start, phases, ended_at,
+                          status, (error, failure), key)
 
     async def speaks_ollama(self, target: ProbeTarget, body: dict[str, Any] | None = None) -> bool:
         """Whether probes of `target` (with `body`'s model) go to Ollama's native API: the check a first
@@ -412,7 +226,7 @@ class ProbeClient:
             self._checks.pop((base, known), None)
 
     async def _read(
-        self, exchange: Exchange, status: int, headers: dict[str, str], rec: _Recorder
+        self, exchange: Exchange, status: int, headers: dict[str, str], rec: Recorder
     ) -> tuple[str | None, FailureKind | None]:
         if status != 200:
             limit = self.limits.max_error_body_bytes
@@ -424,42 +238,15 @@ class ProbeClient:
 
             await exchange.body(keep)
             return f"HTTP {status}: {error_text(bytes(raw[:limit]))}", "http"
-        ctype = headers.get("content-type", "")
-        if isinstance(rec, _OllamaRecorder):
-            return await self._read_ndjson(exchange, ctype, rec)
-        if "text/event-stream" not in ctype:
-            got = ctype or "no content type"
-            return f"expected an event stream but the server answered {got}", "protocol"
-
-        def take(data: bytes, now: float) -> bool:
-            rec.feed(data, now)
-            return rec.done  # [DONE]: nothing after it is read
-
-        await exchange.body(take)
+        if (refused := rec.refuse(headers.get("content-type", ""))) is not None:
+            return refused, "protocol"
+        await exchange.body(rec.take)
         rec.finish(time.monotonic())
-        if not rec.done and rec.finish_reason is None:
-            return f"stream ended early after {rec.chunks} chunks (no finish_reason, no [DONE])", "dropped"
+        if (early := rec.ended_early()) is not None:
+            return early, "dropped"
         return None, None
 
-    async def _read_ndjson(
-        self, exchange: Exchange, ctype: str, rec: _OllamaRecorder
-    ) -> tuple[str | None, FailureKind | None]:
-        # Ollama streams application/x-ndjson; a single JSON answer (application/json) reads the same way.
-        if "ndjson" not in ctype and "application/json" not in ctype:
-            got = ctype or "no content type"
-            return f"expected Ollama's NDJSON stream but the server answered {got}", "protocol"
-
-        def take(data: bytes, now: float) -> bool:
-            rec.feed(data, now)
-            return rec.done  # the last answer: nothing after it is read
-
-        await exchange.body(take)
-        rec.finish(time.monotonic())
-        if not rec.done:
-            return f"stream ended early after {rec.chunks} chunks (no final line with done: true)", "dropped"
-        return None, None
-
-    def _transport_error(self, exc: HttpFailure, status: int | None, rec: _Recorder) -> str:
+    def _transport_error(self, exc: HttpFailure, status: int | None, rec: Recorder) -> str:
         where = "before the response" if status is None else f"after {rec.chunks} chunks"
         if exc.kind == "connect":
             return f"cannot connect: {exc.detail}"
@@ -472,96 +259,3 @@ class ProbeClient:
         if exc.kind == "protocol":
             return f"bad HTTP response {where}: {exc.detail}"
         return exc.detail  # url, tls, proxy: the detail says it all
-
-    def _result(
-        self,
-        target: ProbeTarget,
-        workload: str,
-        index: int,
-        turn: int | None,
-        wall_start: float,
-        phases: Phases,
-        ended_at: float,
-        status: int | None,
-        failed: tuple[str | None, FailureKind | None],
-        rec: _Recorder,
-        key: str | None,
-    ) -> ProbeResult:
-        error, failure = failed
-        notes: list[str] = []
-        usage = rec.usage or {}
-        server: ServerTimings | None = None
-        ollama = isinstance(rec, _OllamaRecorder)
-        if isinstance(rec, _OllamaRecorder):
-            if rec.final is not None:
-                server = ServerTimings.from_ollama(rec.final)
-        elif rec.timings is not None:
-            server = ServerTimings.from_llamacpp(rec.timings)
-        elif rec.vllm_metrics is not None:
-            server = ServerTimings.from_vllm(rec.vllm_metrics)
-
-        completion = _count(usage, "completion_tokens")
-        prompt = _count(usage, "prompt_tokens")
-        details = usage.get("prompt_tokens_details")
-        cached = _count(details, "cached_tokens") if isinstance(details, dict) else None
-        if server is not None and server.source in ("llamacpp", "ollama"):
-            # llama.cpp without include_usage support still sends its timings: same counts, server-side.
-            # Ollama sends no usage: its counts are these (prompt_eval_count, eval_count; no cached count).
-            if completion is None:
-                completion = server.predicted_n
-            if prompt is None and server.prompt_n is not None:
-                prompt = server.prompt_n + (server.cache_n or 0)
-            if cached is None:
-                cached = server.cache_n
-        source: TokenSource = "server"
-        if completion is None:
-            source = "chunks"
-            # A request that failed before any text came has no count to estimate: None, not 0.
-            if error is None or rec.chunks:
-                completion = rec.chunks
-                notes.append(CHUNK_ESTIMATE_NOTE)
-        if rec.usage is None and error is None and not ollama:
-            notes.append("no usage in the stream")
-        if error is None and not rec.done:
-            notes.append("stream ended without [DONE]")
-        if error is not None:
-            error = redact(error, key)
-        if (note := cache_note(workload, turn, cached, prompt)) is not None:
-            notes.append(note)
-        return ProbeResult(
-            engine=target.name,
-            url=public_url(target.url),
-            workload=workload,
-            index=index,
-            turn=turn,
-            wall_start=wall_start,
-            connect_s=phases.connect_s,
-            tls_s=phases.tls_s,
-            sent_at=phases.sent_at,
-            first_token_at=rec.first_token_at,
-            last_token_at=rec.last_token_at,
-            ended_at=ended_at,
-            status=status,
-            error=error,
-            failure=failure if error is not None else None,
-            model=rec.model,
-            finish_reason=rec.finish_reason,
-            prompt_tokens=prompt,
-            completion_tokens=completion,
-            cached_tokens=cached,
-            token_source=source,
-            chunks=rec.chunks,
-            server=server,
-            notes=tuple(notes),
-            text="".join(rec.text),
-            gaps_s=tuple(b - a for a, b in itertools.pairwise(rec.token_times)),
-        )
-
-
-def _count(obj: Any, key: str) -> int | None:
-    if not isinstance(obj, dict):
-        return None
-    value = obj.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        return None
-    return value

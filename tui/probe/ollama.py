@@ -4,7 +4,7 @@ Ollama answers OpenAI's /v1/chat/completions too, but without its own timings; i
 /api/generate end every stream with the server's counts and durations (api.Metrics in Ollama's
 api/types.go: total_duration, load_duration, prompt_eval_count, prompt_eval_duration, eval_count,
 eval_duration, in nanoseconds), so a probe of an Ollama server speaks the native API and those figures are
-the server side of the probe (tui.probe.results.ServerTimings.from_ollama).
+the server side of the probe (tui.probe.timings.ServerTimings.from_ollama).
 
 The stream is NDJSON, not SSE (server/routes.go streamResponse: Content-Type application/x-ndjson, one
 JSON object a line): api.ChatResponse (message.content, message.thinking) or api.GenerateResponse

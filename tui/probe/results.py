@@ -1,4 +1,4 @@
-"""Immutable results of probe requests, and the figures derived from them.
+"""Immutable results of probe requests, the figures derived from them, and their summary over a run.
 
 Token counts come from the server (`usage`, llama.cpp `timings`, or Ollama's final answer); when a server
 sends none, the count of non-empty stream chunks stands in and the result says so (`token_source ==
@@ -9,15 +9,19 @@ Client times are `time.monotonic()` seconds (the dashboard store's clock). TTFT 
 when the request was sent, after the connection was set up; the set-up itself is `connect_s` / `tls_s`.
 A figure describes a span, so a plot marker for it belongs at the span's middle: `ttft_at` (send -> first
 token: TTFT and client prefill), `decode_at` (first -> last token: decode tok/s).
+
+The engine's own figures for a request are tui.probe.timings; a client TTFT flagged against them,
+tui.probe.ttft_gap.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from tui.base.stats import median, quantile
+from tui.probe.timings import PROMPT_TIMED, ServerTimings
+from tui.probe.ttft_gap import TtftGap, flag_ttft_gap
 
 TokenSource = Literal["server", "chunks"]
 # Why a request failed, in few enough words to be a metric label (the exporter counts failures by it):
@@ -34,10 +38,6 @@ CHUNK_ESTIMATE_NOTE = "completion tokens estimated from chunks: the server sent 
 CACHE_SERVED_SHARE = 0.5
 # Client TTFT over the engine's own TTFT above this is flagged (enginetop probe --ttft-gap-factor).
 DEFAULT_TTFT_GAP_FACTOR = 2.0
-# Below a few milliseconds a gap is HTTP framing and scheduling noise on any host, whatever the ratio.
-MIN_TTFT_GAP_S = 0.005
-# A measured cause explains a gap when it is at least this share of it.
-CAUSE_SHARE = 0.5
 
 
 def cache_note(workload: str, turn: int | None, cached: int | None, prompt: int | None) -> str | None:
@@ -51,153 +51,15 @@ def cache_note(workload: str, turn: int | None, cached: int | None, prompt: int 
     return f"prompt cache served {cached} of {prompt} prompt tokens: TTFT/prefill measure a cache hit"
 
 
-def _num(obj: dict[str, Any], key: str) -> float | None:
-    value = obj.get(key)
-    # bool is an int in Python; a server sending true is not sending a number.
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    if not math.isfinite(value) or value < 0:
-        return None
-    return float(value)
+def _span(start: float | None, end: float | None) -> float | None:
+    """Seconds from `start` to `end`; None unless both happened."""
+    return None if start is None or end is None else end - start
 
 
-def _int(obj: dict[str, Any], key: str) -> int | None:
-    value = _num(obj, key)
-    return None if value is None else int(value)
-
-
-def _ns_ms(ns: float | None) -> float | None:
-    return None if ns is None else ns / 1e6
-
-
-def _per_second(count: int | None, ns: float | None) -> float | None:
-    return count / ns * 1e9 if count is not None and ns else None
-
-
-TimingSource = Literal["llamacpp", "vllm", "ollama"]
-# How every view names the server side of a probe, by whose figures it is.
-SERVER_LABELS: dict[str, str] = {"llamacpp": "server (llama.cpp)", "vllm": "server (vLLM)",
-                                 "ollama": "server (Ollama)"}
-# Sources whose figures are llama.cpp-shaped (a prompt time and count, a decode time, count and rate): the
-# engine's own TTFT is its prompt time, its decode and prefill rates are its own.
-PROMPT_TIMED: tuple[str, ...] = ("llamacpp", "ollama")
-
-
-@dataclass(frozen=True, slots=True)
-class ServerTimings:
-    """Server-side timing of one request, as the engine reported it (llama.cpp `timings`, vLLM `metrics`,
-    Ollama's final answer: from_ollama)."""
-
-    source: TimingSource
-    # llama.cpp `timings`
-    cache_n: int | None = None  # prompt tokens reused from the cache
-    prompt_n: int | None = None  # prompt tokens actually processed (Ollama: the whole prompt, cache and all)
-    prompt_ms: float | None = None
-    prompt_per_second: float | None = None
-    predicted_n: int | None = None
-    predicted_ms: float | None = None  # first token -> last token
-    # llama.cpp: (predicted_n - 1) / predicted_ms; Ollama: eval_count / eval_duration (every token)
-    predicted_per_second: float | None = None
-    draft_n: int | None = None
-    draft_n_accepted: int | None = None
-    # vLLM per-request `metrics` (--enable-per-request-metrics)
-    ttft_ms: float | None = None  # scheduled -> first token: excludes queueing
-    queue_ms: float | None = None
-    generation_ms: float | None = None
-    mean_itl_ms: float | None = None
-    tokens_per_second: float | None = None  # vLLM: all generated tokens / inference interval
-    # Ollama's final answer (api.Metrics), besides the counts and times above
-    load_ms: float | None = None  # load_duration: the model loaded (or found loaded) for this request
-    total_ms: float | None = None  # total_duration: the request's whole time in the server
-
-    @classmethod
-    def from_llamacpp(cls, timings: dict[str, Any]) -> ServerTimings:
-        return cls(
-            source="llamacpp",
-            cache_n=_int(timings, "cache_n"),
-            prompt_n=_int(timings, "prompt_n"),
-            prompt_ms=_num(timings, "prompt_ms"),
-            prompt_per_second=_num(timings, "prompt_per_second"),
-            predicted_n=_int(timings, "predicted_n"),
-            predicted_ms=_num(timings, "predicted_ms"),
-            predicted_per_second=_num(timings, "predicted_per_second"),
-            draft_n=_int(timings, "draft_n"),
-            draft_n_accepted=_int(timings, "draft_n_accepted"),
-        )
-
-    @classmethod
-    def from_vllm(cls, metrics: dict[str, Any]) -> ServerTimings:
-        return cls(
-            source="vllm",
-            ttft_ms=_num(metrics, "time_to_first_token_ms"),
-            queue_ms=_num(metrics, "queue_time_ms"),
-            generation_ms=_num(metrics, "generation_time_ms"),
-            mean_itl_ms=_num(metrics, "mean_itl_ms"),
-            tokens_per_second=_num(metrics, "tokens_per_second"),
-        )
-
-    @classmethod
-    def from_ollama(cls, final: dict[str, Any]) -> ServerTimings:
-        """Ollama's last streamed answer (done: true), its api.Metrics in nanoseconds, as llama.cpp's fields:
-        prompt_n = prompt_eval_count (the whole prompt, cached tokens included: Ollama does not say how many
-        were cached), prompt_ms = prompt_eval_duration, predicted_n = eval_count, predicted_ms =
-        eval_duration, load_ms = load_duration, total_ms = total_duration.
-
-        The rates are Ollama's own (api.Metrics.Summary, `ollama run --verbose`): its eval rate counts every
-        token over eval_duration, eval_count / eval_duration, where llama.cpp's counts the tokens after the
-        first, (predicted_n - 1) / predicted_ms; its prompt eval rate is prompt_eval_count /
-        prompt_eval_duration, cached tokens counted over the time of those that were not."""
-        # Go's `omitempty` leaves a zero out: on a final answer with its durations, a count left out is 0.
-        zero = 0 if _num(final, "total_duration") is not None else None
-        prompt_n = _int(final, "prompt_eval_count")
-        if prompt_n is None:
-            prompt_n = zero
-        predicted_n = _int(final, "eval_count")
-        if predicted_n is None:
-            predicted_n = zero
-        prompt_ns, eval_ns = _num(final, "prompt_eval_duration"), _num(final, "eval_duration")
-        return cls(
-            source="ollama",
-            prompt_n=prompt_n,
-            prompt_ms=_ns_ms(prompt_ns),
-            prompt_per_second=_per_second(prompt_n, prompt_ns),
-            predicted_n=predicted_n,
-            predicted_ms=_ns_ms(eval_ns),
-            predicted_per_second=_per_second(predicted_n, eval_ns),
-            load_ms=_ns_ms(_num(final, "load_duration")),
-            total_ms=_ns_ms(_num(final, "total_duration")),
-        )
-
-    @property
-    def label(self) -> str:
-        """Whose figures these are, in the words every view uses: "server (llama.cpp)", "server (Ollama)"."""
-        return SERVER_LABELS.get(self.source, f"server ({self.source})")
-
-    @property
-    def ttft_s(self) -> float | None:
-        """The engine's own time to first token: llama.cpp's prompt_ms (slot start -> prompt done; the first
-        token is sampled from that last batch), Ollama's prompt_eval_duration (the same, from the runner),
-        vLLM's time_to_first_token_ms (scheduled -> first token)."""
-        ms = self.prompt_ms if self.source in PROMPT_TIMED else self.ttft_ms
-        return None if ms is None else ms / 1000.0
-
-    @property
-    def queue_s(self) -> float | None:
-        """Time the request waited before the engine scheduled it (vLLM only; llama.cpp does not say)."""
-        return None if self.queue_ms is None else self.queue_ms / 1000.0
-
-    @property
-    def decode_tps(self) -> float | None:
-        """Server-side decode rate: llama.cpp's and Ollama's own figure; for vLLM 1 / mean inter-token
-        latency."""
-        if self.source in PROMPT_TIMED:
-            return self.predicted_per_second or None
-        if self.mean_itl_ms:
-            return 1000.0 / self.mean_itl_ms
-        return None
-
-    def to_json(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__slots__ if getattr(self, k) is not None}
+def _middle(start: float | None, end: float | None) -> float | None:
+    """The instant halfway from `start` to `end`, where a figure of that span is plotted; None unless both
+    happened."""
+    return None if start is None or end is None else (start + end) / 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,29 +115,21 @@ class ProbeResult:
     @property
     def ttft_s(self) -> float | None:
         """Send -> first token: excludes connecting, includes the network, queueing and prefill."""
-        if self.first_token_at is None or self.sent_at is None:
-            return None
-        return self.first_token_at - self.sent_at
+        return _span(self.sent_at, self.first_token_at)
 
     @property
     def e2e_s(self) -> float | None:
-        if self.ended_at is None or self.sent_at is None:
-            return None
-        return self.ended_at - self.sent_at
+        return _span(self.sent_at, self.ended_at)
 
     @property
     def ttft_at(self) -> float | None:
         """The monotonic instant TTFT (and client prefill) describe: the middle of send -> first token."""
-        if self.first_token_at is None or self.sent_at is None:
-            return None
-        return (self.sent_at + self.first_token_at) / 2
+        return _middle(self.sent_at, self.first_token_at)
 
     @property
     def decode_at(self) -> float | None:
         """The monotonic instant decode tok/s describes: the middle of first -> last token."""
-        if self.first_token_at is None or self.last_token_at is None:
-            return None
-        return (self.first_token_at + self.last_token_at) / 2
+        return _middle(self.first_token_at, self.last_token_at)
 
     @property
     def server_ttft_s(self) -> float | None:
@@ -288,13 +142,7 @@ class ProbeResult:
 
     def ttft_gap(self, factor: float = DEFAULT_TTFT_GAP_FACTOR) -> TtftGap | None:
         """The client's TTFT against the engine's, when the client's is over `factor` times larger."""
-        client, server = self.ttft_s, self.server_ttft_s
-        if client is None or server is None or client - server < MIN_TTFT_GAP_S:
-            return None
-        if client <= factor * server:
-            return None
-        return TtftGap(client_s=client, server_s=server, factor=factor,
-                       cause=_gap_cause(client - server, server, self.server_queue_s, self.connect_s))
+        return flag_ttft_gap(self.ttft_s, self.server_ttft_s, factor, self.server_queue_s, self.connect_s)
 
     @property
     def cache_note(self) -> str | None:
@@ -307,9 +155,7 @@ class ProbeResult:
 
     @property
     def decode_s(self) -> float | None:
-        if self.first_token_at is None or self.last_token_at is None:
-            return None
-        return self.last_token_at - self.first_token_at
+        return _span(self.first_token_at, self.last_token_at)
 
     @property
     def decode_tps(self) -> float | None:
@@ -429,49 +275,6 @@ class ProbeResult:
             "energy_scope": self.energy_scope,
             "energy_note": self.energy_note,
         }
-
-
-@dataclass(frozen=True, slots=True)
-class TtftGap:
-    """The client saw the first token much later than the engine says it made it, and the likely cause."""
-
-    client_s: float
-    server_s: float
-    factor: float  # the threshold it exceeded
-    cause: str
-
-    @property
-    def ratio(self) -> float:
-        return self.client_s / self.server_s if self.server_s > 0 else math.inf
-
-    def text(self) -> str:
-        ratio = f"{self.ratio:.1f}x" if math.isfinite(self.ratio) else "engine reported 0"
-        return (f"client TTFT {self.client_s * 1000:.0f} ms vs the engine's {self.server_s * 1000:.0f} ms "
-                f"({ratio}, flagged above {self.factor:g}x): likely {self.cause}")
-
-    def to_json(self) -> dict[str, Any]:
-        return {"client_s": self.client_s, "server_s": self.server_s, "factor": self.factor,
-                "ratio": self.ratio if math.isfinite(self.ratio) else None, "cause": self.cause,
-                "text": self.text()}
-
-
-def _gap_cause(gap: float, server: float, queue: float | None, connect: float | None) -> str:
-    """Words for the most likely cause of a TTFT gap, chosen from what was measured."""
-    if queue is not None and queue >= CAUSE_SHARE * gap:
-        return f"queueing: the request waited {queue * 1000:.0f} ms before the engine scheduled it"
-    if connect is not None and connect >= CAUSE_SHARE * gap:
-        # TTFT starts after the connect, but whatever made connecting slow (a network round trip, or a host
-        # too busy to answer promptly) delays the answer too.
-        return (f"a slow connection path: connecting alone took {connect * 1000:.0f} ms (a network round "
-                "trip, or a host too busy to answer), a delay the request pays again after it is sent")
-    measured = f"connect {connect * 1000:.1f} ms" if connect is not None else "connect not measured"
-    if queue is not None:
-        measured += f", queue {queue * 1000:.1f} ms"
-    else:
-        # llama.cpp's prompt_ms starts when a slot takes the request: a wait for a free slot is not in it.
-        measured += "; the engine reports no queue time: a wait for a free slot would look the same"
-    return (f"frontend or detokenizer bound: the engine had the first token after {server * 1000:.0f} ms, "
-            f"the stream delivered it {gap * 1000:.0f} ms later ({measured})")
 
 
 def _one_label(labels: set[str]) -> str | None:

@@ -13,15 +13,13 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tui.base.defaults import DEFAULT_LEVELS, SWEEP_WORKLOADS
 from tui.base.stats import median, quantile
 from tui.net.policy import public_url
 from tui.probe.client import ProbeClient, ProbeTarget
 from tui.probe.results import ProbeResult, token_source_of
 from tui.probe.workloads import WorkloadParams, request_body
 from tui.sources.host import CpuMeter
-
-DEFAULT_LEVELS: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
-SWEEP_WORKLOADS: tuple[str, ...] = ("short", "thinking-off", "long-prefill")
 
 # When the client itself is this busy or this late, its figures may describe the client, not the engine.
 CPU_SHARE_LIMIT = 0.8  # of one core: the event loop runs on one

@@ -20,11 +20,10 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tui.base.defaults import WORKLOADS
 from tui.model.samples import PromptProgress
 from tui.probe.client import ProbeClient, ProbeTarget
 from tui.probe.results import ProbeResult
-
-WORKLOADS: tuple[str, ...] = ("short", "long-prefill", "agent", "thinking-off")
 
 # Common English words; most are one token with a leading space in the usual BPE/SentencePiece
 # vocabularies, so N words are roughly N tokens. The server's usage says exactly how many.

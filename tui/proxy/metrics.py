@@ -6,10 +6,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+# served here; defined in tui.base.defaults, which `enginetop proxy --help` reads without prometheus_client
 from tui.model.traffic import RequestRecord
-
-METRICS_PATH = "/enginetop/metrics"
-TRAFFIC_PATH = "/enginetop/traffic"  # the windowed figures as JSON, for a dashboard watching this proxy
 
 # TTFT and end-to-end from 5 ms to 5 min; inter-token gaps from 1 ms to 10 s.
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)

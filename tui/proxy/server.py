@@ -27,6 +27,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from prometheus_client import CONTENT_TYPE_LATEST
 from yarl import URL
 
+from tui.base.defaults import CONNECT_TIMEOUT_S, MAX_BODY_BYTES, METRICS_PATH, TRAFFIC_PATH
 from tui.base.stats import quantile
 from tui.engines.tokens import EngineTokens
 from tui.findings.facts import refused_for_length, refused_tokens
@@ -35,7 +36,7 @@ from tui.model.traffic import Outcome, RequestRecord, TrafficSample
 from tui.net.listen import Listen, ListenError, bind_message
 from tui.proxy.book import TrafficBook
 from tui.proxy.headroom import load_capacities
-from tui.proxy.metrics import METRICS_PATH, TRAFFIC_PATH, ProxyMetrics
+from tui.proxy.metrics import ProxyMetrics
 from tui.proxy.prompts import PromptTokens
 from tui.proxy.runs import CHECK_S, RunWatch
 from tui.proxy.stream import StreamReading, StreamRelay
@@ -45,8 +46,6 @@ from tui.sources.metrics import parse_reading
 
 log = logging.getLogger(__name__)
 
-MAX_BODY_BYTES = 32 * 1024 * 1024
-CONNECT_TIMEOUT_S = 10.0
 GENERATION_SUFFIXES = ("/chat/completions", "/completions", "/completion", "/api/chat", "/api/generate")
 OLLAMA_SUFFIXES = ("/api/chat", "/api/generate")  # Ollama's native API: it streams unless told not to
 OPENAI_SUFFIXES = ("/chat/completions", "/completions")  # where stream_options exists

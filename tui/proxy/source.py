@@ -9,11 +9,11 @@ from typing import Any
 
 import httpx
 
+from tui.base.defaults import TRAFFIC_PATH
 from tui.model.findings import TrafficFacts
 from tui.model.samples import RequestStats
 from tui.model.traffic import TrafficSample, TrafficStats
 from tui.net.policy import error_text
-from tui.proxy.metrics import TRAFFIC_PATH
 from tui.proxy.server import TrafficProxy
 
 _STATS_FIELDS = {f.name for f in dataclasses.fields(TrafficStats)}

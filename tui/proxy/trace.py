@@ -29,9 +29,9 @@ from typing import Any
 
 import orjson
 
+from tui.base.defaults import BLOCK_SIZE
 from tui.model.traffic import RequestRecord
 
-BLOCK_SIZE = 512
 SESSION_HEADERS = ("x-session-id", "x-correlation-id")
 KEY_FILE_NAME = "trace-key"
 

@@ -33,7 +33,8 @@ from tui.model.samples import (
 )
 from tui.model.slots import SlotsReading, SlotState
 from tui.model.traffic import TrafficSample, TrafficStats
-from tui.probe.results import ProbeResult, ServerTimings
+from tui.probe.results import ProbeResult
+from tui.probe.timings import ServerTimings
 
 # Kinds of row, as written in the `kind` column; the dataclass each one decodes to.
 SAMPLE_TYPES: dict[str, type] = {"engine": EngineSample, "gpu": GpuReport, "host": HostSample,

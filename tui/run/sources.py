@@ -11,20 +11,25 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from tui.fleet.options import FleetOptions, FleetSources, make_sources
 from tui.live.feed import Source
 from tui.model.samples import GpuReport
 from tui.model.targets import EngineTarget
 from tui.net.keepalive import Transports
-from tui.proxy.options import ProxyOptions, build_proxy
-from tui.proxy.server import TrafficProxy
-from tui.proxy.source import ProxyTraffic, RemoteTraffic
 from tui.sources.engine_source import EngineSource, LocalPids
 from tui.sources.gpu import GpuSampler
 from tui.sources.host import HostSampler
 from tui.sources.machine import MachineSource
-from tui.workload.live import LiveRuns
+
+# The proxy (aiohttp, ~10 MB), the fleet's clients and the bench runs' machinery are imported only by a run
+# that has them (build_sources): a dashboard that watches engines never pays for them.
+if TYPE_CHECKING:
+    from tui.fleet.options import FleetOptions, FleetSources
+    from tui.proxy.options import ProxyOptions
+    from tui.proxy.server import TrafficProxy
+    from tui.proxy.source import ProxyTraffic, RemoteTraffic
+    from tui.workload.live import LiveRuns
 
 
 @dataclass
@@ -81,6 +86,8 @@ class RunSources:
         """What listens rather than polls: the proxy. When its address cannot be bound, ListenError, and the
         run goes on without it."""
         if self.proxy is not None:
+            from tui.proxy.source import ProxyTraffic
+
             try:
                 await self.proxy.start()
             except BaseException:
@@ -94,7 +101,7 @@ class RunSources:
         if self.proxy is not None:
             await self.proxy.stop()
         for source in self.traffic:
-            if isinstance(source, RemoteTraffic):
+            if hasattr(source, "aclose"):  # a separate proxy's client (RemoteTraffic)
                 await source.aclose()
         await self.transports.aclose()
         if self.fleet is not None:
@@ -116,7 +123,11 @@ def build_sources(options: RunOptions, *, gpu_report: Callable[[], GpuReport | N
     engines = [EngineSource(t, transports, every, timeout_s=timeout) for t in options.watched]
     engines += [EngineSource(t, transports, every, launched_by_us=True, timeout_s=timeout)
                 for t in options.launched]
-    fleet = make_sources(options.fleet, gpu_report, transports) if options.fleet is not None else None
+    fleet = None
+    if options.fleet is not None:
+        from tui.fleet.options import make_sources
+
+        fleet = make_sources(options.fleet, gpu_report, transports)
     local_pids = LocalPids(options.watched)
     gpu = gpu_sampler() if options.reads_nvml else None
     host = host_sampler() if options.machine else None
@@ -124,8 +135,18 @@ def build_sources(options: RunOptions, *, gpu_report: Callable[[], GpuReport | N
     if host is not None:
         machine = MachineSource(gpu, host, engine_pids or local_pids, options.gpu_interval_s,
                                 options.host_interval_s)
-    proxy = build_proxy(options.proxy, options.watched + options.launched) if options.proxy else None
-    traffic: list[ProxyTraffic | RemoteTraffic] = [ProxyTraffic(proxy, every)] if proxy is not None else []
-    traffic += [RemoteTraffic(url, every) for url in options.traffic]
-    runs = LiveRuns(options.watched + options.launched, interval_s=every) if options.bench_runs else None
+    proxy: TrafficProxy | None = None
+    traffic: list[ProxyTraffic | RemoteTraffic] = []
+    if options.proxy or options.traffic:
+        from tui.proxy.options import build_proxy
+        from tui.proxy.source import ProxyTraffic, RemoteTraffic
+
+        proxy = build_proxy(options.proxy, options.watched + options.launched) if options.proxy else None
+        traffic = [ProxyTraffic(proxy, every)] if proxy is not None else []
+        traffic += [RemoteTraffic(url, every) for url in options.traffic]
+    runs: LiveRuns | None = None
+    if options.bench_runs:
+        from tui.workload.live import LiveRuns
+
+        runs = LiveRuns(options.watched + options.launched, interval_s=every)
     return RunSources(engines, transports, gpu, host, machine, fleet, local_pids, proxy, traffic, runs)

@@ -22,9 +22,8 @@ imports Textual.
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlencode
 
@@ -38,8 +37,7 @@ from tui.engines.known import by_dialect
 from tui.model.config import EngineConfig
 from tui.model.slots import SlotsReading
 from tui.sources.config_ollama import Post, ollama_config
-
-Fetch = Callable[[str], Awaitable[tuple[int, bytes]]]  # GET path -> (status, body); raises ValueError
+from tui.sources.json_answers import Fetch, fetch_json, lenient_float, lenient_int, parse_json
 
 CACHE_INFO = "vllm:cache_config_info"
 _SPEC_DRAFTS = "vllm:spec_decode_num_drafts_total"  # registered only when speculative decoding is configured
@@ -50,31 +48,6 @@ _LLAMA_ENV = {name: option for name, option in options_llamacpp.ENV.items()
 _OFF = ("0", "false", "off", "no")
 
 Command = tuple[list[str], dict[str, str]]  # a process's argv and its LLAMA_ARG_* environment
-
-
-def _int(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    try:
-        return int(str(value))
-    except (TypeError, ValueError):
-        return None
-
-
-def _float(value: Any) -> float | None:
-    try:
-        return float(value) if value is not None and not isinstance(value, bool) else None
-    except (TypeError, ValueError):
-        return None
-
-
-def _json(body: bytes) -> Any:
-    try:
-        return json.loads(body)
-    except ValueError:
-        return None
 
 
 # ---------------------------------------------------------------- the local process
@@ -110,8 +83,8 @@ def _llama_model(models: Any, fields: dict[str, Any]) -> bool:
     meta = data[0].get("meta") if isinstance(data, list) and data and isinstance(data[0], dict) else None
     if not isinstance(meta, dict):
         return False
-    fields.update(params=_int(meta.get("n_params")), model_bytes=_int(meta.get("size")),
-                  train_context=_int(meta.get("n_ctx_train")))
+    fields.update(params=lenient_int(meta.get("n_params")), model_bytes=lenient_int(meta.get("size")),
+                  train_context=lenient_int(meta.get("n_ctx_train")))
     if not fields.get("quantization") and isinstance(meta.get("ftype"), str):
         fields["quantization"] = meta["ftype"]
     return True
@@ -125,11 +98,11 @@ def llama_config(props: dict[str, Any] | None, slots: SlotsReading | None,
     if props is not None:
         sources.append("/props")
         settings = props.get("default_generation_settings")
-        n_ctx = _int(settings.get("n_ctx")) if isinstance(settings, dict) else None
+        n_ctx = lenient_int(settings.get("n_ctx")) if isinstance(settings, dict) else None
         if n_ctx is None:
             lacks.append("/props has no default_generation_settings.n_ctx (an older llama-server)")
         fields["context_tokens"] = n_ctx
-        fields["slots"] = _int(props.get("total_slots"))
+        fields["slots"] = lenient_int(props.get("total_slots"))
         if fields["slots"] is None:
             lacks.append("/props has no total_slots (an older llama-server)")
         fields["model"] = props.get("model_path") or props.get("model_alias")
@@ -190,8 +163,8 @@ def _llama_argv(raw: list[str], env: dict[str, str], fields: dict[str, Any],
         from_env.pop(option[:2] + option[5:] if option.startswith("--no-") else "--no-" + option[2:], None)
     opts = {**from_env, **read.options}
     defaults: list[str] = []
-    total = _int(opts.get("--ctx-size"))
-    parallel = _int(opts.get("--parallel"))
+    total = lenient_int(opts.get("--ctx-size"))
+    parallel = lenient_int(opts.get("--parallel"))
     unified: bool | None
     off = ("0", "false", "off")
     if "--kv-unified" in opts and opts["--kv-unified"] not in off:
@@ -219,8 +192,8 @@ def _llama_argv(raw: list[str], env: dict[str, str], fields: dict[str, Any],
         defaults.append("prefix_caching")
     fields["flash_attn"] = opts.get("--flash-attn")
     fields["gpu_layers"] = opts.get("--gpu-layers")
-    fields["batch_size"] = _int(opts.get("--batch-size"))
-    fields["ubatch_size"] = _int(opts.get("--ubatch-size"))
+    fields["batch_size"] = lenient_int(opts.get("--batch-size"))
+    fields["ubatch_size"] = lenient_int(opts.get("--ubatch-size"))
     draft = opts.get("--spec-draft-model")
     spec = opts.get("--spec-type")
     speculates = slots is not None and any(s.speculative for s in slots.slots)
@@ -231,13 +204,13 @@ def _llama_argv(raw: list[str], env: dict[str, str], fields: dict[str, Any],
     fields["spec_type"] = spec if spec != "none" else "off"
     if fields["spec_type"] not in (None, "off"):
         option = llamacpp.depth_option(fields["spec_type"])
-        depth = _int(opts.get(option)) if option else None
+        depth = lenient_int(opts.get(option)) if option else None
         if depth is None and option == "--spec-draft-n-max":
             depth = 3  # llama-server's default depth of a draft model
             defaults.append("spec_n_max")
         fields["spec_n_max"] = depth  # an n-gram type's own default is not assumed: None, not a guess
-        fields["spec_n_min"] = _int(opts.get("--spec-draft-n-min"))
-        fields["spec_p_min"] = _float(opts.get("--spec-draft-p-min"))
+        fields["spec_n_min"] = lenient_int(opts.get("--spec-draft-n-min"))
+        fields["spec_p_min"] = lenient_float(opts.get("--spec-draft-p-min"))
         fields["spec_draft_model"] = draft.rsplit("/", 1)[-1] if draft else None
         rates, length = opts.get("--spec-synth-rates"), opts.get("--spec-synth-len")
         fields["spec_synthetic"] = f"rates {rates}" if rates else f"len {length}" if length else None
@@ -280,12 +253,12 @@ def vllm_config(labels: dict[str, str] | None, models: Any, version: str | None,
     if labels is not None:
         sources.append("cache_config_info")
         fields.update(
-            kv_pool_tokens=_int(labels.get("kv_cache_size_tokens")),
-            block_size=_int(labels.get("block_size")),
+            kv_pool_tokens=lenient_int(labels.get("kv_cache_size_tokens")),
+            block_size=lenient_int(labels.get("block_size")),
             prefix_caching=_truthy(labels.get("enable_prefix_caching")),
             kv_cache_dtype=labels.get("cache_dtype"),
-            gpu_memory_utilization=_float(labels.get("gpu_memory_utilization")),
-            kv_max_concurrency=_float(labels.get("kv_cache_max_concurrency")),
+            gpu_memory_utilization=lenient_float(labels.get("gpu_memory_utilization")),
+            kv_max_concurrency=lenient_float(labels.get("kv_cache_max_concurrency")),
             mamba_cache_mode=labels.get("mamba_cache_mode") if labels.get("mamba_cache_mode") not in (
                 None, "none", "None") else None,
             published=tuple(sorted(labels.items())))
@@ -298,7 +271,7 @@ def vllm_config(labels: dict[str, str] | None, models: Any, version: str | None,
         sources.append("/v1/models")
         fields["model"] = data[0].get("id")
         fields["served_names"] = tuple(str(m.get("id")) for m in data if isinstance(m, dict) and m.get("id"))
-        fields["context_tokens"] = _int(data[0].get("max_model_len"))
+        fields["context_tokens"] = lenient_int(data[0].get("max_model_len"))
         if fields["context_tokens"] is None:
             lacks.append("/v1/models gives no max_model_len")
     if spec_counters is not None:
@@ -311,16 +284,16 @@ def vllm_config(labels: dict[str, str] | None, models: Any, version: str | None,
         argv = mask_argv(raw, vllm.OPTIONS, secrets)
         sources.append(f"argv (PID {pid})" if pid is not None else "argv")
         opts = parse(argv, vllm.OPTIONS).options  # the masked argv: no secret comes back as a setting
-        if (seqs := _int(opts.get("--max-num-seqs"))) is not None:
+        if (seqs := lenient_int(opts.get("--max-num-seqs"))) is not None:
             fields["slots"] = seqs
         fields["dtype"] = opts.get("--dtype")
         fields["quantization"] = opts.get("--quantization")
         spec = opts.get("--speculative-config")
         if spec is not None:
-            parsed = _json(spec.encode())
+            parsed = parse_json(spec.encode())
             if isinstance(parsed, dict):
                 fields["spec_type"] = str(parsed.get("method") or parsed.get("model") or "on")
-                fields["spec_n_max"] = _int(parsed.get("num_speculative_tokens"))
+                fields["spec_n_max"] = lenient_int(parsed.get("num_speculative_tokens"))
                 fields["spec_draft_model"] = parsed.get("model")
     return EngineConfig(engine="vLLM", read_wall=time.time(), argv=argv, pid=pid if argv else None,
                         sources=tuple(sources), lacks=tuple(lacks), **fields)
@@ -347,14 +320,15 @@ def sglang_config(info: Any, command: Command | str | None,
         fields.update(
             version=get("version") if isinstance(get("version"), str) else None,
             model=get("served_model_name") if isinstance(get("served_model_name"), str) else None,
-            context_tokens=_int(get("context_length")), kv_pool_tokens=_int(get("max_total_num_tokens")),
-            slots=_int(get("max_running_requests")),
+            context_tokens=lenient_int(get("context_length")),
+            kv_pool_tokens=lenient_int(get("max_total_num_tokens")),
+            slots=lenient_int(get("max_running_requests")),
             prefix_caching=None if not isinstance(radix, bool) else not radix,
             kv_cache_dtype=get("kv_cache_dtype") if isinstance(get("kv_cache_dtype"), str) else None,
-            block_size=_int(get("page_size")),
-            gpu_memory_utilization=_float(get("mem_fraction_static")),
+            block_size=lenient_int(get("page_size")),
+            gpu_memory_utilization=lenient_float(get("mem_fraction_static")),
             spec_type=str(algorithm) if algorithm else "off",
-            spec_n_max=_int(get("speculative_num_draft_tokens")) if algorithm else None)
+            spec_n_max=lenient_int(get("speculative_num_draft_tokens")) if algorithm else None)
         if fields["context_tokens"] is None:
             lacks.append("/get_server_info gives no context_length")
     argv: tuple[str, ...] = ()
@@ -419,18 +393,7 @@ async def read_config(fetch: Fetch, dialect: str, *, slots: SlotsReading | None 
         command = local_command(pid, by_dialect(dialect))
 
     async def get_json(path: str) -> Any:
-        try:
-            status, body = await fetch(path)
-        except ValueError as exc:
-            lacks.append(f"{path}: {exc}")
-            return None
-        if status != 200:
-            lacks.append(f"{path} answered HTTP {status}")
-            return None
-        data = _json(body)
-        if data is None:
-            lacks.append(f"{path} is not JSON")
-        return data
+        return await fetch_json(fetch, path, lacks)
 
     if dialect == "ollama":
         return await ollama_config(fetch, None if isinstance(command, str) else pid,

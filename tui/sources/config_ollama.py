@@ -21,37 +21,14 @@ from tui.engines import ollama
 from tui.engines.argv import Options, mask_argv, parse
 from tui.engines.known import ENGINES
 from tui.model.config import EngineConfig
+from tui.sources.json_answers import Fetch, fetch_json, lenient_int
 from tui.sources.native_servers import OLLAMA_PS, OLLAMA_VERSION
 from tui.sources.processes import tree_pids
 
 OLLAMA_SHOW = "/api/show"
 
-Fetch = Callable[[str], Awaitable[tuple[int, bytes]]]
 Post = Callable[[str, dict[str, Any]], Awaitable[tuple[int, bytes]]]  # POST path with a JSON body
 _OFF = ("0", "false", "off", "no", "")
-
-
-def _int(value: Any) -> int | None:
-    try:
-        return int(str(value)) if value is not None and not isinstance(value, bool) else None
-    except ValueError:
-        return None
-
-
-async def _json(fetch: Fetch, path: str, lacks: list[str]) -> Any:
-    try:
-        status, body = await fetch(path)
-    except ValueError as exc:
-        lacks.append(f"{path}: {exc}")
-        return None
-    if status != 200:
-        lacks.append(f"{path} answered HTTP {status}")
-        return None
-    try:
-        return json.loads(body)
-    except ValueError:
-        lacks.append(f"{path} is not JSON")
-        return None
 
 
 def _runner(pid: int, secrets: Sequence[str]) -> tuple[int, list[str], tuple[str, ...]] | None:
@@ -87,18 +64,18 @@ async def ollama_config(fetch: Fetch, pid: int | None, command_lacks: str | None
     lacks: list[str] = []
     sources: list[str] = []
     fields: dict[str, Any] = {}
-    version = await _json(fetch, OLLAMA_VERSION, lacks)
+    version = await fetch_json(fetch, OLLAMA_VERSION, lacks)
     if isinstance(version, dict) and isinstance(version.get("version"), str):
         fields["version"] = version["version"]
         sources.append(OLLAMA_VERSION)
-    ps = await _json(fetch, OLLAMA_PS, lacks)
+    ps = await fetch_json(fetch, OLLAMA_PS, lacks)
     loaded = [m for m in ps.get("models") or () if isinstance(m, dict)] if isinstance(ps, dict) else []
     if loaded:
         sources.append(OLLAMA_PS)
         m = loaded[0]
         details: dict[str, Any] = m["details"] if isinstance(m.get("details"), dict) else {}
-        fields.update(model=m.get("name"), context_tokens=_int(m.get("context_length")),
-                      quantization=details.get("quantization_level"), model_bytes=_int(m.get("size")))
+        fields.update(model=m.get("name"), context_tokens=lenient_int(m.get("context_length")),
+                      quantization=details.get("quantization_level"), model_bytes=lenient_int(m.get("size")))
         fields["served_names"] = tuple(str(x.get("name")) for x in loaded)
         if post is not None and isinstance(m.get("name"), str):
             await _show(post, m["name"], fields, sources, lacks)
@@ -147,15 +124,15 @@ async def _show(post: Post, model: str, fields: dict[str, Any], sources: list[st
         return
     sources.append(OLLAMA_SHOW)
     arch = info.get("general.architecture")
-    fields["params"] = _int(info.get("general.parameter_count"))
+    fields["params"] = lenient_int(info.get("general.parameter_count"))
     if isinstance(arch, str):
-        fields["train_context"] = _int(info.get(f"{arch}.context_length"))
+        fields["train_context"] = lenient_int(info.get(f"{arch}.context_length"))
 
 
 def _runner_fields(opts: dict[str, str], fields: dict[str, Any]) -> None:
     """The runner's settings: its --ctx-size is every slot's context together, split between its --parallel
     slots."""
-    total, parallel = _int(opts.get("--ctx-size")), _int(opts.get("--parallel"))
+    total, parallel = lenient_int(opts.get("--ctx-size")), lenient_int(opts.get("--parallel"))
     if total:
         fields["kv_pool_tokens"] = total
         if parallel and parallel > 0:
@@ -164,11 +141,11 @@ def _runner_fields(opts: dict[str, str], fields: dict[str, Any]) -> None:
         # each slot has its own num_ctx by Ollama's design (no unified pool to ask for): not llama-server's
         # split, which its findings would answer with llama-server's flags
         fields["slots"] = parallel
-    fields["batch_size"] = _int(opts.get("--batch-size"))
+    fields["batch_size"] = lenient_int(opts.get("--batch-size"))
     fields["gpu_layers"] = opts.get("--n-gpu-layers") or opts.get("--gpu-layers")
     if "--flash-attn" in opts:  # llama-server's takes a value (on, off, auto); Ollama's old runner none
         fields["flash_attn"] = opts["--flash-attn"] or "on"
-    fields["ubatch_size"] = _int(opts.get("--ubatch-size"))
+    fields["ubatch_size"] = lenient_int(opts.get("--ubatch-size"))
     kv = opts.get("--kv-cache-type") or opts.get("--cache-type-k")
     if kv:
         fields["kv_cache_dtype"] = kv

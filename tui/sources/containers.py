@@ -32,6 +32,7 @@ from tui.base.secrets import mask_urls, says_secret
 from tui.engines.argv import mask_argv
 from tui.engines.known import ENGINES
 from tui.model.containers import Container
+from tui.sources.json_answers import json_object, strict_int
 from tui.sources.processes import tree_pids
 
 TIMEOUT_S = 1.0  # a runtime's API answers from memory: a socket slower than this is said, not waited for
@@ -73,14 +74,6 @@ def _masked(argv: Sequence[str]) -> tuple[str, ...]:
     return mask_argv(argv, table)
 
 
-def _dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 def runtime_of(version: Any) -> str:
     """"podman" or "docker", from GET /version: Podman names its component "Podman Engine"."""
     components = version.get("Components") if isinstance(version, dict) else None
@@ -95,7 +88,7 @@ def container_from(listed: Mapping[str, Any], inspected: Mapping[str, Any] | Non
     """One container from its entry in GET /containers/json and, for a running one, GET
     /containers/{id}/json (Docker's and Podman's shapes alike)."""
     info: Mapping[str, Any] = inspected or {}
-    state, host, config = _dict(info.get("State")), _dict(info.get("HostConfig")), _dict(info.get("Config"))
+    state, host, config = (json_object(info.get(key)) for key in ("State", "HostConfig", "Config"))
     names = listed.get("Names")
     name = (names[0] if isinstance(names, list) and names else info.get("Name")) or None
     # Docker lists an image id ("sha256:…") once its tag moved to another image; Podman "" for a container run
@@ -105,14 +98,16 @@ def container_from(listed: Mapping[str, Any], inspected: Mapping[str, Any] | Non
     ports = []
     listed_ports = listed.get("Ports")
     for p in listed_ports if isinstance(listed_ports, list) else ():
-        if isinstance(p, dict) and p.get("Type", "tcp") == "tcp" and _int(p.get("PublicPort")):
-            ports.append((str(p.get("IP") or "0.0.0.0"), p["PublicPort"], _int(p.get("PrivatePort")) or 0))
-    memory = _int(host.get("Memory"))
+        if isinstance(p, dict) and p.get("Type", "tcp") == "tcp" and strict_int(p.get("PublicPort")):
+            ports.append((str(p.get("IP") or "0.0.0.0"), p["PublicPort"],
+                          strict_int(p.get("PrivatePort")) or 0))
+    memory = strict_int(host.get("Memory"))
     cpus: float | None = None
-    if _int(host.get("NanoCpus")):
+    if strict_int(host.get("NanoCpus")):
         cpus = host["NanoCpus"] / 1e9
-    elif (_int(host.get("CpuQuota")) or 0) > 0:
-        cpus = host["CpuQuota"] / (_int(host.get("CpuPeriod")) or 100_000)  # 0: the kernel's default period
+    elif (strict_int(host.get("CpuQuota")) or 0) > 0:
+        # 0: the kernel's default period
+        cpus = host["CpuQuota"] / (strict_int(host.get("CpuPeriod")) or 100_000)
     command: list[str] = []
     if isinstance(info.get("Path"), str) and info["Path"]:
         command = [info["Path"], *(a for a in info.get("Args") or () if isinstance(a, str))]
@@ -123,9 +118,9 @@ def container_from(listed: Mapping[str, Any], inspected: Mapping[str, Any] | Non
         name=name.lstrip("/") if isinstance(name, str) else None,
         image=image if isinstance(image, str) else None,
         state=str(state.get("Status") or listed.get("State") or "") or None,
-        restarts=_int(info.get("RestartCount")),
+        restarts=strict_int(info.get("RestartCount")),
         oom_killed=state.get("OOMKilled") if isinstance(state.get("OOMKilled"), bool) else None,
-        pid=_int(state.get("Pid")) or None,
+        pid=strict_int(state.get("Pid")) or None,
         ports=tuple(sorted(set(ports))),
         address=_address(listed) or _address(info),
         memory_limit_bytes=memory or None, cpu_limit=cpus,
@@ -138,7 +133,7 @@ def _address(data: Mapping[str, Any]) -> str | None:
         return None
     if settings.get("IPAddress"):
         return str(settings["IPAddress"])
-    for net in _dict(settings.get("Networks")).values():
+    for net in json_object(settings.get("Networks")).values():
         if isinstance(net, dict) and net.get("IPAddress"):
             return str(net["IPAddress"])
     return None

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from tui.base.defaults import DEFAULT_PORTS, PORTS_ENV
 from tui.sources.containers import shared_catalog
 from tui.sources.discover_ask import DEADLINE_S, Late, confirm
 from tui.sources.discover_containers import in_containers
@@ -47,9 +48,6 @@ from tui.sources.discover_listeners import EITHER, Listeners, listeners, url_hos
 
 __all__ = ["DEADLINE_S", "DEFAULT_PORTS", "PORTS_ENV", "DiscoverError", "Discovery",
            "FoundChild", "FoundEngine", "How", "discover", "discover_async", "url_hosts", "usual_ports"]
-
-DEFAULT_PORTS = (8080, 8000, 30000, 1234, 11434)
-PORTS_ENV = "ENGINETOP_DISCOVER_PORTS"
 
 
 class DiscoverError(ValueError):

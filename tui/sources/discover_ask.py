@@ -24,16 +24,15 @@ from typing import Any
 
 import httpx
 
+# TRAFFIC_PATH: what `enginetop proxy` (and a dashboard's --proxy-listen) answers itself, never relaying it:
+# a listener whose process cannot be read is told apart by it.
+from tui.base.defaults import TRAFFIC_PATH
 from tui.sources.discover_found import FoundEngine, How
 from tui.sources.discover_listeners import UNREAD, Candidate
 from tui.sources.native_servers import LMSTUDIO_GREETING, OLLAMA_PS, is_lmstudio
 
 DEADLINE_S = 3.0
 MAX_BODY_BYTES = 256 * 1024
-# What `enginetop proxy` (and a dashboard's --proxy-listen) answers itself, never relaying it
-# (tui.proxy.metrics.TRAFFIC_PATH; a higher layer than this one, so named again here and checked equal by
-# tests/test_discover_parents.py): a listener whose process cannot be read is told apart by it.
-PROXY_TRAFFIC_PATH = "/enginetop/traffic"
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +99,7 @@ async def confirm(client: httpx.AsyncClient, c: Candidate, deadline: float) -> F
         asks = [get(client, f"{base}/health", deadline), get(client, f"{base}/v1/models", deadline)]
         if c.program is None:  # not an engine by its command line: enginetop's proxy, LM Studio, Ollama?
             asks += [get(client, f"{base}{path}", deadline)
-                     for path in (PROXY_TRAFFIC_PATH, LMSTUDIO_GREETING, OLLAMA_PS)]
+                     for path in (TRAFFIC_PATH, LMSTUDIO_GREETING, OLLAMA_PS)]
         replies = await asyncio.gather(*asks)
         if any(r.status is not None or r.late for r in replies):
             break

@@ -20,15 +20,9 @@ from tui.model.targets import EngineTarget
 from tui.net.keepalive import Transports, exchange
 from tui.net.policy import is_loopback_host, target_headers
 from tui.sources.containers import shared_catalog
-from tui.sources.engine import (
-    METRICS_OFF,
-    NO_METRICS,
-    NameFilter,
-    nothing_listened,
-    poll_config,
-    poll_engine,
-    poll_slots,
-)
+from tui.sources.engine import nothing_listened, poll_engine, poll_slots
+from tui.sources.engine_config import poll_config
+from tui.sources.engine_metrics import METRICS_OFF, NO_METRICS, NameFilter
 from tui.sources.port_holder import whose_port, whose_ports
 from tui.sources.rates import went_back
 from tui.sources.router import SSE_PATH, LoadProgress
@@ -225,7 +219,7 @@ class EngineSource:
 
     @property
     def filtering(self) -> bool:
-        """/metrics is asked for the series read here alone (tui.sources.engine.NameFilter)."""
+        """/metrics is asked for the series read here alone (tui.sources.engine_metrics.NameFilter)."""
         return self._only is not None and self._only[0] is self.target and not self._only[1].refused
 
     @property

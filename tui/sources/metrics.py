@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
+from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from tui.model.samples import Buckets, Dialect, EngineReading
@@ -248,29 +249,17 @@ def parse_reading(text: str) -> EngineReading:
 
 # The same lines always parse to the same (immutable) reading, and an engine that is idle, or whose
 # histograms did not move, sends the same lines poll after poll: the parser is the costly part of a poll
-# (about 14 µs a line in pure Python), so a few recent texts are remembered.
+# (about 14 µs a line in pure Python), so a few recent texts are remembered, and under traffic each family's
+# own lines too (a histogram that no request finished in since the last poll is not parsed again).
 @functools.lru_cache(maxsize=32)
 def _parse_selected(dialect: Dialect, selected: str) -> EngineReading:
     sources = {src.field: src for src in _DIALECTS.get(dialect, ())}
     samples: dict[str, list] = {}  # wanted family -> samples (untyped lines can split one family in several)
     histograms: set[str] = set()
-    n = 0
-    last = "the start"
-    families = iter(text_string_to_metric_families(selected))
-    while True:
-        try:
-            fam = next(families)
-        except StopIteration:
-            break
-        except ValueError as exc:  # the parser is lazy: it raises mid-iteration, after earlier families
-            detail = str(exc) or "unparseable line"
-            where = f"family {n + 1} (after {last})"
-            raise MetricsFormatError(f"malformed /metrics at {where}: {detail}") from exc
-        n += 1
+    for fam in _families(selected):
         name = fam.name
         if fam.type == "unknown" and name.endswith("_total"):
             name = name[: -len("_total")]  # an untyped counter line: same family as a typed one
-        last = name
         src = _FAMILY_TO_SOURCE.get(name)
         if src is None or sources.get(src.field) is not src:
             continue
@@ -299,6 +288,49 @@ def _parse_selected(dialect: Dialect, selected: str) -> EngineReading:
                 values[field] = _scalar(samples[fam_name], names, src.kind, src.label)
             break
     return _finish(dialect, values, set(samples))
+
+
+def _families(selected: str) -> list[Metric]:
+    """The families of the selected lines, each family's lines parsed once for as long as they stay the same;
+    a malformed body raises MetricsFormatError saying where, as the parser meets it in the whole text."""
+    try:
+        return [fam for chunk in _by_family(selected) for fam in _parsed(chunk)]
+    except ValueError:
+        pass  # said below, from the whole text: which family, after which
+    families = iter(text_string_to_metric_families(selected))
+    out: list[Metric] = []
+    last = "the start"
+    while True:
+        try:
+            fam = next(families)
+        except StopIteration:
+            return out
+        except ValueError as exc:  # the parser is lazy: it raises mid-iteration, after earlier families
+            detail = str(exc) or "unparseable line"
+            raise MetricsFormatError(f"malformed /metrics at family {len(out) + 1} (after {last}): "
+                                     f"{detail}") from exc
+        out.append(fam)
+        last = fam.name[: -len("_total")] if fam.type == "unknown" and fam.name.endswith("_total") \
+            else fam.name
+
+
+def _by_family(selected: str) -> list[str]:
+    """The selected text cut where a family's headers begin: each piece one family's headers and samples
+    (untyped samples stay with the family before them, as the parser reads them)."""
+    pieces: list[list[str]] = [[]]
+    in_headers = False
+    for line in selected.splitlines():
+        header = line.startswith("# ")
+        if header and not in_headers and pieces[-1]:
+            pieces.append([])
+        in_headers = header
+        pieces[-1].append(line)
+    return ["\n".join(piece) + "\n" for piece in pieces if piece]
+
+
+@functools.lru_cache(maxsize=1024)  # every family of a few engines, a few polls deep
+def _parsed(piece: str) -> tuple[Metric, ...]:
+    return tuple(text_string_to_metric_families(piece))
 
 
 def _finish(dialect: Dialect, values: dict[str, Any], present: set[str]) -> EngineReading:

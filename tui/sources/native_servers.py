@@ -11,12 +11,12 @@ A fingerprint (`which_server`) tells them from any other OpenAI-compatible serve
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any, Literal
 
 from tui.model.samples import RoutedModel
+from tui.sources.json_answers import json_object, nonempty_str, parse_json, strict_int
 
 Fetch = Callable[[str], Awaitable[tuple[int, bytes, bool]]]  # GET path -> (status, body, over the limit)
 Native = Literal["ollama", "lm-studio"]
@@ -28,24 +28,8 @@ NAMES: dict[Native, str] = {"ollama": "Ollama", "lm-studio": "LM Studio"}
 
 
 def _json(status: int, body: bytes) -> Any:
-    if status != 200:
-        return None
-    try:
-        return json.loads(body)
-    except ValueError:
-        return None
-
-
-def _dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _str(value: Any) -> str | None:
-    return value if isinstance(value, str) and value else None
+    """The JSON of an answer of 200; None for any other answer, and for one that is not JSON."""
+    return parse_json(body) if status == 200 else None
 
 
 async def which_server(fetch: Fetch) -> Native | None:
@@ -89,23 +73,25 @@ def ollama_models(ps: Any, tags: Any) -> tuple[RoutedModel, ...]:
     and keep-alive deadline; the others (/api/tags) as unloaded."""
     loaded: dict[str, RoutedModel] = {}
     for m in ps.get("models") or () if isinstance(ps, dict) else ():
-        if not isinstance(m, dict) or not _str(m.get("name")):
+        if not isinstance(m, dict) or not nonempty_str(m.get("name")):
             continue
-        details = _dict(m.get("details"))
+        details = json_object(m.get("details"))
         loaded[m["name"]] = RoutedModel(
-            id=m["name"], status="loaded", size_bytes=_int(m.get("size")),
-            vram_bytes=_int(m.get("size_vram")), context_tokens=_int(m.get("context_length")),
+            id=m["name"], status="loaded", size_bytes=strict_int(m.get("size")),
+            vram_bytes=strict_int(m.get("size_vram")), context_tokens=strict_int(m.get("context_length")),
             expires_wall=expires_wall(m.get("expires_at")),
-            quantization=_str(details.get("quantization_level")),
-            parameters=_str(details.get("parameter_size")), family=_str(details.get("family")))
+            quantization=nonempty_str(details.get("quantization_level")),
+            parameters=nonempty_str(details.get("parameter_size")),
+            family=nonempty_str(details.get("family")))
     installed = []
     for m in tags.get("models") or () if isinstance(tags, dict) else ():
-        if isinstance(m, dict) and _str(m.get("name")) and m["name"] not in loaded:
-            details = _dict(m.get("details"))
+        if isinstance(m, dict) and nonempty_str(m.get("name")) and m["name"] not in loaded:
+            details = json_object(m.get("details"))
             installed.append(RoutedModel(
-                id=m["name"], status="unloaded", size_bytes=_int(m.get("size")),
-                quantization=_str(details.get("quantization_level")),
-                parameters=_str(details.get("parameter_size")), family=_str(details.get("family"))))
+                id=m["name"], status="unloaded", size_bytes=strict_int(m.get("size")),
+                quantization=nonempty_str(details.get("quantization_level")),
+                parameters=nonempty_str(details.get("parameter_size")),
+                family=nonempty_str(details.get("family"))))
     return (*loaded.values(), *installed)
 
 
@@ -113,13 +99,14 @@ def lmstudio_models(listed: Any) -> tuple[RoutedModel, ...]:
     """LM Studio's models (/api/v0/models): loaded or not, quantization, context, architecture."""
     out = []
     for m in listed.get("data") or () if isinstance(listed, dict) else ():
-        if not isinstance(m, dict) or not _str(m.get("id")):
+        if not isinstance(m, dict) or not nonempty_str(m.get("id")):
             continue
         state = m.get("state")
         out.append(RoutedModel(
             id=m["id"], status="loaded" if state == "loaded" else "unloaded",
-            context_tokens=_int(m.get("loaded_context_length")) or _int(m.get("max_context_length")),
-            quantization=_str(m.get("quantization")), family=_str(m.get("arch"))))
+            context_tokens=(strict_int(m.get("loaded_context_length"))
+                            or strict_int(m.get("max_context_length"))),
+            quantization=nonempty_str(m.get("quantization")), family=nonempty_str(m.get("arch"))))
     return tuple(out)
 
 

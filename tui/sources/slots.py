@@ -4,18 +4,13 @@ object before it was a list), and a message instead of slots when it answers oth
 
 from __future__ import annotations
 
-from typing import Any
-
 import orjson
 
 from tui.model.slots import SlotsReading, SlotState
 from tui.net.policy import error_text
+from tui.sources.json_answers import strict_int
 
 SLOTS_PATH = "/slots"
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def parse_slots(status: int, body: bytes) -> SlotsReading:
@@ -32,16 +27,16 @@ def parse_slots(status: int, body: bytes) -> SlotsReading:
         return SlotsReading(error=f"{SLOTS_PATH} is not a list of slots")
     slots = []
     for item in data:
-        if not isinstance(item, dict) or _int(item.get("id")) is None:
+        if not isinstance(item, dict) or strict_int(item.get("id")) is None:
             return SlotsReading(error=f"{SLOTS_PATH}: a slot without an id")
         nxt = item.get("next_token")  # a list of one since 2025; an object before
         nxt = nxt[0] if isinstance(nxt, list) and nxt else nxt
         nxt = nxt if isinstance(nxt, dict) else {}
         slots.append(SlotState(
-            id=item["id"], n_ctx=_int(item.get("n_ctx")), processing=bool(item.get("is_processing")),
-            speculative=bool(item.get("speculative")), task=_int(item.get("id_task")),
-            prompt_tokens=_int(item.get("n_prompt_tokens")),
-            prompt_processed=_int(item.get("n_prompt_tokens_processed")),
-            prompt_cached=_int(item.get("n_prompt_tokens_cache")),
-            decoded=_int(nxt.get("n_decoded")), remaining=_int(nxt.get("n_remain"))))
+            id=item["id"], n_ctx=strict_int(item.get("n_ctx")), processing=bool(item.get("is_processing")),
+            speculative=bool(item.get("speculative")), task=strict_int(item.get("id_task")),
+            prompt_tokens=strict_int(item.get("n_prompt_tokens")),
+            prompt_processed=strict_int(item.get("n_prompt_tokens_processed")),
+            prompt_cached=strict_int(item.get("n_prompt_tokens_cache")),
+            decoded=strict_int(nxt.get("n_decoded")), remaining=strict_int(nxt.get("n_remain"))))
     return SlotsReading(tuple(sorted(slots, key=lambda s: s.id)))

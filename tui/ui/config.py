@@ -10,17 +10,20 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from tui.compare.ab import ABConfig
-from tui.fleet.options import FleetOptions
 from tui.lifecycle.profiles import Profile
 from tui.model.targets import EngineTarget
 from tui.probe.results import DEFAULT_TTFT_GAP_FACTOR
 from tui.probe.sweep import SweepConfig
-from tui.proxy.options import ProxyOptions
-from tui.record.writer import Recorder
 from tui.sources.gpu import GpuSampler
 from tui.sources.host import HostSampler
+
+if TYPE_CHECKING:  # types only: a dashboard imports the A/B, fleet and proxy code only when it uses them
+    from tui.compare.ab import ABConfig
+    from tui.fleet.options import FleetOptions
+    from tui.proxy.options import ProxyOptions
+    from tui.record.writer import Recorder
 
 
 @dataclass
@@ -34,8 +37,7 @@ class AppConfig:
     probe_max_tokens: int = 64
     ttft_gap_factor: float = DEFAULT_TTFT_GAP_FACTOR  # client TTFT over engine TTFT: flagged above this
     sweep: SweepConfig = field(default_factory=lambda: SweepConfig(levels=(1, 2, 4, 8, 16, 32)))
-    ab: ABConfig = field(default_factory=lambda: ABConfig(
-        instances=3, blocks=2, requests_per_block=2, max_tokens=32, mode="coresident"))
+    ab: ABConfig | None = None  # `a`'s comparison; None: the dashboard's own (tui.ui.screens.ab.DASHBOARD_AB)
     model_bytes: float | None = None  # roofline: weight bytes read per token, when not found on disk
     bandwidth_bps: float | None = None  # roofline: memory bandwidth, when NVML cannot say (no GPU)
     poll_interval_s: float = 1.0

@@ -13,13 +13,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from textual.app import App
 from textual.notifications import SeverityLevel
 from textual.screen import Screen
 
-from tui.fleet.options import FleetSources
 from tui.lifecycle.switch import EngineManager, StateChanges
 from tui.live.store import Store
 from tui.probe.runner import ProbeRunner
@@ -27,6 +26,9 @@ from tui.run.sources import RunOptions, build_sources
 from tui.run.targets import profile_target
 from tui.ui.config import AppConfig
 from tui.ui.slots import Slot
+
+if TYPE_CHECKING:
+    from tui.fleet.options import FleetSources
 
 log = logging.getLogger(__name__)
 

@@ -8,16 +8,17 @@ figures may have changed, and an opened engine is reached through the origin Pro
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
-from tui.fleet.backfill import backfill_engine, backfill_throttle
 from tui.fleet.match import engine_pod
-from tui.fleet.options import FleetOptions
-from tui.fleet.prometheus import PromError
 from tui.live.store import Store
 from tui.model.targets import EngineTarget
 from tui.ui.core import AppCore
 from tui.ui.screens.dashboard import MAX_COLUMNS
 from tui.ui.screens.fleet import EngineScreen, FleetStatus, FleetView, GpusScreen
+
+if TYPE_CHECKING:  # a dashboard without --prometheus never imports the fleet's clients
+    from tui.fleet.options import FleetOptions
 
 
 def fleet_target(store: Store, fleet: FleetOptions | None, name: str) -> EngineTarget:
@@ -66,6 +67,8 @@ class FleetMode(AppCore):
             return
         screen.backfill = "back-filling the last 30 minutes from Prometheus…"
         client, queries = fleet.client, fleet.engines.queries
+        from tui.fleet.backfill import backfill_engine, backfill_throttle
+        from tui.fleet.prometheus import PromError
 
         async def fill() -> None:
             try:

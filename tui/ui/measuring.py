@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import TYPE_CHECKING
 
 from tui.base.install import command
 from tui.model.targets import EngineTarget
@@ -17,10 +18,12 @@ from tui.probe.results import ProbeResult
 from tui.probe.workloads import WorkloadParams
 from tui.ui.core import AppCore
 from tui.ui.fleet import fleet_target
-from tui.ui.screens.ab import ABRun, ABScreen, dashboard_arm, start_dashboard_ab
 from tui.ui.screens.fleet import EngineScreen
 from tui.ui.screens.sweep import SweepScreen
 from tui.ui.slots import Slot
+
+if TYPE_CHECKING:  # the A/B screen brings the comparison and its report: imported when `a` is pressed
+    from tui.compare.abrun import ABRun
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +92,8 @@ class Measuring(AppCore):
         self.push_screen(SweepScreen([s.target for s in self.slots], self.probes, self.config.sweep))
 
     def action_ab(self) -> None:
+        from tui.ui.screens.ab import ABScreen, dashboard_arm, start_dashboard_ab
+
         run = self.ab_run
         if isinstance(self.screen, ABScreen):
             return  # already showing it

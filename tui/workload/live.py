@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import psutil
@@ -26,9 +26,11 @@ from tui.base.stats import quantile
 from tui.model.bench import BenchProgress, BenchSample, RunState
 from tui.model.slo import Slo
 from tui.model.targets import EngineTarget
-from tui.workload.bench import Bench
 from tui.workload.slo import met
-from tui.workload.workers import WorkerBench
+
+if TYPE_CHECKING:  # types only: the dashboard reads live files and never runs a bench itself
+    from tui.workload.bench import Bench
+    from tui.workload.workers import WorkerBench
 
 WINDOW_S = 30.0  # the live figures: requests that ended in the last half minute
 WRITE_S = 0.5

@@ -54,16 +54,21 @@ def dashboard_arm(target: EngineTarget, profile: Profile | None = None,
                notes=profile.notes, origin=origin)
 
 
-def start_dashboard_ab(arms: list[Arm], config: ABConfig, store: Store, gpu_interval_s: float) -> ABRun:
-    """Start the run in its own thread. The GPU is read from the dashboard's own NVML sampler (the store's
-    latest report), never sampled a second time from another thread."""
+# `a` on the dashboard: the engines as they run, side by side, short enough to wait for
+DASHBOARD_AB = ABConfig(instances=3, blocks=2, requests_per_block=2, max_tokens=32, mode="coresident")
+
+
+def start_dashboard_ab(arms: list[Arm], config: ABConfig | None, store: Store,
+                       gpu_interval_s: float) -> ABRun:
+    """Start the run in its own thread (`config` None: DASHBOARD_AB). The GPU is read from the dashboard's
+    own NVML sampler (the store's latest report), never sampled a second time from another thread."""
 
     def gpu(engine_pids: dict[str, set[int]] | None = None) -> GpuReport:
         # the dashboard's report names the processes of every engine it watches (its own host walk)
         return store.gpu or GpuReport(t=time.time(), unavailable="no GPU reading yet")
 
     stem = runs_dir() / f"ab-{datetime.now():%Y%m%d-%H%M%S}"
-    config = dataclasses.replace(config, gpu_interval_s=gpu_interval_s)
+    config = dataclasses.replace(config or DASHBOARD_AB, gpu_interval_s=gpu_interval_s)
     origin = f"the dashboard's GPU panel (its latest NVML reading, taken every {gpu_interval_s:g} s)"
     return ABRun(arms, config, stem, gpu=gpu, gpu_origin=origin).start()
 

@@ -18,6 +18,8 @@ from textual.containers import Container, Horizontal, Vertical
 from textual.widgets import Input, Static
 
 from tui.live.engine_state import EngineState
+from tui.live.probe_summary import probe_medians
+from tui.live.shares import gpu_shares, host_shares
 from tui.live.store import BENCH_TTFT, TRAFFIC_TTFT
 from tui.model.samples import GpuReport, HostSample
 from tui.probe.results import DEFAULT_TTFT_GAP_FACTOR
@@ -125,8 +127,9 @@ class Dashboard(Vertical):
             state = column.state
             self.query_one(f"#engine-{i}", EnginePanel).show(state, column.status, column.roof)
             if not self.rows:
+                results = [r for _, r in state.probes]
                 self.query_one(f"#probes-{i}", ProbePanel).show(
-                    [r for _, r in state.probes], column.probing, column.probe_every_s, ttft_gap_factor)
+                    results, column.probing, column.probe_every_s, ttft_gap_factor, probe_medians(results))
         plots = self.query_one("#plots")
         plots.display = (self.app.size.height or MIN_PLOT_ROWS) >= MIN_PLOT_ROWS
         rel_spans = [(a - now, b - now) for a, b in spans]
@@ -143,9 +146,9 @@ class Dashboard(Vertical):
             if plots.display and plot.due(now, horizon_s, events):
                 title = f"{self.titles[key]} — {note}" if note else self.titles[key]
                 plot.show(plot_data(title, ylabel, key, probe_value, plotted, now, horizon_s, rel_spans), now)
-        self.query_one("#gpu", GpuPanel).show(gpu)
+        self.query_one("#gpu", GpuPanel).show(gpu, gpu_shares(gpu))
         if self.host:
-            self.query_one("#host", HostPanel).show(host)
+            self.query_one("#host", HostPanel).show(host, None if host is None else host_shares(host))
 
 
     # --- the filter (rows only) ---------------------------------------------------------------------

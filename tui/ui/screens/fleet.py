@@ -23,6 +23,7 @@ from textual.widgets import Footer, Header, Input, Static
 
 from tui.fleet.match import engine_pod, gpus_of
 from tui.live.series import Series, spans
+from tui.live.shares import gpu_shares
 from tui.live.store import Store
 from tui.model.samples import GpuReport
 from tui.ui.screens.dashboard import Column, Dashboard
@@ -176,7 +177,7 @@ class GpusScreen(Screen[None]):
 
     def show(self, store: Store) -> None:
         for panel in self.query(GpuPanel):  # none until composed: a redraw can come first
-            panel.show(store.gpu)
+            panel.show(store.gpu, gpu_shares(store.gpu))
 
 
 class EngineScreen(Screen[None]):
