@@ -222,11 +222,25 @@ ENGINE_FIXTURES = {"llama_server", "vllm_server", "llama_container"}
 # Other tests that share a module-scoped fixture (a Prometheus over the synthetic fleet, a recording) share
 # a worker, so it is built once.
 ENGINE_GROUP = "engines"  # a test that must not run beside an engine may join it (xdist_group)
+# Engine tests that share nothing with the first group (no vLLM, no bundled profile's fixed port, no timing
+# that another engine's load would skew: counting, configurations, stand-ins, keys, start and stop) run as a
+# second group, on the other worker beside the tests that need no engine. The two groups are the largest
+# units of work, so xdist's loadgroup hands one to each worker (LoadScopeScheduling: largest first).
+BESIDE_GROUP = "engines-beside"
+BESIDE_MODULES = frozenset({
+    "test_ollama", "test_ollama_standin", "test_probe_ollama", "test_lmstudio_standin", "test_lmstudio",
+    "test_litellm", "test_energy_llama", "test_energy_snapshot", "test_config_llama", "test_record_llama",
+    "test_dashboard_actions", "test_lifecycle", "test_switch_drain", "test_swap", "test_proxy_llama",
+    "test_engine_options", "test_secret_engines", "test_engine_poll_llama", "test_slots",
+    "test_metrics_rates", "test_workload_workers", "test_dashboard", "test_record_dashboard", "test_quit",
+    "test_engine_check"})
 
 
 def _group(item: pytest.Item) -> str | None:
     if item.get_closest_marker("engine") is not None:
-        return ENGINE_GROUP
+        module = getattr(item, "module", None)
+        name = module.__name__.rsplit(".", 1)[-1] if module is not None else ""
+        return BESIDE_GROUP if name in BESIDE_MODULES else ENGINE_GROUP
     info = getattr(item, "_fixtureinfo", None)
     defs = info.name2fixturedefs.values() if info is not None else ()
     if isinstance(item, pytest.Function) and any(d.scope == "module" for fds in defs for d in fds):
