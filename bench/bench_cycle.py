@@ -50,6 +50,7 @@ CAPTURE = ROOT / "tests/data/metrics/vllm_cpu_0.32_real.txt"
 SIZE = {"COLUMNS": "200", "LINES": "55"}
 GROWING = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*(?:_total|_count|_sum|_bucket))(\{[^}]*\})? (\S+)$")
 T0 = time.monotonic()
+GROW = True  # --still: the capture as it is, every poll (an idle vLLM)
 
 
 @functools.lru_cache(maxsize=4)
@@ -81,7 +82,7 @@ class GrowingVllm(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         path, _, query = self.path.partition("?")
-        second = int(time.monotonic() - T0)
+        second = int(time.monotonic() - T0) if GROW else 0
         if path in ("/metrics", "/metrics/"):
             body: bytes | None = answer(second, query if path == "/metrics/" else "")
         else:
@@ -196,10 +197,16 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=8.0)
     ap.add_argument("--only", choices=["vllm", "llama"], action="append")
     ap.add_argument("--functions", type=int, default=3, help="each part's costliest functions shown")
+    ap.add_argument("--keep", type=Path, default=None,
+                    help="keep the profiles and the terminals' logs in this folder (pstats files)")
+    ap.add_argument("--still", action="store_true", help="vLLM's counters do not move (an idle engine)")
     args = ap.parse_args()
+    global GROW
+    GROW = not args.still
     only = args.only or ["vllm", "llama"]
     with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
+        work = args.keep or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
         if "vllm" in only:
             server = serve(GrowingVllm)
             try:

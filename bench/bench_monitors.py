@@ -1,11 +1,16 @@
-"""enginetop beside the monitors users install for one engine each, on the same engine and traffic: llamastat
-0.3.0 ("nvtop for llama.cpp") on a llama-server started as its README starts it (no --metrics), vllmstat 0.9.1
-("nvtop for vLLM") on the CPU vLLM. Each monitor runs as a user runs it, its real TUI in a pseudo-terminal of
-160×50, one after the other under the same steady agent traffic; its process tree's CPU and peak RSS are read
-from outside (bench/meter.py). Then what each shows that the other does not, row by row, from each one's
-own JSON (`llamastat --once --json`, `vllmstat --once --json`, `enginetop snapshot --json`).
+"""enginetop beside the monitors users install for one engine each, on the same engine and traffic, every
+monitor polling each second, in one run: llamastat 0.3.0 ("nvtop for llama.cpp") and llmtop
+(rxxusp/llmtop, Textual like us) on a llama-server started as its README starts it (no --metrics, two slots);
+vllm-htop 0.5.0 (one file, no dependencies), vllmstat 0.9.1 ("nvtop for vLLM") and llmtop on the CPU vLLM.
+Each monitor runs as a user runs it, its real TUI in a pseudo-terminal of 200×55, one after the other
+under the same steady agent traffic; its process tree's CPU and peak RSS are read from outside
+(bench/meter.py), and enginetop's are given as ratios to each peer's. Then what each shows that the
+other does not, row by row, from each one's own JSON
+(`llamastat --once --json`, `vllmstat --once --json`, `enginetop snapshot --json`).
 
-The peers are installed on first use into their own venv (~/.cache/enginetop/peers-venv), never enginetop's.
+The peers are installed on first use into their own venv (~/.cache/enginetop/peers-venv), never enginetop's:
+from PyPI, and llmtop (its name on PyPI is another project's) from a clone of its repository, given by
+--llmtop-source or $LLMTOP_SOURCE (without one, llmtop is left out and the run says so).
 
     .venv/bin/python bench/bench_monitors.py [--seconds 60] [--sections llama,vllm] [--warmup 310]
 """
@@ -37,15 +42,23 @@ from tui.engines.install_llamacpp import demo_argv  # noqa: E402
 
 PEERS = cache_dir() / "peers-venv"
 ENGINETOP = [sys.executable, "-m", "tui"]
-TERM = {"TERM": "xterm-256color", "COLUMNS": "160", "LINES": "50"}
+TERM = {"TERM": "xterm-256color", "COLUMNS": "200", "LINES": "55"}
+INTERVAL_S = "1"  # every monitor polls each second (their defaults: llamastat 1 s, the others 2 s)
+PYPI = {"llamastat": "llamastat==0.3.0", "vllmstat": "vllmstat==0.9.1", "vllm-htop": "vllm-htop==0.5.0"}
 
 
-def peer(name: str) -> Path:
-    python = ensure_tool(PEERS, "llamastat==0.3.0", "llamastat", "~40 MB")
-    if name == "vllmstat" and not (PEERS / "bin" / "vllmstat").exists():
-        subprocess.run([str(python.parent / "python"), "-m", "pip", "install", "-q", "vllmstat==0.9.1"],
-                       check=True)
-    return PEERS / "bin" / name
+def peer(name: str, llmtop_source: str | None = None) -> Path | None:
+    """The peer's command, installed on first use; None for llmtop without a source to install it from."""
+    exe = PEERS / "bin" / name
+    if exe.exists():
+        return exe
+    if name == "llmtop":
+        if not llmtop_source:
+            return None
+        requirement = f"git+file://{Path(llmtop_source).resolve()}"
+    else:
+        requirement = PYPI[name]
+    return ensure_tool(PEERS, requirement, name, "~40 MB")
 
 
 class Traffic:
@@ -165,25 +178,31 @@ VLLM_ROWS = [
 ]
 
 
-def section(name: str, url: str, model: str | None, peer_argv: list[str], peer_json: list[str],
+def section(name: str, url: str, model: str | None, peers: list[list[str]], peer_json: list[str],
             rows: list, seconds: float, work: Path, warmup: float = 6.0) -> None:
+    """enginetop and each peer in turn under the same traffic, and enginetop's cost as a ratio to each's; the
+    rows compared with the peer whose JSON `peer_json` reads."""
     print(f"\n== {name}: {url}")
-    ours_argv = [*ENGINETOP, "--engine", f"{name}={url}", "--no-record", "--no-discover"]
+    ours_argv = [*ENGINETOP, "--engine", f"{name}={url}", "--no-record", "--no-discover",
+                 "--interval", INTERVAL_S]
     with Traffic(url, model) as traffic:
         time.sleep(3)
         results = {}
-        for label, argv in (("enginetop", ours_argv), (peer_argv[0].rsplit("/", 1)[-1], peer_argv)):
+        for argv in (ours_argv, *peers):
+            label = "enginetop" if argv is ours_argv else argv[0].rsplit("/", 1)[-1]
             cpu, rss = cost(argv, seconds, warmup, work / f"{label}.log")
             results[label] = (cpu, rss)
             print(f"  {label:<10} {cpu:5.2f} % of a core, peak RSS {rss / 2**20:5.0f} MiB "
-                  f"({seconds:.0f} s after {warmup:.0f} s running, its tree, in a 160×50 pseudo-terminal)",
+                  f"({seconds:.0f} s after {warmup:.0f} s running, its tree, in a 200×55 pseudo-terminal)",
                   flush=True)
         ours = once_json([*ENGINETOP, "snapshot", "--engine", f"{name}={url}", "--json", "--interval", "1"])
         theirs = once_json(peer_json)
-    (label_a, (cpu_a, rss_a)), (label_b, (cpu_b, rss_b)) = results.items()
-    print(f"  ratio {label_a}/{label_b}: CPU {cpu_a / cpu_b:.2f}x, RSS {rss_a / rss_b:.2f}x; "
-          f"{traffic.told} tokens generated meanwhile")
-    side_by_side(rows, ours, theirs, label_b)
+    cpu_a, rss_a = results["enginetop"]
+    for label, (cpu_b, rss_b) in results.items():
+        if label != "enginetop":
+            print(f"  ratio enginetop/{label}: CPU {cpu_a / cpu_b:.2f}x, RSS {rss_a / rss_b:.2f}x")
+    print(f"  {traffic.told} tokens generated meanwhile")
+    side_by_side(rows, ours, theirs, peer_json[0].rsplit("/", 1)[-1])
 
 
 def main() -> None:
@@ -192,22 +211,29 @@ def main() -> None:
     ap.add_argument("--sections", default="llama,vllm")
     ap.add_argument("--warmup", type=float, default=6.0,
                     help="seconds each monitor runs before it is measured (310: enginetop's charts full)")
+    ap.add_argument("--llmtop-source", default=os.environ.get("LLMTOP_SOURCE"),
+                    help="a clone of github.com/rxxusp/llmtop to install llmtop from (or $LLMTOP_SOURCE)")
     args = ap.parse_args()
+    llmtop = peer("llmtop", args.llmtop_source)
+    if llmtop is None:
+        print("llmtop left out: give --llmtop-source (a clone of github.com/rxxusp/llmtop)")
     work = runs_dir() / "bench-monitors"
     work.mkdir(parents=True, exist_ok=True)
     sections = args.sections.split(",")
     if "llama" in sections:
-        llamastat = peer("llamastat")
+        llamastat = str(peer("llamastat"))
         engine = start_engine("plain", "llama-server", lambda port: [
-            a for a in demo_argv(port, "--parallel", "4") if a != "--metrics"])
+            a for a in demo_argv(port, "--parallel", "2") if a != "--metrics"])
         try:
-            section("llama", engine.url, None, [str(llamastat), "-u", engine.url],
-                    [str(llamastat), "-u", engine.url, "--once", "--json"], LLAMA_ROWS, args.seconds, work,
-                    args.warmup)
+            peers = [[llamastat, "-u", engine.url, "-i", INTERVAL_S]]
+            if llmtop is not None:
+                peers.append([str(llmtop), "--port", str(engine.port), "--no-gpu", "--interval", INTERVAL_S])
+            section("llama", engine.url, None, peers, [llamastat, "-u", engine.url, "--once", "--json"],
+                    LLAMA_ROWS, args.seconds, work, args.warmup)
         finally:
             stop_group(engine.launched)
     if "vllm" in sections:
-        vllmstat = peer("vllmstat")
+        vllmstat, vllm_htop = str(peer("vllmstat")), str(peer("vllm-htop"))
         from tui.lifecycle.profile_files import load_profiles, repo_profiles_dir
         from tui.lifecycle.profile_resolve import resolve
 
@@ -219,9 +245,13 @@ def main() -> None:
         url = f"http://127.0.0.1:{port}"
         try:
             wait_openai_ready("vLLM", url, launched, timeout=300)
-            section("vllm", url, "enginetop-tiny-llama", [str(vllmstat), "-u", url, "--no-gpu"],
-                    [str(vllmstat), "-u", url, "--no-gpu", "--once", "--json"], VLLM_ROWS, args.seconds,
-                    work, args.warmup)
+            peers = [[vllm_htop, "--url", url, "--interval", INTERVAL_S, "--no-gpu-detect"],
+                     [vllmstat, "-u", url, "--no-gpu", "-i", INTERVAL_S]]
+            if llmtop is not None:
+                peers.append([str(llmtop), "--port", str(port), "--no-gpu", "--interval", INTERVAL_S])
+            section("vllm", url, "enginetop-tiny-llama", peers,
+                    [vllmstat, "-u", url, "--no-gpu", "--once", "--json"], VLLM_ROWS, args.seconds, work,
+                    args.warmup)
         finally:
             stop_group(launched)
 

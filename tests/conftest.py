@@ -217,30 +217,18 @@ ENGINE_FIXTURES = {"llama_server", "vllm_server", "llama_container"}
 # session's vLLM, and the bundled demo profiles share their fixed port. Engine tests that only start and
 # stop small engines were tried on the other worker: no faster (fresh clone, 18 min 35 s against 18 min 14 s;
 # again warm, 47 of them as a second group: 15 min 18 s against 15 min 14 s, and a router probe timed out
-# beside demo_both). Measured per test from /proc/stat, the engine tests alone keep 1.4 of the 2 cores busy
-# (740 s, 1,010 CPU s) and the rest 0.5 (400 s, 209 CPU s): together they fill the machine either way.
+# beside demo_both; again on 2026-12-07, 25 modules of light engine tests as a second group: 116 tests done
+# after 9.5 min and 4 failed by 14.5 min, against 1,189 in 18.8 min with one group). Measured per test from
+# /proc/stat, the engine tests alone keep 1.4 of the 2 cores busy (740 s, 1,010 CPU s) and the rest 0.5
+# (400 s, 209 CPU s): together they fill the machine either way.
 # Other tests that share a module-scoped fixture (a Prometheus over the synthetic fleet, a recording) share
 # a worker, so it is built once.
 ENGINE_GROUP = "engines"  # a test that must not run beside an engine may join it (xdist_group)
-# Engine tests that share nothing with the first group (no vLLM, no bundled profile's fixed port, no timing
-# that another engine's load would skew: counting, configurations, stand-ins, keys, start and stop) run as a
-# second group, on the other worker beside the tests that need no engine. The two groups are the largest
-# units of work, so xdist's loadgroup hands one to each worker (LoadScopeScheduling: largest first).
-BESIDE_GROUP = "engines-beside"
-BESIDE_MODULES = frozenset({
-    "test_ollama", "test_ollama_standin", "test_probe_ollama", "test_lmstudio_standin", "test_lmstudio",
-    "test_litellm", "test_energy_llama", "test_energy_snapshot", "test_config_llama", "test_record_llama",
-    "test_dashboard_actions", "test_lifecycle", "test_switch_drain", "test_swap", "test_proxy_llama",
-    "test_engine_options", "test_secret_engines", "test_engine_poll_llama", "test_slots",
-    "test_metrics_rates", "test_workload_workers", "test_dashboard", "test_record_dashboard", "test_quit",
-    "test_engine_check"})
 
 
 def _group(item: pytest.Item) -> str | None:
     if item.get_closest_marker("engine") is not None:
-        module = getattr(item, "module", None)
-        name = module.__name__.rsplit(".", 1)[-1] if module is not None else ""
-        return BESIDE_GROUP if name in BESIDE_MODULES else ENGINE_GROUP
+        return ENGINE_GROUP
     info = getattr(item, "_fixtureinfo", None)
     defs = info.name2fixturedefs.values() if info is not None else ()
     if isinstance(item, pytest.Function) and any(d.scope == "module" for fds in defs for d in fds):

@@ -46,3 +46,11 @@ def test_help_of_every_command_imports_nothing_heavy() -> None:
         assert len(imported) > 50, (argv, done.stderr[-2000:])  # -X importtime's lines were read
         heavy = sorted(name for name in imported if name in HEAVY or name.startswith(inside))
         assert not heavy, (argv, heavy)
+
+
+def test_version_after_other_options_is_the_parsers_and_imports_nothing_heavy() -> None:
+    """`--version` among other options goes through the parser (its version action), still without Textual."""
+    done, imported = _imported("--no-discover", "--version")
+    assert done.returncode == 0 and done.stdout.startswith("enginetop "), done.stderr[-2000:]
+    inside = tuple(f"{heavy}." for heavy in HEAVY)
+    assert not sorted(name for name in imported if name in HEAVY or name.startswith(inside))

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from tui.live.engine_stats import _oldest_within
 from tui.live.series import Series
-from tui.live.store import MIN_PROBES_KEPT, Store, _oldest_within
+from tui.live.store import MIN_PROBES_KEPT, Store
 from tui.model.config import EngineConfig
 from tui.model.findings import StartMemory
 from tui.model.samples import EngineReading, EngineSample, GpuReport, GpuSample

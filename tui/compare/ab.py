@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
 
+from tui.base.defaults import WORKLOADS
 from tui.compare.analysis import METRICS, analyze
 from tui.compare.engines import ArmEngine, Started, StartError, Target, engine_version
 from tui.compare.gpu_watch import GpuSource, GpuWatch
@@ -43,7 +44,7 @@ from tui.net.loop import run_loop
 from tui.probe.client import ProbeClient, ProbeLimits
 from tui.probe.results import ProbeResult, token_source_of
 from tui.probe.sweep import SweepConfig, SweepResult, run_sweep
-from tui.probe.workloads import WORKLOADS, WorkloadParams, request_body, run_workload
+from tui.probe.workloads import WorkloadParams, request_body, run_workload
 from tui.sources.config import config_json
 from tui.sources.energy import run_energy
 from tui.sources.energy_meter import EnginePids

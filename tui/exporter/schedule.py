@@ -17,10 +17,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from tui.base.defaults import WORKLOADS
 from tui.model.targets import EngineTarget
 from tui.probe.results import ProbeResult
 from tui.probe.runner import ProbeBusy, ProbeRunner
-from tui.probe.workloads import WORKLOADS, WorkloadParams
+from tui.probe.workloads import WorkloadParams
 
 log = logging.getLogger(__name__)
 

@@ -1,68 +1,40 @@
 """Bounded history of everything polled: memory grows with neither session length nor horizon.
 
 Counters become rates here (over a short window, so llama.cpp's end-of-request counter updates do not
-read as bursts) and histograms become quantiles over a longer window. Every plotted series keeps at most
+read as bursts) and histograms become quantiles over a longer window, each engine's from its own state
+(tui.live.engine_stats; its findings in tui.live.engine_findings). Every plotted series keeps at most
 `max_points` points over the horizon (see Series), so a 24 h horizon costs what a 1 h one does, and each
 poll costs the same whatever the horizon. Nothing here imports Textual.
 """
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from tui.findings.container import container_findings
-from tui.findings.judge import by_severity, judge
-from tui.findings.models import reloaded, split_model
+from tui.live.engine_findings import judge_engine
 from tui.live.engine_state import EngineState, generated_per_s, relayed
+from tui.live.engine_stats import engine_stats, placed, plotted, routed
 from tui.live.glance import busy_slots
 from tui.live.probe_energy import probe_energy_fields
 from tui.live.series import Series, spans
 from tui.model.bench import BenchSample
-from tui.model.counters import spec_window
 from tui.model.events import ProbeEvent
-from tui.model.findings import Evidence, StartMemory
-from tui.model.samples import (
-    EngineReading,
-    EngineSample,
-    EngineStats,
-    GpuReport,
-    HostSample,
-    ProcessTreeMemory,
-    PromptProgress,
-)
+from tui.model.findings import StartMemory
+from tui.model.samples import EngineSample, EngineStats, GpuReport, HostSample, PromptProgress
 from tui.model.traffic import TrafficSample
 from tui.sources.attribution import attribute, with_attribution
-from tui.sources.cgroup import use_between
 from tui.sources.energy import Point as EnergyPoint
-from tui.sources.energy import (
-    Track,
-    gpu_key,
-    gpu_label,
-    holders,
-    may_hold_an_engine,
-    whole_gpu_words,
-)
-from tui.sources.rates import (
-    derive,
-    gen_tps,
-    present,
-    shape,
-    spec_totals,
-    ttft_p50,
-    went_back,
-    went_back_same_shape,
-)
-from tui.sources.requests import request_stats
+from tui.sources.energy import Track, gpu_key, gpu_label, holders, may_hold_an_engine, whole_gpu_words
+from tui.sources.rates import present, shape, went_back, went_back_same_shape
 
 # What a source makes (tui.live.feed); a replay adds the probe results it recorded.
 Sample = EngineSample | GpuReport | HostSample | ProbeEvent | TrafficSample | BenchSample
 
-ENGINE_SERIES = ("gen_tps", "ttft_p50_s")  # what the plots draw, from EngineStats (see Store._plotted)
+ENGINE_SERIES = ("gen_tps", "ttft_p50_s")  # what the plots draw, from EngineStats (engine_stats.plotted)
 # what the column's sparklines draw beside the plotted two, from EngineStats as each reading comes (live only:
 # a replay's seek, which adds readings for the plots alone, leaves them to fill from the cursor on)
 GLANCE_SERIES = ("prompt_processed_tps", "prompt_computed_tps", "itl_p50_s")
@@ -119,7 +91,7 @@ class Store:
                     sample.t, sample.stats.ttft_p50_s)
             if state.stats.requests is None or state.stats.requests.origin is not None:
                 state.stats = dataclasses.replace(state.stats, requests=relayed(state))
-            self._judge(state, sample.t, sample.wall)
+            judge_engine(state, sample.t, sample.wall)
         elif isinstance(sample, BenchSample):  # not recorded: the run's own result file keeps it whole
             state = self.engine(sample.name, sample.url)
             state.bench = sample
@@ -173,7 +145,7 @@ class Store:
         state.sample = sample
         t = sample.t
         if sample.models is not None:
-            self._routed(state, sample, t)
+            routed(state, sample, t, self.rate_window_s)
         if sample.stats is not None:
             # figures the source computed itself (Prometheus rates and quantiles): shown as they are
             state.stats = sample.stats
@@ -186,7 +158,7 @@ class Store:
         if sample.reading is None:
             if sample.health != "up":
                 state.stats = EngineStats()
-                self._judge(state, t, sample.wall)  # what held of its last run holds no more
+                judge_engine(state, t, sample.wall)  # what held of its last run holds no more
             return state
         readings = state.readings
         now_shape = shape(sample.reading)
@@ -212,15 +184,16 @@ class Store:
         if sample.reading.waiting is not None:
             state.waiting_max = max(state.waiting_max or 0, int(sample.reading.waiting))
         if plotted_only:
-            for key, value in zip(ENGINE_SERIES, self._plotted(state), strict=True):
+            for key, value in zip(ENGINE_SERIES, plotted(state, self.rate_window_s), strict=True):
                 state.series[key].add(t, value)
             return state
-        state.stats = self._energy(state.name, self._stats(state, t))
+        state.stats = self._energy(state.name,
+                                   engine_stats(state, t, self.rate_window_s, self.latency_window_s))
         for key in ENGINE_SERIES:
             state.series[key].add(t, getattr(state.stats, key))
         for key in GLANCE_SERIES:
             state.glance[key].add(t, getattr(state.stats, key))
-        self._judge(state, t, sample.wall)
+        judge_engine(state, t, sample.wall)
         return state
 
     def reset_engine(self, name: str) -> None:
@@ -241,106 +214,7 @@ class Store:
         state = self.engine(name)
         if state.start != start:
             state.start = start
-            self._judge(state, time.monotonic(), time.time() if wall is None else wall)
-
-    def _judge(self, state: EngineState, t: float, wall: float) -> None:
-        """The findings that hold for the engine now (tui.findings), from what the store has of it. While it
-        is not up, only what its start cost the host is judged: its configuration, traffic and counters are of
-        a run that is over (or not begun), and nothing found on them holds."""
-        sample = state.sample
-        if sample is not None and sample.health != "up":
-            evidence = Evidence(state.name, start=state.start)
-        else:
-            reading = sample.reading if sample is not None else None
-            traffic = state.traffic.stats.facts if state.traffic is not None and state.traffic.error is None \
-                else None
-            evidence = Evidence(state.name, sample.config if sample is not None else None, traffic,
-                                spec_window(None, reading), state.start, state.busy_max, state.waiting_max,
-                                t - state.watched_t if state.watched_t is not None else 0.0,
-                                state.stats.requests)
-        found = judge(evidence)
-        if sample is not None and sample.health == "up" and sample.models is not None:
-            loads = [(r.workload, r.server.load_ms) for _, r in state.probes
-                     if getattr(r, "server", None) is not None and r.server.load_ms is not None]
-            found += [f for f in (split_model(state.name, sample.models), reloaded(state.name, loads))
-                      if f is not None]
-        if state.cgroup is not None or state.container is not None:
-            found = by_severity([*container_findings(state.name, state.cgroup_use, state.cgroup,
-                                                     state.rss_bytes, state.container,
-                                                     sample.config if sample is not None else None), *found])
-        state.findings = state.since.update(by_severity(found), wall)
-
-    def _routed(self, state: EngineState, sample: EngineSample, t: float) -> None:
-        """Each loaded model's generation rate over the rate window (the router's own /metrics has none),
-        since when it has its status, and when it last served (its counters moved, or a slot was busy):
-        the router's /models says neither."""
-        for m in sample.models or ():
-            if state.model_status_since.get(m.id, ("",))[0] != m.status:
-                state.model_status_since[m.id] = (m.status, sample.wall)
-            before = state.model_readings.get(m.id)
-            moved = before is not None and m.reading is not None and _served(before[-1][1], m.reading)
-            if moved or (m.slots is not None and any(s.processing for s in m.slots.slots)):
-                state.model_used[m.id] = sample.wall
-        loaded = {m.id: m.reading for m in sample.models or () if m.reading is not None}
-        for model in list(state.model_readings):
-            if model not in loaded:  # unloaded: its counters start again with its next load
-                del state.model_readings[model]
-                state.model_gen_tps.pop(model, None)
-        for model, reading in loaded.items():
-            kept = state.model_readings.setdefault(model, deque())
-            kept.append((t, reading))
-            while len(kept) > 2 and t - kept[1][0] >= self.rate_window_s:
-                kept.popleft()
-            first_t, first = kept[0]
-            state.model_gen_tps[model] = gen_tps(first, first_t, reading, t) if len(kept) > 1 else None
-
-    def _plotted(self, state: EngineState) -> tuple[float | None, float | None]:
-        """_stats(state, t)'s gen_tps and ttft_p50_s (ENGINE_SERIES), without the other figures."""
-        readings = state.readings
-        if len(readings) < 2:
-            return None, None
-        cur_t, cur = readings[-1]
-        rate_t, rate_prev = _oldest_within(readings, cur_t - self.rate_window_s)
-        lat_t, lat_prev = readings[0]
-        # Readings since shape_t each passed went_back against the one before: none went back since.
-        return (gen_tps(rate_prev, rate_t, cur, cur_t, chained=rate_t >= state.shape_t),
-                ttft_p50(lat_prev, lat_t, cur, cur_t, chained=lat_t >= state.shape_t))
-
-    def _stats(self, state: EngineState, t: float) -> EngineStats:
-        # Shown until the latency window holds only the new run: its figures cover less time meanwhile.
-        reset = state.reset_t is not None and t - state.reset_t < self.latency_window_s
-        readings = state.readings
-        if len(readings) < 2:
-            if not readings:
-                return EngineStats(counter_reset=reset)
-            rate, length, per_pos = spec_totals(readings[-1][1])
-            return EngineStats(counter_reset=reset, spec_accept_rate_total=rate,
-                               spec_accept_length_total=length, spec_accept_per_pos_total=per_pos)
-        cur_t, cur = readings[-1]
-        rate_t, rate_prev = _oldest_within(readings, t - self.rate_window_s)
-        lat_t, lat_prev = readings[0]
-        rates = derive(rate_prev, rate_t, cur, cur_t, quantiles=False)  # only its rates are shown
-        lat = derive(lat_prev, lat_t, cur, cur_t)
-        return EngineStats(
-            prompt_processed_tps=rates.prompt_processed_tps,
-            prompt_computed_tps=rates.prompt_computed_tps,
-            gen_tps=rates.gen_tps,
-            decode_tps_busy=lat.decode_tps_busy,
-            prefix_cache_hit_rate=lat.prefix_cache_hit_rate,
-            spec_accept_rate=lat.spec_accept_rate,
-            spec_accept_length=lat.spec_accept_length,
-            spec_accept_per_pos=lat.spec_accept_per_pos,
-            spec_drafts_per_s=rates.spec_drafts_per_s,
-            spec_accept_rate_total=lat.spec_accept_rate_total,
-            spec_accept_length_total=lat.spec_accept_length_total,
-            spec_accept_per_pos_total=lat.spec_accept_per_pos_total,
-            ttft_p50_s=lat.ttft_p50_s,
-            ttft_p90_s=lat.ttft_p90_s,
-            itl_p50_s=lat.itl_p50_s,
-            itl_p90_s=lat.itl_p90_s,
-            counter_reset=reset,
-            requests=request_stats(readings) or relayed(state),
-        )
+            judge_engine(state, time.monotonic(), time.time() if wall is None else wall)
 
     def _energy(self, name: str, stats: EngineStats) -> EngineStats:
         """`stats` with the engine's energy per token (tui.sources.attribution.attribute): each engine's
@@ -385,33 +259,14 @@ class Store:
             tree = by_engine.get(name)
             state.rss_bytes = tree.rss_bytes if tree is not None else None
             state.port_note = unowned.get(name)
-            if self._placed(state, tree, sample.t):
-                self._judge(state, sample.t, time.time())
+            if placed(state, tree, sample.t, self.rate_window_s):
+                judge_engine(state, sample.t, time.time())
         if sample.cpu_energy_j is not None:
             self._cpu_energy.add(EnergyPoint(sample.t, sample.cpu_energy_j, None),
                                  self._idle(self._cpu_engines(sample)))
         window = self._cpu_energy.window(self.rate_window_s) if sample.cpu_energy_j is not None else None
         self.host = dataclasses.replace(sample, cpu_energy=window)
         self._probes_energy(sample.t)
-
-    def _placed(self, state: EngineState, tree: ProcessTreeMemory | None, t: float) -> bool:
-        """The engine's container and its cgroup's counters over the rate window; whether there is anything
-        to judge of them (it is in a container now, or was)."""
-        was = state.container is not None
-        state.container = tree.container if tree is not None else None
-        cgroup = tree.cgroup if tree is not None else None
-        state.cgroup = cgroup
-        kept = state.cgroup_readings
-        if cgroup is None or cgroup.error is not None:
-            kept.clear()
-            state.cgroup_use = None
-            return was or state.container is not None
-        kept.append((t, cgroup))
-        while len(kept) > 2 and t - kept[1][0] >= self.rate_window_s:
-            kept.popleft()
-        (t0, first), _ = kept[0], kept[-1]
-        state.cgroup_use = use_between(first, cgroup, t - t0) if t > t0 else None
-        return True
 
     def _cpu_engines(self, host: HostSample) -> set[str]:
         on_gpu = {e for g in (self.gpu.gpus if self.gpu else ()) if g.host is None for e in holders(g)[0]}
@@ -509,28 +364,9 @@ class Store:
             self._probes_energy(t)
         if getattr(getattr(result, "server", None), "load_ms", None) is not None:
             state = self.engine(name)  # Ollama said it loaded the model for it: judged again
-            self._judge(state, t, time.time())
+            judge_engine(state, t, time.time())
 
     def throttle_spans(self, t0: float) -> list[tuple[float, float]]:
         """Periods (start, end) since t0 in which a GPU reported a real throttle reason; a span still open
         ends at the last report."""
         return spans(self.throttle, t0)
-
-
-def _oldest_within(readings: deque[tuple[float, EngineReading]], t0: float) -> tuple[float, EngineReading]:
-    """The oldest reading at or after t0, but never the newest one (a rate needs two readings). Readings
-    are in time order (appended as polled): a binary search, not a walk over the latency window's minute."""
-    if len(readings) < 2:
-        raise ValueError("a window needs two readings")
-    i = bisect.bisect_left(readings, t0, key=_time)
-    return readings[min(i, len(readings) - 2)]
-
-
-def _time(item: tuple[float, EngineReading]) -> float:
-    return item[0]
-
-
-def _served(before: EngineReading, now: EngineReading) -> bool:
-    """Did the model take requests between two readings of its counters?"""
-    return any(getattr(now, key) not in (None, getattr(before, key)) for key in
-               ("generation_tokens_total", "prompt_tokens_processed_total"))

@@ -1,12 +1,11 @@
-"""The proxy's own Prometheus series, served at METRICS_PATH (a path no engine uses), labelled by engine and
-model. Each proxy has its own registry, so two proxies in one process (tests, the dashboard's) never share
-a series."""
+"""The proxy's own Prometheus series, served at tui.base.defaults.METRICS_PATH (a path no engine uses),
+labelled by engine and model. Each proxy has its own registry, so two proxies in one process (tests, the
+dashboard's) never share a series."""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-# served here; defined in tui.base.defaults, which `enginetop proxy --help` reads without prometheus_client
 from tui.model.traffic import RequestRecord
 
 # TTFT and end-to-end from 5 ms to 5 min; inter-token gaps from 1 ms to 10 s.

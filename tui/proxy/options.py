@@ -7,12 +7,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tui.base.defaults import BLOCK_SIZE, CONNECT_TIMEOUT_S, MAX_BODY_BYTES
 from tui.base.paths import config_dir
 from tui.model.targets import EngineTarget
 from tui.net.listen import Listen, ListenError, parse_listen
 from tui.proxy.headroom import capacity_file
-from tui.proxy.server import CONNECT_TIMEOUT_S, MAX_BODY_BYTES, Route, TrafficProxy
-from tui.proxy.trace import BLOCK_SIZE, KEY_FILE_NAME, TraceWriter, load_key
+from tui.proxy.server import Route, TrafficProxy
+from tui.proxy.trace import KEY_FILE_NAME, TraceWriter, load_key
 
 
 @dataclass

@@ -46,7 +46,7 @@ from tui.sources.discover_containers import in_containers
 from tui.sources.discover_found import FoundChild, FoundEngine, How
 from tui.sources.discover_listeners import EITHER, Listeners, listeners, url_hosts
 
-__all__ = ["DEADLINE_S", "DEFAULT_PORTS", "PORTS_ENV", "DiscoverError", "Discovery",
+__all__ = ["DEADLINE_S", "DiscoverError", "Discovery",
            "FoundChild", "FoundEngine", "How", "discover", "discover_async", "url_hosts", "usual_ports"]
 
 

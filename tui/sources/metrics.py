@@ -315,20 +315,24 @@ def _families(selected: str) -> list[Metric]:
 
 
 def _by_family(selected: str) -> list[str]:
-    """The selected text cut where a family's headers begin: each piece one family's headers and samples
-    (untyped samples stay with the family before them, as the parser reads them)."""
+    """The selected text cut where the headers of another family begin: each piece one family's headers and
+    samples (a family announced again stays in its piece; untyped samples stay with the family before them,
+    as the parser reads them)."""
     pieces: list[list[str]] = [[]]
-    in_headers = False
+    family = None
     for line in selected.splitlines():
-        header = line.startswith("# ")
-        if header and not in_headers and pieces[-1]:
-            pieces.append([])
-        in_headers = header
+        if line.startswith(_HEADER_PREFIXES):
+            name = line.split(" ", 3)[2] if line.count(" ") >= 2 else ""
+            if name != family and pieces[-1]:
+                pieces.append([])
+            family = name
         pieces[-1].append(line)
     return ["\n".join(piece) + "\n" for piece in pieces if piece]
 
 
-@functools.lru_cache(maxsize=1024)  # every family of a few engines, a few polls deep
+# Enough for every family of two engines of one dialect, a poll or two deep; a piece that changed is not asked
+# again, so the cache holds only what a poll may meet again (not a growing history of dead bodies).
+@functools.lru_cache(maxsize=64)
 def _parsed(piece: str) -> tuple[Metric, ...]:
     return tuple(text_string_to_metric_families(piece))
 
