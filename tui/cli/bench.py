@@ -251,6 +251,17 @@ def _run_all(parts: list[Part], work: Callable[[Part, EngineTarget], Awaitable[A
     return False
 
 
+def _workers(args: argparse.Namespace) -> int:
+    """--workers; and --tokenizer read now, so one that cannot be read is refused before anything is sent."""
+    from tui.workload.tokenizer import load_tokenizer
+    from tui.workload.workers import parse_workers
+
+    workers = parse_workers(args.workers)
+    if args.tokenizer:
+        load_tokenizer(args.tokenizer)
+    return workers
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -265,8 +276,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from tui.workload.live import LiveFile, Shown, progress_of
     from tui.workload.report import BENCH_SCHEMA
     from tui.workload.schedule import ScheduleError, parse_arrival, plan
-    from tui.workload.tokenizer import load_tokenizer
-    from tui.workload.workers import WorkerPool, make_bench, parse_workers
+    from tui.workload.workers import WorkerPool, make_bench
 
     try:
         parts = _parts(args)
@@ -280,9 +290,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         mode: Mode = "rate" if args.rate is not None else "concurrency" if args.concurrency else "trace"
         planned = plan(workload, mode, speed=args.speed, turns=args.schedule, rate=args.rate,
                        arrival=args.arrival, seed=args.seed, limit=args.limit)
-        workers = parse_workers(args.workers)
-        if args.tokenizer:
-            load_tokenizer(args.tokenizer)  # one that cannot be read is refused before anything is sent
+        workers = _workers(args)
     except (WorkloadError, ScheduleError, SloError, ProfileError, ValueError) as exc:
         return _bad("bench", exc)
     print(f"enginetop bench: {len(planned)} requests of {workload.path} ({workload.kind}, "
@@ -353,8 +361,6 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     from tui.workload.live import LiveFile, Shown, progress_of
     from tui.workload.report import CAPACITY_SCHEMA
     from tui.workload.schedule import ScheduleError
-    from tui.workload.tokenizer import load_tokenizer
-    from tui.workload.workers import parse_workers
 
     try:
         parts = _parts(args)
@@ -362,9 +368,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
                         start_rate=args.start_rate, level_s=args.level_s, min_requests=args.min_requests,
                         precision=args.precision, max_levels=args.max_levels, seed=args.seed)
         workload = load_workload(args.workload)
-        workers = parse_workers(args.workers)
-        if args.tokenizer:
-            load_tokenizer(args.tokenizer)  # one that cannot be read is refused before anything is sent
+        workers = _workers(args)
     except (WorkloadError, ScheduleError, SloError, ProfileError, ValueError) as exc:
         return _bad("capacity", exc)
     print(f"enginetop capacity: {len(workload.requests)} requests of {workload.path} ({workload.kind}) on "

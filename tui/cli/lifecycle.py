@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from tui.lifecycle.profile_files import ProfileSet
+    from tui.lifecycle.profiles import Profile
     from tui.lifecycle.switch import EngineManager, SwitchResult
     from tui.model.samples import GpuReport
     from tui.model.status import StepEvent
@@ -77,10 +78,24 @@ def _load() -> ProfileSet:
     return load_profiles()
 
 
-def _fail(result: SwitchResult) -> int:
+def _told(result: SwitchResult) -> int:
+    """The result as JSON; a failed step also said on stderr, and exit 1."""
     print(json.dumps(result.to_json(), indent=2))
+    if result.ok:
+        return 0
     _err(f"step '{result.failed_step}' failed: {result.message}")
     return 1
+
+
+def _profile(loaded: ProfileSet, name: str) -> Profile | None:
+    """The profile `name`, or None once why not is said."""
+    from tui.lifecycle.profiles import ProfileError
+
+    try:
+        return loaded.get(name)
+    except ProfileError as exc:
+        _err(f"step 'resolve' failed: {exc}")
+        return None
 
 
 def _adopt(profiles: ProfileSet, name: str) -> tuple[EngineManager | None, str | None]:
@@ -164,20 +179,12 @@ def cmd_profiles(args: argparse.Namespace) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from tui.lifecycle.profiles import ProfileError
     from tui.lifecycle.switch import EngineManager
 
-    loaded = _load()
-    try:
-        profile = loaded.get(args.profile)
-    except ProfileError as exc:
-        _err(f"step 'resolve' failed: {exc}")
+    profile = _profile(_load(), args.profile)
+    if profile is None:
         return 1
-    result = EngineManager(gpu=_gpu_reader()).start(profile, on_step=_print_step)
-    if not result.ok:
-        return _fail(result)
-    print(json.dumps(result.to_json(), indent=2))
-    return 0
+    return _told(EngineManager(gpu=_gpu_reader()).start(profile, on_step=_print_step))
 
 
 def cmd_down(args: argparse.Namespace) -> int:
@@ -185,22 +192,15 @@ def cmd_down(args: argparse.Namespace) -> int:
     if manager is None:
         _err(f"step 'stop' failed: {problem}")
         return 1
-    result = manager.stop(on_step=_print_step)
-    if not result.ok:
-        return _fail(result)
-    print(json.dumps(result.to_json(), indent=2))
-    return 0
+    return _told(manager.stop(on_step=_print_step))
 
 
 def cmd_switch(args: argparse.Namespace) -> int:
     from tui.lifecycle.engine import StepError
-    from tui.lifecycle.profiles import ProfileError
 
     loaded = _load()
-    try:
-        target = loaded.get(args.to_profile)
-    except ProfileError as exc:
-        _err(f"step 'resolve' failed: {exc}")
+    target = _profile(loaded, args.to_profile)
+    if target is None:
         return 1
     manager, problem = _adopt(loaded, args.from_profile)
     if manager is None:
@@ -211,10 +211,7 @@ def cmd_switch(args: argparse.Namespace) -> int:
     except StepError as exc:  # defensive: switch() reports failures in its result
         _err(f"step '{exc.step}' failed: {exc}")
         return 1
-    if not result.ok:
-        return _fail(result)
-    print(json.dumps(result.to_json(), indent=2))
-    return 0
+    return _told(result)
 
 
 if __name__ == "__main__":
