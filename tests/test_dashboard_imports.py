@@ -28,6 +28,8 @@ def test_the_dashboard_app_and_its_sources_import_no_proxy_fleet_ab_or_bench() -
         "from tui.model.targets import EngineTarget\nt = EngineTarget('e', 'http://127.0.0.1:9')\n"
         "build_sources(RunOptions(watched=[t], bench_runs=True))\nEnginetopApp(AppConfig(targets=[t]))")
     assert not {m for m in imported if m.split(".")[0] == "aiohttp" or m in NOT_FOR_A_PLAIN_DASHBOARD}
+    # nor httpx's command-line client (click, pygments' lexers): enginetop only uses httpx's client
+    assert "httpx" in imported and not {m for m in imported if m.split(".")[0] == "click"}
 
 
 def test_a_proxy_brings_its_server_when_asked() -> None:

@@ -251,7 +251,7 @@ def parse_reading(text: str) -> EngineReading:
 # histograms did not move, sends the same lines poll after poll: the parser is the costly part of a poll
 # (about 14 µs a line in pure Python), so a few recent texts are remembered, and under traffic each family's
 # own lines too (a histogram that no request finished in since the last poll is not parsed again).
-@functools.lru_cache(maxsize=32)
+@functools.lru_cache(maxsize=8)  # an idle engine's text, for each of a few engines
 def _parse_selected(dialect: Dialect, selected: str) -> EngineReading:
     sources = {src.field: src for src in _DIALECTS.get(dialect, ())}
     samples: dict[str, list] = {}  # wanted family -> samples (untyped lines can split one family in several)
