@@ -14,7 +14,7 @@ loop's thread), whose own time per function is summed by the part of the cycle i
 are of the profiled thread's busy time; cProfile's overhead inflates small calls, so read them as where the
 time goes, not as absolute figures (those are the plain run's).
 
-    .venv/bin/python bench/bench_cycle.py [--seconds 60] [--only vllm|llama]
+    .venv/bin/python bench/bench_cycle.py [--seconds 60] [--only vllm|llama] [--still] [--keep DIR]
 """
 
 from __future__ import annotations

@@ -217,9 +217,9 @@ ENGINE_FIXTURES = {"llama_server", "vllm_server", "llama_container"}
 # session's vLLM, and the bundled demo profiles share their fixed port. Engine tests that only start and
 # stop small engines were tried on the other worker: no faster (fresh clone, 18 min 35 s against 18 min 14 s;
 # again warm, 47 of them as a second group: 15 min 18 s against 15 min 14 s, and a router probe timed out
-# beside demo_both; again on 2026-12-07, 25 modules of light engine tests as a second group: 116 tests done
-# after 9.5 min and 4 failed by 14.5 min, against 1,189 in 18.8 min with one group). Measured per test from
-# /proc/stat, the engine tests alone keep 1.4 of the 2 cores busy (740 s, 1,010 CPU s) and the rest 0.5
+# beside demo_both; again on 2026-12-07, 25 modules of light engine tests as a second group: stopped after
+# 14.5 min with 116 tests done and 4 failed, where one group runs all 1,189 in 18.8 min). Measured per test
+# from /proc/stat, the engine tests alone keep 1.4 of the 2 cores busy (740 s, 1,010 CPU s) and the rest 0.5
 # (400 s, 209 CPU s): together they fill the machine either way.
 # Other tests that share a module-scoped fixture (a Prometheus over the synthetic fleet, a recording) share
 # a worker, so it is built once.

@@ -17,11 +17,11 @@ import pytest
 from conftest import start_engine
 from waiting import until
 
+from tui.base.defaults import DEFAULT_PORTS
 from tui.base.process import free_port, launch, stop_group
 from tui.engines.install_llamacpp import demo_argv
 from tui.engines.known import serving_program
 from tui.sources.discover import (
-    DEFAULT_PORTS,
     DiscoverError,
     FoundEngine,
     _named,

@@ -330,9 +330,10 @@ def _by_family(selected: str) -> list[str]:
     return ["\n".join(piece) + "\n" for piece in pieces if piece]
 
 
-# Enough for every family of two engines of one dialect, a poll or two deep; a piece that changed is not asked
-# again, so the cache holds only what a poll may meet again (not a growing history of dead bodies).
-@functools.lru_cache(maxsize=64)
+# Enough for every family of several engines (a vLLM body is ~20 pieces), a poll or two deep: past its size
+# every lookup would miss (each poll reads its pieces in order). A piece that changed is not asked again, so
+# the cache holds what a poll may meet again, not a growing history of dead bodies (a piece is ~1-6 KB).
+@functools.lru_cache(maxsize=256)
 def _parsed(piece: str) -> tuple[Metric, ...]:
     return tuple(text_string_to_metric_families(piece))
 
