@@ -330,10 +330,10 @@ def _by_family(selected: str) -> list[str]:
     return ["\n".join(piece) + "\n" for piece in pieces if piece]
 
 
-# Enough for every family of several engines (a vLLM body is ~20 pieces), a poll or two deep: past its size
-# every lookup would miss (each poll reads its pieces in order). A piece that changed is not asked again, so
-# the cache holds what a poll may meet again, not a growing history of dead bodies (a piece is ~1-6 KB).
-@functools.lru_cache(maxsize=256)
+# Enough for every family of three engines under traffic (a vLLM body is ~20 pieces, ~15 of them new each
+# poll): past that, each poll's new pieces push out the ones that did not change before they are met again.
+# A piece that changed is never asked again, so the cache holds at most 128 dead ones (~9 KB each parsed).
+@functools.lru_cache(maxsize=128)
 def _parsed(piece: str) -> tuple[Metric, ...]:
     return tuple(text_string_to_metric_families(piece))
 
