@@ -32,7 +32,7 @@ class ProbePanel(Panel):
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
-        self._drawn: tuple[tuple[ProbeResult, ...], float | None, ProbeMedians | None] = ((), None, None)
+        self._drawn: tuple[tuple[ProbeResult, ...], float | None] = ((), None)
 
     def show(self, results: Sequence[ProbeResult], busy: bool, every_s: float | None,
              ttft_gap_factor: float = DEFAULT_TTFT_GAP_FACTOR, medians: ProbeMedians | None = None) -> None:
@@ -40,12 +40,13 @@ class ProbePanel(Panel):
         subtitle = ("probing… " if busy else "") + (f"every {every_s:g}s" if every_s else "f: probe now")
         if subtitle != self.border_subtitle:  # setting it, even to the same words, repaints the border
             self.border_subtitle = subtitle
-        # Results never change once made: the same newest results (the same objects) draw the same panel.
+        # Results never change once made: the same newest results (the same objects) draw the same panel, and
+        # have the same medians (made from them).
         newest = tuple(results[-max(SHOWN, MEDIAN_OF):])
-        drawn, factor, drawn_medians = self._drawn
+        drawn, factor = self._drawn
         same = len(drawn) == len(newest) and all(a is b for a, b in zip(drawn, newest, strict=True))
-        if not same or factor != ttft_gap_factor or drawn_medians != medians:
-            self._drawn = (newest, ttft_gap_factor, medians)
+        if not same or factor != ttft_gap_factor:
+            self._drawn = (newest, ttft_gap_factor)
             self.redraw(render_probes(results, ttft_gap_factor, medians))
 
 
