@@ -30,8 +30,9 @@ REPO = Path(__file__).resolve().parents[1]
 # which lets a socket bind an address this machine does not have. Each request is printed with the
 # Authorization header it came with, so a test can tell whether a key reached it.
 STAND_IN = textwrap.dedent("""
-    import http.server, json, socket, socketserver, sys, time
+    import http.server, json, socket, socketserver, sys, threading, time
     host, port, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    printing = threading.Lock()  # one line per request: two threads' prints would interleave
 
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -48,7 +49,8 @@ STAND_IN = textwrap.dedent("""
             self.wfile.write(body)
 
         def do_GET(self):
-            print(f"GET {self.path} authorization={self.headers.get('Authorization')}", flush=True)
+            with printing:
+                print(f"GET {self.path} authorization={self.headers.get('Authorization')}", flush=True)
             if mode == "trickle":
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")

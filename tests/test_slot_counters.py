@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from tui.live.store import Store
 from tui.model.samples import EngineReading, EngineSample
 from tui.model.slots import SlotsReading, SlotState
@@ -129,6 +131,44 @@ def test_the_watch_reads_once_per_token_of_the_fastest_slot_within_its_bounds():
     assert gap_s(None, 0.0, before, 0.5) == MIN_GAP_S
     # every slot idle: the linger's pace
     assert gap_s(before, 0.0, slots(ended(5, 12), ended(6, 15, slot=1)), 0.5) == LINGER_GAP_S
+
+
+def test_the_watch_relaxes_its_pace_while_every_end_is_seen_and_reads_once_per_token_after_a_miss():
+    from tui.sources.slot_watch import MAX_GAP_S, MIN_GAP_S, RELAX_AFTER, RELAXED_MAX_GAP_S, Pace
+
+    pace = Pace()
+    t = 0.0
+
+    def read(before: SlotsReading, now: SlotsReading, after: float = 0.05) -> float:
+        nonlocal t
+        t += after
+        return pace.gap_s(before, t - after, now, t)
+
+    # back to back: each task is followed by the next between two readings, its end never seen
+    for task in range(1, 6):
+        assert read(slots(busy(task, 40)), slots(busy(task + 1, 1))) == MIN_GAP_S
+    assert not pace.relaxed
+    # clients that think: every slot is seen ended (for 0.6 s) before its next task takes it (after 1 s busy)
+    for task in range(10, 10 + RELAX_AFTER + 2):
+        assert pace.relaxed == (task >= 10 + RELAX_AFTER)
+        read(slots(busy(task, 30)), slots(ended(task, 31)), after=1.0)
+        read(slots(ended(task, 31)), slots(busy(task + 1, 2)), after=0.6)
+    # relaxed: half the shortest stretch lately seen (0.6 s ended), however fast the slot generates
+    assert read(slots(busy(15, 2)), slots(busy(15, 400))) == pytest.approx(0.3)
+    # a slot taken again between two readings (an end missed): once per token again
+    assert read(slots(busy(15, 400)), slots(busy(16, 1))) == MIN_GAP_S
+    assert not pace.relaxed
+    # a task begun and ended between two readings is a missed end too
+    pace.seen_in_a_row = RELAX_AFTER
+    assert read(slots(busy(16, 5)), slots(ended(17, 7))) == 0.1
+    assert not pace.relaxed
+    # relaxed after short stretches: never more often than MAX_GAP_S; after long ones, RELAXED_MAX_GAP_S
+    quick, slow = Pace(), Pace()
+    for pace_, step in ((quick, 0.01), (slow, 5.0)):
+        pace_.seen_in_a_row = RELAX_AFTER
+        for k in range(4):
+            pace_.note(None, slots(busy(k, 3) if k % 2 else ended(k - 1, 3)), k * step)
+    assert (quick.relaxed_gap_s(), slow.relaxed_gap_s()) == (MAX_GAP_S, RELAXED_MAX_GAP_S)
 
 
 def test_the_column_says_what_the_slots_missed_and_a_counter_that_moves_only_at_the_end():

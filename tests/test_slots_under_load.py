@@ -25,6 +25,7 @@ from tui.live.store import Store
 from tui.model.targets import EngineTarget
 from tui.net.keepalive import Transports
 from tui.sources.engine_source import EngineSource
+from tui.sources.slot_watch import MAX_GAP_S
 from widgets.engine_glance import render_glance
 
 pytestmark = pytest.mark.engine
@@ -48,8 +49,9 @@ class Told:
         return sum(t0 < t <= t1 for t in self.times) / (t1 - t0)
 
 
-async def _client(url: str, told: Told, until: float, tokens: int, n: int) -> None:
-    """Requests back to back until `until` (monotonic), each streamed: a token's time is its chunk's."""
+async def _client(url: str, told: Told, until: float, tokens: int, n: int, think_s: float = 0.0) -> None:
+    """Requests back to back (or `think_s` apart) until `until` (monotonic), each streamed: a token's time is
+    its chunk's."""
     async with httpx.AsyncClient(timeout=120) as client:
         k = 0
         while time.monotonic() < until:
@@ -60,6 +62,7 @@ async def _client(url: str, told: Told, until: float, tokens: int, n: int) -> No
                     "max_tokens": tokens, "temperature": 0.8})
             except (httpx.HTTPError, json.JSONDecodeError):
                 await asyncio.sleep(0.2)  # the engine was killed under it: its answer never came
+            await asyncio.sleep(think_s)
 
 
 async def _stream(client: httpx.AsyncClient, url: str, told: Told, body: dict) -> None:
@@ -195,6 +198,32 @@ def test_two_slots_two_clients_the_live_rate_is_the_responses_own_within_5_perce
         assert abs(watched.counted - told.total) <= 0.05 * told.total
         reading = watched.store.engines["two"].sample.reading
         assert reading is not None and reading.origin == "/slots"
+
+        # Then clients that think 0.4 s between requests: every end is seen, so the watch reads at a tenth
+        # of the pace (tui.sources.slot_watch.Pace) and still counts every token.
+        async def thinking() -> tuple[float, int, float, bool]:
+            watched, told = Watched("two", engine.url), Told()
+            try:
+                await watched.poll()
+                start = time.monotonic()
+                jobs = [asyncio.ensure_future(_client(engine.url, told, start + 12.0, 48, n, think_s=0.4))
+                        for n in range(2)]
+                await watched.until(start + 4.0)  # the watch sees its first ends
+                assert watched.source._watch is not None
+                watch = watched.source._watch[1]
+                asked, t0 = watch.asked, time.monotonic()
+                await watched.until(start + 12.0)
+                per_s = (watch.asked - asked) / (time.monotonic() - t0)
+                await watched.settle(jobs)
+                return watched.counted, told.total, per_s, watch.pace.relaxed
+            finally:
+                await watched.aclose()
+
+        counted, total, per_s, relaxed = asyncio.run(thinking())
+        show("clients thinking 0.4 s: counted vs usage, /slots readings a second, relaxed",
+             (counted, total, round(per_s, 1), relaxed))
+        assert relaxed and per_s <= 1 / MAX_GAP_S + 1
+        assert abs(counted - total) <= 0.05 * total
     finally:
         stop_group(engine.launched)
 

@@ -12,6 +12,14 @@ of the fastest slot (its rate measured from the readings themselves), never more
 often than MAX_GAP_S. After the last busy reading it goes on at LINGER_GAP_S for LINGER_S, so that a request
 arriving after a think time is seen running rather than only ended; then the poll's own pace takes over.
 A reading costs ~0.17 ms of CPU here (4 slots: HTTP on a kept connection, JSON, the counters).
+
+Reading once per token is needed only where a slot is taken again at once (a queue, a client sending its next
+request as soon as the answer came). Where clients think between requests, a slot stands ended for that
+while, and is seen so read far less often: once RELAX_AFTER ends in a row were seen (the slot read ended
+before its next task took it), the watch reads at half the shortest stretch a slot was lately seen busy or
+ended, between MAX_GAP_S and RELAXED_MAX_GAP_S (Pace). The first end missed so (a slot that went from one task
+to the next between two readings, or a task begun and ended between them) loses the tokens of one gap at
+most, and puts the watch back to once per token.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 
 from tui.model.slots import SlotsReading
@@ -27,6 +36,9 @@ MIN_GAP_S = 0.02  # 50 readings a second at most: a slot at 100 tok/s loses a to
 MAX_GAP_S = 0.1
 LINGER_S = 10.0
 LINGER_GAP_S = 0.1  # a request lasts longer than this (its prefill and first token), so it is seen running
+RELAX_AFTER = 3  # ends seen in a row before the watch relaxes its pace (Pace)
+RELAXED_MAX_GAP_S = 0.5
+STRETCHES = 8  # the last stretches a slot was seen busy or ended, for the relaxed pace
 # The watch stops when no poll has taken its readings for this many of the source's intervals (a paused
 # dashboard, a source no longer read): it runs only for a poller that uses it.
 UNREAD_INTERVALS = 3.0
@@ -49,6 +61,51 @@ def gap_s(before: SlotsReading | None, before_t: float, now: SlotsReading, now_t
     return min(MAX_GAP_S, max(MIN_GAP_S, 1.0 / fastest))
 
 
+class Pace:
+    """Whether requests follow each other at once on a slot: the ends seen in a row (a slot read ended, its
+    task still the one it ran) since the last missed one (a slot read processing, then with another task).
+    Relaxed, the watch reads at half the shortest stretch a slot was seen busy or ended lately (so neither a
+    request nor the pause after one falls between two readings), between MAX_GAP_S and RELAXED_MAX_GAP_S."""
+
+    def __init__(self) -> None:
+        self.seen_in_a_row = 0
+        self._since: dict[int, tuple[int | None, bool, float]] = {}  # slot -> (task, processing, first seen)
+        self._stretches: deque[float] = deque(maxlen=STRETCHES)
+
+    def note(self, before: SlotsReading | None, now: SlotsReading, now_t: float) -> None:
+        if before is not None:
+            was = {s.id: s for s in before.slots}
+            for slot in now.slots:
+                old = was.get(slot.id)
+                if old is None or not old.processing:
+                    continue
+                if slot.task != old.task:
+                    self.seen_in_a_row = 0  # it ended and another task took the slot between the two readings
+                elif not slot.processing:
+                    self.seen_in_a_row += 1
+        for slot in now.slots:
+            state = (slot.task, slot.processing)
+            since = self._since.get(slot.id)
+            if since is None or since[:2] != state:
+                if since is not None:
+                    self._stretches.append(now_t - since[2])  # at least this long busy, or ended
+                self._since[slot.id] = (*state, now_t)
+
+    @property
+    def relaxed(self) -> bool:
+        return self.seen_in_a_row >= RELAX_AFTER
+
+    def relaxed_gap_s(self) -> float:
+        shortest = min(self._stretches, default=0.0)
+        return min(RELAXED_MAX_GAP_S, max(MAX_GAP_S, shortest / 2))
+
+    def gap_s(self, before: SlotsReading | None, before_t: float, now: SlotsReading, now_t: float) -> float:
+        self.note(before, now, now_t)
+        if self.relaxed:
+            return self.relaxed_gap_s()
+        return gap_s(before, before_t, now, now_t)
+
+
 class SlotWatch:
     """Asks `ask()` at the pace `gap_s` sets while a slot is processing and for LINGER_S after, hands each
     reading to `take` (in the order they came, from one request at a time), and stops by itself then, on an
@@ -63,6 +120,7 @@ class SlotWatch:
         self._touched = time.monotonic()
         self.latest: SlotsReading | None = None  # the last reading taken
         self.asked = 0  # readings taken since the watch was made (a figure for the bench and tests)
+        self.pace = Pace()  # kept across the watch's runs: a workload's habit outlives a pause in it
 
     @property
     def running(self) -> bool:
@@ -95,7 +153,7 @@ class SlotWatch:
                 busy_t = asked
             elif asked - busy_t > LINGER_S:
                 return
-            wait = gap_s(before, before_t, reading, asked)
+            wait = self.pace.gap_s(before, before_t, reading, asked)
             before, before_t = reading, asked
             await asyncio.sleep(max(0.0, wait - (time.monotonic() - asked)))
 
