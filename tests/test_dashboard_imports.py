@@ -32,6 +32,16 @@ def test_the_dashboard_app_and_its_sources_import_no_proxy_fleet_ab_or_bench() -
     assert "httpx" in imported and not {m for m in imported if m.split(".")[0] == "click"}
 
 
+def test_the_dashboards_command_line_without_recording_imports_no_sqlite() -> None:
+    """`enginetop --no-record` parses its options (the recordings' retention among them) without the
+    recorder's sqlite3 (~1 MB of library): it is imported when a recording is opened."""
+    imported = _imported("import argparse\nfrom tui.cli.dashboard import add_dashboard_args\n"
+                         "parser = argparse.ArgumentParser()\nadd_dashboard_args(parser)\n"
+                         "parser.parse_args(['--no-record', '--no-discover'])")
+    assert "tui.cli.dashboard" in imported
+    assert "sqlite3" not in imported and "tui.record.schema" not in imported
+
+
 def test_a_proxy_brings_its_server_when_asked() -> None:
     """The other side: the lazy imports are really reached where the option is given."""
     imported = _imported(

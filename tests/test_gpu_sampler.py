@@ -5,6 +5,8 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -19,7 +21,8 @@ from fake_pynvml import (
 )
 
 from tui.model.samples import GpuSample
-from tui.sources.gpu import INIT_RETRY_S, GpuSampler, peak_bandwidth_gbps, throttle_words
+from tui.sources import gpu as gpu_module
+from tui.sources.gpu import INIT_RETRY_S, NO_LIBRARY, GpuSampler, peak_bandwidth_gbps, throttle_words
 
 GiB = 1 << 30
 
@@ -65,9 +68,23 @@ def test_real_pynvml_without_driver_gives_one_line_reason() -> None:
     assert report.unavailable == ("no NVIDIA driver found (NVML: NVML Shared Library Not Found); "
                                   f"no AMD or Intel GPU in {_drm()}: GPU panel off")
     assert "\n" not in report.unavailable
-    # the real library raises the class the sampler catches, the fake copies exactly that
-    with pytest.raises(pynvml.NVMLError_LibraryNotFound):
+    # the real library raises the class the sampler catches, in the words the sampler gives without asking
+    # it (pynvml is not imported where its library does not load), and the fake copies exactly that
+    with pytest.raises(pynvml.NVMLError_LibraryNotFound) as raised:
         pynvml.nvmlInit()
+    assert str(raised.value) == NO_LIBRARY
+
+
+def test_pynvml_is_imported_only_where_its_library_loads() -> None:
+    code = ("import sys; from tui.sources.gpu import GpuSampler; report = GpuSampler().sample(); "
+            "print(report.unavailable); print('pynvml' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    words, imported = out.stdout.strip().splitlines()
+    if driver_present():  # a GPU machine: read through pynvml
+        assert imported == "True" and not words.startswith("no NVIDIA driver"), words
+    else:
+        assert words.startswith(f"no NVIDIA driver found (NVML: {NO_LIBRARY})") and imported == "False"
 
 
 @pytest.mark.parametrize(
@@ -121,9 +138,8 @@ def test_zero_devices_is_unavailable() -> None:
 
 
 def test_missing_binding_module_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    import sys
-
     monkeypatch.setitem(sys.modules, "pynvml", None)  # makes `import pynvml` raise ImportError
+    monkeypatch.setattr(gpu_module, "nvml_library_loads", lambda: True)  # a driver, without its binding
     report = GpuSampler().sample()
     assert report.unavailable is not None
     assert report.unavailable.startswith("nvidia-ml-py is not installed")

@@ -21,3 +21,7 @@ BLOCK_SIZE = 512
 # tui.sources.discover: the loopback ports discovery asks, and the variable that replaces them
 DEFAULT_PORTS = (8080, 8000, 30000, 1234, 11434)
 PORTS_ENV = "ENGINETOP_DISCOVER_PORTS"
+
+# tui.record.retention: recordings older than this, and the oldest past this total size, are deleted
+KEEP_DAYS = 7.0
+KEEP_BYTES = 2 * 2**30

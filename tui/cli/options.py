@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from tui.base.defaults import DEFAULT_PORTS, PORTS_ENV
+from tui.base.defaults import DEFAULT_PORTS, KEEP_BYTES, KEEP_DAYS, PORTS_ENV
 
 # The exit codes of every command (`enginetop --help` prints this table; so does the README).
 EXIT_OK = 0
@@ -82,8 +82,6 @@ def add_output(parser: argparse.ArgumentParser, *, output: str | None = None, re
 
 
 def add_retention(parser: argparse.ArgumentParser) -> None:
-    from tui.record.retention import KEEP_BYTES, KEEP_DAYS
-
     parser.add_argument("--keep-days", type=float, default=KEEP_DAYS,
                         help=f"delete recordings in the data dir older than this (default {KEEP_DAYS:g})")
     parser.add_argument("--keep-gb", type=float, default=KEEP_BYTES / 2**30,

@@ -8,10 +8,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from tui.base.defaults import KEEP_BYTES, KEEP_DAYS
 from tui.record.schema import SUFFIX
 
-KEEP_DAYS = 7.0
-KEEP_BYTES = 2 * 2**30
 EVERY_S = 3600.0  # while recording, old files are pruned again this often: a week-long session stays bounded
 
 

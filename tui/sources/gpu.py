@@ -17,8 +17,10 @@ container it runs in, if any (tui.sources.container_of), once per PID per sample
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -51,6 +53,21 @@ _KNOWN_REASON_BITS = sum(THROTTLE_REASON_WORDS)  # distinct single bits, so the 
 # Names of GPUs whose memory is the host's (as llmtop reads them): said unified even where NVML answers.
 # Whole words: "GB10" is not "GB100"
 UNIFIED_NAMES = re.compile(r"\b(GB10|Jetson|Orin|Thor|Xavier|Tegra)\b", re.IGNORECASE)
+
+
+NO_LIBRARY = "NVML Shared Library Not Found"  # pynvml's words for NVML_ERROR_LIBRARY_NOT_FOUND
+
+
+def nvml_library_loads() -> bool:
+    """Whether NVML's library loads here, as pynvml loads it on Linux (libnvidia-ml.so.1); elsewhere pynvml
+    is asked (it looks in the places Windows drivers put nvml.dll)."""
+    if not sys.platform.startswith("linux"):
+        return True
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return False
+    return True
 
 
 class _Lost(Exception):
@@ -189,6 +206,10 @@ class GpuSampler:
             return False
         self._next_init_try = now + INIT_RETRY_S
         if self._nvml is None:
+            if not nvml_library_loads():
+                # pynvml's own words for it, without importing pynvml (1.7 MiB held for the whole session)
+                self._unavailable = f"no NVIDIA driver found (NVML: {NO_LIBRARY}): GPU panel off"
+                return False
             try:
                 import pynvml
             except ImportError as exc:

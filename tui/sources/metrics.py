@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -330,12 +331,51 @@ def _by_family(selected: str) -> list[str]:
     return ["\n".join(piece) + "\n" for piece in pieces if piece]
 
 
-# Enough for every family of three engines under traffic (a vLLM body is ~20 pieces, ~15 of them new each
-# poll): past that, each poll's new pieces push out the ones that did not change before they are met again.
-# A piece that changed is never asked again, so the cache holds at most 128 dead ones (~9 KB each parsed).
-@functools.lru_cache(maxsize=128)
-def _parsed(piece: str) -> tuple[Metric, ...]:
-    return tuple(text_string_to_metric_families(piece))
+class _PieceCache:
+    """Each family's last few pieces, parsed: a piece is one family's lines (`_by_family`), so an unchanged
+    family is parsed once for as long as it stays the same, and one whose lines move every poll keeps only
+    PER_FAMILY dead pieces (~9 KB each parsed) instead of crowding out the families that did not move, as one
+    shared LRU would. PER_FAMILY pieces a family: one for each of a few engines of the same dialect."""
+
+    PER_FAMILY = 3
+    MAX_FAMILIES = 512  # past that (a server whose family names change), forget them all
+
+    def __init__(self) -> None:
+        self._by_family: dict[str, dict[str, tuple[Metric, ...]]] = {}
+        self._lock = threading.Lock()  # parsed from the event loop and from threads (an A/B run's polls)
+        self.hits = self.misses = 0
+
+    def __call__(self, piece: str) -> tuple[Metric, ...]:
+        head = piece.split("\n", 1)[0]
+        family = head.split(" ", 3)[2] if head.startswith(_HEADER_PREFIXES) and head.count(" ") >= 2 \
+            else head.split("{", 1)[0].split(" ", 1)[0]
+        with self._lock:
+            kept = self._by_family.get(family)
+            if kept is not None and (parsed := kept.get(piece)) is not None:
+                self.hits += 1
+                return parsed
+            self.misses += 1
+        parsed = tuple(text_string_to_metric_families(piece))  # raises ValueError: nothing kept
+        with self._lock:
+            kept = self._by_family.get(family)
+            if kept is None:
+                if len(self._by_family) >= self.MAX_FAMILIES:
+                    self._by_family.clear()
+                kept = self._by_family[family] = {}
+            elif len(kept) >= self.PER_FAMILY:
+                del kept[next(iter(kept))]  # the oldest
+            kept[piece] = parsed
+        return parsed
+
+    def cache_info(self) -> _PieceCache:
+        return self  # hits and misses, as functools' caches give them
+
+    def cache_clear(self) -> None:
+        with self._lock:
+            self._by_family.clear()
+
+
+_parsed = _PieceCache()
 
 
 def _finish(dialect: Dialect, values: dict[str, Any], present: set[str]) -> EngineReading:
