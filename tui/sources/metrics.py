@@ -295,7 +295,7 @@ def _families(selected: str) -> list[Metric]:
     """The families of the selected lines, each family's lines parsed once for as long as they stay the same;
     a malformed body raises MetricsFormatError saying where, as the parser meets it in the whole text."""
     try:
-        return [fam for chunk in _by_family(selected) for fam in _parsed(chunk)]
+        return [fam for family, piece in _by_family(selected) for fam in _parsed(family, piece)]
     except ValueError:
         pass  # said below, from the whole text: which family, after which
     families = iter(text_string_to_metric_families(selected))
@@ -315,27 +315,31 @@ def _families(selected: str) -> list[Metric]:
             else fam.name
 
 
-def _by_family(selected: str) -> list[str]:
-    """The selected text cut where the headers of another family begin: each piece one family's headers and
-    samples (a family announced again stays in its piece; untyped samples stay with the family before them,
-    as the parser reads them)."""
-    pieces: list[list[str]] = [[]]
+def _by_family(selected: str) -> list[tuple[str, str]]:
+    """The selected text cut where the headers of another family begin: (family, piece), each piece one
+    family's headers and samples (a family announced again stays in its piece; untyped samples stay with the
+    family before them, as the parser reads them; samples before any header are a piece of their own)."""
+    pieces: list[tuple[str, list[str]]] = [("", [])]
     family = None
     for line in selected.splitlines():
         if line.startswith(_HEADER_PREFIXES):
             name = line.split(" ", 3)[2] if line.count(" ") >= 2 else ""
-            if name != family and pieces[-1]:
-                pieces.append([])
+            if name != family:
+                if pieces[-1][1]:
+                    pieces.append((name, []))
+                else:
+                    pieces[-1] = (name, [])
             family = name
-        pieces[-1].append(line)
-    return ["\n".join(piece) + "\n" for piece in pieces if piece]
+        pieces[-1][1].append(line)
+    return [(name, "\n".join(lines) + "\n") for name, lines in pieces if lines]
 
 
 class _PieceCache:
     """Each family's last few pieces, parsed: a piece is one family's lines (`_by_family`), so an unchanged
     family is parsed once for as long as it stays the same, and one whose lines move every poll keeps only
     PER_FAMILY dead pieces (~9 KB each parsed) instead of crowding out the families that did not move, as one
-    shared LRU would. PER_FAMILY pieces a family: one for each of a few engines of the same dialect."""
+    shared LRU would. PER_FAMILY pieces a family, the least recently used dropped first: one for each of a
+    few engines of the same dialect."""
 
     PER_FAMILY = 3
     MAX_FAMILIES = 512  # past that (a server whose family names change), forget them all
@@ -345,13 +349,11 @@ class _PieceCache:
         self._lock = threading.Lock()  # parsed from the event loop and from threads (an A/B run's polls)
         self.hits = self.misses = 0
 
-    def __call__(self, piece: str) -> tuple[Metric, ...]:
-        head = piece.split("\n", 1)[0]
-        family = head.split(" ", 3)[2] if head.startswith(_HEADER_PREFIXES) and head.count(" ") >= 2 \
-            else head.split("{", 1)[0].split(" ", 1)[0]
+    def __call__(self, family: str, piece: str) -> tuple[Metric, ...]:
         with self._lock:
             kept = self._by_family.get(family)
-            if kept is not None and (parsed := kept.get(piece)) is not None:
+            if kept is not None and (parsed := kept.pop(piece, None)) is not None:
+                kept[piece] = parsed  # the most recently used last
                 self.hits += 1
                 return parsed
             self.misses += 1
@@ -362,8 +364,8 @@ class _PieceCache:
                 if len(self._by_family) >= self.MAX_FAMILIES:
                     self._by_family.clear()
                 kept = self._by_family[family] = {}
-            elif len(kept) >= self.PER_FAMILY:
-                del kept[next(iter(kept))]  # the oldest
+            elif piece not in kept and len(kept) >= self.PER_FAMILY:
+                del kept[next(iter(kept))]  # the least recently used
             kept[piece] = parsed
         return parsed
 
@@ -373,6 +375,7 @@ class _PieceCache:
     def cache_clear(self) -> None:
         with self._lock:
             self._by_family.clear()
+            self.hits = self.misses = 0
 
 
 _parsed = _PieceCache()
