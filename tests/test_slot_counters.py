@@ -133,42 +133,89 @@ def test_the_watch_reads_once_per_token_of_the_fastest_slot_within_its_bounds():
     assert gap_s(before, 0.0, slots(ended(5, 12), ended(6, 15, slot=1)), 0.5) == LINGER_GAP_S
 
 
-def test_the_watch_relaxes_its_pace_while_every_end_is_seen_and_reads_once_per_token_after_a_miss():
-    from tui.sources.slot_watch import MAX_GAP_S, MIN_GAP_S, RELAX_AFTER, RELAXED_MAX_GAP_S, Pace
+def test_the_watch_relaxes_its_pace_while_every_end_is_counted_and_reads_once_per_token_after_a_miss():
+    from tui.sources.slot_watch import (
+        MAX_GAP_S,
+        MAX_RELAX_AFTER,
+        MIN_GAP_S,
+        RELAX_AFTER,
+        RELAXED_MAX_GAP_S,
+        Pace,
+    )
 
-    pace = Pace()
+    counters, pace = SlotCounters(), Pace()
     t = 0.0
+    before = slots(ended(0, 5))
 
-    def read(before: SlotsReading, now: SlotsReading, after: float = 0.05) -> float:
-        nonlocal t
+    def read(now: SlotsReading, after: float = 0.05) -> float:
+        """One reading of the watch: counted, then paced (as SlotWatch does)."""
+        nonlocal t, before
         t += after
-        return pace.gap_s(before, t - after, now, t)
+        counters.add(now)
+        gap = pace.gap_s(counters, before, t - after, now, t)
+        before = now
+        return gap
 
-    # back to back: each task is followed by the next between two readings, its end never seen
+    def think(first: int, requests: int) -> None:
+        """Clients that think: every slot read ended (for 0.6 s) before its next task takes it (1 s busy)."""
+        for task in range(first, first + requests):
+            read(slots(busy(task, 2)), after=0.6)
+            read(slots(busy(task, 30)), after=1.0)
+            read(slots(ended(task, 31)), after=0.05)
+
+    read(before)
+    # back to back: each task is followed by the next between two readings, its end never read
     for task in range(1, 6):
-        assert read(slots(busy(task, 40)), slots(busy(task + 1, 1))) == MIN_GAP_S
+        read(slots(busy(task, 1)))
+        assert read(slots(busy(task, 40))) == MIN_GAP_S  # the next token may be the last
+    assert not pace.relaxed and counters.ended == 4 and counters.seen_ended == 0
+    think(10, RELAX_AFTER - 1)
     assert not pace.relaxed
-    # clients that think: every slot is seen ended (for 0.6 s) before its next task takes it (after 1 s busy)
-    for task in range(10, 10 + RELAX_AFTER + 2):
-        assert pace.relaxed == (task >= 10 + RELAX_AFTER)
-        read(slots(busy(task, 30)), slots(ended(task, 31)), after=1.0)
-        read(slots(ended(task, 31)), slots(busy(task + 1, 2)), after=0.6)
-    # relaxed: half the shortest stretch lately seen (0.6 s ended), however fast the slot generates
-    assert read(slots(busy(15, 2)), slots(busy(15, 400))) == pytest.approx(0.3)
-    # a slot taken again between two readings (an end missed): once per token again
-    assert read(slots(busy(15, 400)), slots(busy(16, 1))) == MIN_GAP_S
-    assert not pace.relaxed
-    # a task begun and ended between two readings is a missed end too
-    pace.seen_in_a_row = RELAX_AFTER
-    assert read(slots(busy(16, 5)), slots(ended(17, 7))) == 0.1
-    assert not pace.relaxed
-    # relaxed after short stretches: never more often than MAX_GAP_S; after long ones, RELAXED_MAX_GAP_S
-    quick, slow = Pace(), Pace()
-    for pace_, step in ((quick, 0.01), (slow, 5.0)):
-        pace_.seen_in_a_row = RELAX_AFTER
-        for k in range(4):
-            pace_.note(None, slots(busy(k, 3) if k % 2 else ended(k - 1, 3)), k * step)
-    assert (quick.relaxed_gap_s(), slow.relaxed_gap_s()) == (MAX_GAP_S, RELAXED_MAX_GAP_S)
+    think(20, 1)
+    assert pace.relaxed and pace.seen_in_a_row == RELAX_AFTER
+    # relaxed: half the shortest stretch lately seen, from its first reading to its last in that state
+    # (ended from 0.05 s to 0.05 s: never less than MAX_GAP_S), however fast the slot generates
+    assert read(slots(busy(21, 2)), after=0.6) == MAX_GAP_S
+    assert read(slots(busy(21, 400))) == MAX_GAP_S
+    # task 21 ended and task 22 took the slot between two readings: an end missed, once per token again, and
+    # twice the ends needed in a row to relax
+    assert read(slots(busy(22, 1))) == MIN_GAP_S
+    assert not pace.relaxed and pace.needed == 2 * RELAX_AFTER
+    # a task read ended, then another read ended (the whole of a request between two readings): a miss
+    think(30, 2 * RELAX_AFTER)
+    assert pace.relaxed
+    read(slots(ended(40, 9)), after=0.3)
+    assert not pace.relaxed and pace.needed == 4 * RELAX_AFTER
+    # an end read whose prompt was never seen (still in its prefill when last read): its tokens are not all
+    # counted, so it is no end seen
+    think(50, 4 * RELAX_AFTER)
+    assert pace.relaxed
+    read(SlotsReading((dataclasses.replace(busy(70, 0), prompt_tokens=None),)), after=0.6)
+    read(slots(ended(70, 3)))
+    assert counters.uncounted and not pace.relaxed and pace.needed == 8 * RELAX_AFTER
+    # a new run of the server is a new tally: its first ends are not misses of the old one's
+    pace.needed = pace.seen_in_a_row = 1
+    read(slots(ended(3, 2)))  # an id far back: a restart, counted as the new run's (uncounted) end
+    assert counters.restarts == 1 and pace.relaxed
+    # the ends needed never grow past MAX_RELAX_AFTER
+    pace.needed = pace.seen_in_a_row = MAX_RELAX_AFTER
+    read(slots(busy(4, 1)))
+    read(slots(ended(5, 1)))
+    assert pace.needed == MAX_RELAX_AFTER and not pace.relaxed
+
+    # the stretches are lower bounds: 0.8 s seen busy (0.1 to 0.9) and 0.4 s seen ended give 0.2 s
+    steady = Pace()
+    for state, at in ((busy(1, 1), 0.1), (busy(1, 9), 0.9), (ended(1, 10), 1.0), (ended(1, 10), 1.4),
+                      (busy(2, 1), 1.5)):
+        steady.note(counters, slots(state), at)
+    steady.seen_in_a_row = RELAX_AFTER
+    assert steady.relaxed_gap_s() == pytest.approx(0.2)
+    # after long stretches, never less often than RELAXED_MAX_GAP_S
+    slow = Pace()
+    for k in range(6):
+        slow.note(counters, slots(busy(k // 2, 3) if k % 2 else ended(k // 2, 3)), k * 5.0)
+        slow.note(counters, slots(busy(k // 2, 3) if k % 2 else ended(k // 2, 3)), k * 5.0 + 4.0)
+    assert slow.relaxed_gap_s() == RELAXED_MAX_GAP_S
 
 
 def test_the_column_says_what_the_slots_missed_and_a_counter_that_moves_only_at_the_end():

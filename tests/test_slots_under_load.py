@@ -199,8 +199,9 @@ def test_two_slots_two_clients_the_live_rate_is_the_responses_own_within_5_perce
         reading = watched.store.engines["two"].sample.reading
         assert reading is not None and reading.origin == "/slots"
 
-        # Then clients that think 0.4 s between requests: every end is seen, so the watch reads at a tenth
-        # of the pace (tui.sources.slot_watch.Pace) and still counts every token.
+        # Then clients that think 0.4 s between requests: every end is read, so the watch relaxes its pace
+        # (tui.sources.slot_watch.Pace: ~10 readings a second at most, not once per token) and still counts
+        # every token.
         async def thinking() -> tuple[float, int, float, bool]:
             watched, told = Watched("two", engine.url), Told()
             try:

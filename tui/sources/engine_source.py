@@ -124,8 +124,8 @@ class EngineSource:
     def _with_slot_counters(self, sample: EngineSample, counted: bool) -> EngineSample:
         """llama-server's generated tokens as they are generated. Without --metrics: the counters its slots
         give (tui.sources.slot_counters), as the sample's reading, which says it came from /slots; while a
-        slot is busy its /slots are read once per token (tui.sources.slot_watch) and counted as they come
-        (`counted`: this sample's slots are the watch's, counted already). With --metrics: the tokens its
+        slot is busy its /slots are read several times a second (tui.sources.slot_watch) and counted as they
+        come (`counted`: this sample's slots are the watch's, counted already). With --metrics: the tokens its
         running requests generated so far added to its counter, which moves only when a request ends."""
         target = self.target
         reading = sample.reading
@@ -160,7 +160,7 @@ class EngineSource:
                     return None
                 return await poll_slots(transport, target, self.timeout_s, None, llama=True)
 
-            self._watch = (target, SlotWatch(ask, counters.add, lambda: self.interval_s))
+            self._watch = (target, SlotWatch(ask, counters, lambda: self.interval_s))
         self._watch[1].start(counted)
 
     async def _with_config(self, sample: EngineSample, last: EngineSample | None,

@@ -16,7 +16,8 @@ slot at once. One seen one token from its max_tokens (n_remain 1) ended with tha
 is counted so. Otherwise a task that ends and is followed by the next one on the same slot between two
 readings loses its last tokens, and one that starts and ends between two readings is counted as ended but its
 tokens are not: `uncounted` says how many tasks were missed so. tui.sources.slot_watch reads /slots once per
-token of the fastest slot while one is busy, so what is lost is about a token a request.
+token of the fastest slot while one is busy where requests follow each other at once, so what is lost is about
+a token a request, and less often where every end is seen (`seen_ended`) since clients pause between them.
 
 A restart is seen here too, since the counters of a new server must start again (the store then voids the
 window, as for /metrics counters that went back): within one run a slot never forgets its last task, a task
@@ -55,6 +56,9 @@ class SlotCounters:
     cached: int = 0
     ended: int = 0
     uncounted: int = 0  # tasks whose last tokens, or all of them, ended between two readings
+    # tasks read in their ended state and counted to their last token: every other end (ended - seen_ended)
+    # fell between two readings (tui.sources.slot_watch.Pace reads faster after one)
+    seen_ended: int = 0
     restarts: int = 0  # runs of the server seen to begin after the first
     # A run seen from its start (after a restart): what its slots hold at the first sight is this run's, and
     # counted; at the very first reading the server's past is not (the window starts there).
@@ -105,7 +109,7 @@ class SlotCounters:
     def restart(self, fresh: bool = True) -> None:
         """A new run of the server: its counters start at 0 (the store sees them go back: a reset), and what
         its slots hold at the next reading is counted as this run's (`fresh`) or taken as where it starts."""
-        self.generated = self.computed = self.cached = self.ended = self.uncounted = 0
+        self.generated = self.computed = self.cached = self.ended = self.uncounted = self.seen_ended = 0
         self.restarts += 1
         self._tasks.clear()
         self._shape = None
@@ -151,6 +155,7 @@ class SlotCounters:
         if slot.task == task.id and not task.ended:  # it ended since the last reading
             if task.prompt is not None and slot.prompt_tokens is not None:
                 self.generated += max(0, slot.prompt_tokens - task.prompt + 1 - task.decoded)
+                self.seen_ended += 1
             else:
                 self.uncounted += 1  # still in its prefill when last seen: its length is not known
             self.ended += 1

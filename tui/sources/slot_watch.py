@@ -1,6 +1,5 @@
-"""While a llama-server without --metrics is busy, its /slots read every few tens of milliseconds instead of
-once a poll, so that a request's end is seen within a token or so of it (tui.sources.slot_counters counts the
-tokens from the readings).
+"""While a llama-server without --metrics is busy, its /slots read several times a second instead of once a
+poll, so that a request's end is seen (tui.sources.slot_counters counts the tokens from the readings).
 
 Why: a request's last tokens show in /slots only while its slot stands ended, from its last token until the
 next request takes the slot, which under a queue is the few milliseconds the client takes to send it. Read
@@ -15,11 +14,12 @@ A reading costs ~0.17 ms of CPU here (4 slots: HTTP on a kept connection, JSON, 
 
 Reading once per token is needed only where a slot is taken again at once (a queue, a client sending its next
 request as soon as the answer came). Where clients think between requests, a slot stands ended for that
-while, and is seen so read far less often: once RELAX_AFTER ends in a row were seen (the slot read ended
-before its next task took it), the watch reads at half the shortest stretch a slot was lately seen busy or
-ended, between MAX_GAP_S and RELAXED_MAX_GAP_S (Pace). The first end missed so (a slot that went from one task
-to the next between two readings, or a task begun and ended between them) loses the tokens of one gap at
-most, and puts the watch back to once per token.
+while, and is seen so read far less often (Pace): once `needed` ends in a row were read and counted to their
+last token (SlotCounters.seen_ended), the watch reads at half the shortest stretch a slot was lately seen busy
+or ended (from its first to its last reading in that state: never longer than it was), between MAX_GAP_S and
+RELAXED_MAX_GAP_S. Any other end (one that fell between two readings, a task begun and ended between them,
+one whose tokens could not all be counted) loses the tokens of one gap at most, puts the watch back to once
+per token, and, if it was relaxed, doubles the ends it needs in a row to relax again.
 """
 
 from __future__ import annotations
@@ -31,12 +31,14 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 
 from tui.model.slots import SlotsReading
+from tui.sources.slot_counters import SlotCounters
 
 MIN_GAP_S = 0.02  # 50 readings a second at most: a slot at 100 tok/s loses a token a request on average
 MAX_GAP_S = 0.1
 LINGER_S = 10.0
 LINGER_GAP_S = 0.1  # a request lasts longer than this (its prefill and first token), so it is seen running
-RELAX_AFTER = 3  # ends seen in a row before the watch relaxes its pace (Pace)
+RELAX_AFTER = 3  # ends seen in a row before the watch relaxes its pace (Pace), at first
+MAX_RELAX_AFTER = 64  # ... and at most, after ends missed while relaxed
 RELAXED_MAX_GAP_S = 0.5
 STRETCHES = 8  # the last stretches a slot was seen busy or ended, for the relaxed pace
 # The watch stops when no poll has taken its readings for this many of the source's intervals (a paused
@@ -62,59 +64,68 @@ def gap_s(before: SlotsReading | None, before_t: float, now: SlotsReading, now_t
 
 
 class Pace:
-    """Whether requests follow each other at once on a slot: the ends seen in a row (a slot read ended, its
-    task still the one it ran) since the last missed one (a slot read processing, then with another task).
+    """Whether requests follow each other at once on a slot: the ends read and counted in a row since the last
+    missed one (SlotCounters' own tally, so an end is missed exactly where its tokens were not all read).
     Relaxed, the watch reads at half the shortest stretch a slot was seen busy or ended lately (so neither a
     request nor the pause after one falls between two readings), between MAX_GAP_S and RELAXED_MAX_GAP_S."""
 
     def __init__(self) -> None:
         self.seen_in_a_row = 0
-        self._since: dict[int, tuple[int | None, bool, float]] = {}  # slot -> (task, processing, first seen)
+        self.needed = RELAX_AFTER
+        self._mark: tuple[int, int, int] | None = None  # the counters' (restarts, ended, seen_ended) noted
+        # slot -> (task, processing, first and last reading in that state)
+        self._since: dict[int, tuple[int | None, bool, float, float]] = {}
         self._stretches: deque[float] = deque(maxlen=STRETCHES)
 
-    def note(self, before: SlotsReading | None, now: SlotsReading, now_t: float) -> None:
-        if before is not None:
-            was = {s.id: s for s in before.slots}
-            for slot in now.slots:
-                old = was.get(slot.id)
-                if old is None or not old.processing:
-                    continue
-                if slot.task != old.task:
-                    self.seen_in_a_row = 0  # it ended and another task took the slot between the two readings
-                elif not slot.processing:
-                    self.seen_in_a_row += 1
+    def resume(self) -> None:
+        """The watch runs again: what the poll counted meanwhile is not the watch's to judge."""
+        self._mark = None
+
+    def note(self, counters: SlotCounters, now: SlotsReading, now_t: float) -> None:
+        mark = (counters.restarts, counters.ended, counters.seen_ended)
+        if self._mark is not None and self._mark[0] == mark[0]:  # a new run of the server starts a new tally
+            ended, seen = mark[1] - self._mark[1], mark[2] - self._mark[2]
+            if ended > seen:
+                if self.relaxed:
+                    self.needed = min(MAX_RELAX_AFTER, self.needed * 2)
+                self.seen_in_a_row = 0
+            else:
+                self.seen_in_a_row += seen
+        self._mark = mark
         for slot in now.slots:
-            state = (slot.task, slot.processing)
             since = self._since.get(slot.id)
-            if since is None or since[:2] != state:
-                if since is not None:
-                    self._stretches.append(now_t - since[2])  # at least this long busy, or ended
-                self._since[slot.id] = (*state, now_t)
+            if since is not None and since[:2] == (slot.task, slot.processing):
+                self._since[slot.id] = (*since[:3], now_t)
+                continue
+            if since is not None:
+                self._stretches.append(since[3] - since[2])  # it was in that state at least this long
+            self._since[slot.id] = (slot.task, slot.processing, now_t, now_t)
 
     @property
     def relaxed(self) -> bool:
-        return self.seen_in_a_row >= RELAX_AFTER
+        return self.seen_in_a_row >= self.needed
 
     def relaxed_gap_s(self) -> float:
         shortest = min(self._stretches, default=0.0)
         return min(RELAXED_MAX_GAP_S, max(MAX_GAP_S, shortest / 2))
 
-    def gap_s(self, before: SlotsReading | None, before_t: float, now: SlotsReading, now_t: float) -> float:
-        self.note(before, now, now_t)
+    def gap_s(self, counters: SlotCounters, before: SlotsReading | None, before_t: float,
+              now: SlotsReading, now_t: float) -> float:
+        self.note(counters, now, now_t)
         if self.relaxed:
             return self.relaxed_gap_s()
         return gap_s(before, before_t, now, now_t)
 
 
 class SlotWatch:
-    """Asks `ask()` at the pace `gap_s` sets while a slot is processing and for LINGER_S after, hands each
-    reading to `take` (in the order they came, from one request at a time), and stops by itself then, on an
-    error, or when its readings are no longer asked for (`touch` is the poller's call at each poll)."""
+    """Asks `ask()` at the pace Pace sets while a slot is processing and for LINGER_S after, counts each
+    reading in `counters` (in the order they came, from one request at a time), and stops by itself then, on
+    an error, or when its readings are no longer asked for (`touch` is the poller's call at each poll)."""
 
-    def __init__(self, ask: Callable[[], Awaitable[SlotsReading | None]],
-                 take: Callable[[SlotsReading], object], interval_s: Callable[[], float]) -> None:
+    def __init__(self, ask: Callable[[], Awaitable[SlotsReading | None]], counters: SlotCounters,
+                 interval_s: Callable[[], float]) -> None:
         self._ask = ask
-        self._take = take
+        self._counters = counters
         self._interval_s = interval_s
         self._task: asyncio.Task[None] | None = None
         self._touched = time.monotonic()
@@ -141,19 +152,20 @@ class SlotWatch:
     async def _run(self) -> None:
         before: SlotsReading | None = None
         before_t = busy_t = time.monotonic()
+        self.pace.resume()
         while time.monotonic() - self._touched < UNREAD_INTERVALS * self._interval_s():
             asked = time.monotonic()
             reading = await self._ask()
             if reading is None or reading.error is not None:
                 return  # the poll says what went wrong, and asks again itself
-            self._take(reading)
+            self._counters.add(reading)
             self.latest = reading
             self.asked += 1
             if any(s.processing for s in reading.slots):
                 busy_t = asked
             elif asked - busy_t > LINGER_S:
                 return
-            wait = self.pace.gap_s(before, before_t, reading, asked)
+            wait = self.pace.gap_s(self._counters, before, before_t, reading, asked)
             before, before_t = reading, asked
             await asyncio.sleep(max(0.0, wait - (time.monotonic() - asked)))
 
