@@ -24,7 +24,7 @@ def main() -> None:
     parser.add_argument("--engine", action="append", required=True)
     parser.add_argument("--record", type=Path, default=None, help="record as the dashboard does by default")
     parser.add_argument("--profile", type=Path, default=None,
-                        help="cProfile the event loop from SIGUSR1 until the app ends (SIGTERM): stats here")
+                        help="cProfile the event loop from SIGUSR1 to SIGUSR2 (or the app's end): stats here")
     parser.add_argument("--tty", action="store_true",
                         help="draw in the terminal it was started in (a pseudo-terminal), not headless")
     args = parser.parse_args()
@@ -35,6 +35,7 @@ def main() -> None:
     profiler = cProfile.Profile() if args.profile is not None else None
     if profiler is not None:  # the steady state only: the bench says when it begins (start-up is not a cycle)
         signal.signal(signal.SIGUSR1, lambda *_: profiler.enable())
+        signal.signal(signal.SIGUSR2, lambda *_: profiler.disable())  # nor its end (threads joined at exit)
     try:
         app = EnginetopApp(config)
         app.run() if args.tty else app.run(headless=True, size=(200, 60))

@@ -165,6 +165,9 @@ def run_app(engine: str, seconds: float, warmup: float, profile: Path | None, lo
                 time.sleep(0.5)
                 peak = max(peak, app.memory_info().rss)
             after = cpu_ns(app.pid)
+            if profile is not None:
+                app.send_signal(signal.SIGUSR2)  # the profile ends here: the app's exit is not a cycle either
+                time.sleep(0.2)
             app.send_signal(signal.SIGTERM)  # quits as `q` does; a profiled app writes its stats first
             app.wait(60)
         finally:
