@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import math
-import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +25,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from tui.model.samples import Buckets, Dialect, EngineReading
+from tui.sources.metrics_pieces import PieceCache, by_family
 
 
 class MetricsFormatError(ValueError):
@@ -248,10 +248,9 @@ def parse_reading(text: str) -> EngineReading:
     return _parse_selected(detect_dialect(text), "\n".join(select_lines(text)) + "\n")
 
 
-# The same lines always parse to the same (immutable) reading, and an engine that is idle, or whose
-# histograms did not move, sends the same lines poll after poll: the parser is the costly part of a poll
-# (about 14 µs a line in pure Python), so a few recent texts are remembered, and under traffic each family's
-# own lines too (a histogram that no request finished in since the last poll is not parsed again).
+# The same lines always parse to the same (immutable) reading, and an engine that is idle sends the same lines
+# poll after poll: the parser is the costly part of a poll, so a few recent texts are remembered, and under
+# traffic each family's own lines and shapes too (tui.sources.metrics_pieces).
 @functools.lru_cache(maxsize=8)  # an idle engine's text, for each of a few engines
 def _parse_selected(dialect: Dialect, selected: str) -> EngineReading:
     sources = {src.field: src for src in _DIALECTS.get(dialect, ())}
@@ -295,7 +294,7 @@ def _families(selected: str) -> list[Metric]:
     """The families of the selected lines, each family's lines parsed once for as long as they stay the same;
     a malformed body raises MetricsFormatError saying where, as the parser meets it in the whole text."""
     try:
-        return [fam for family, piece in _by_family(selected) for fam in _parsed(family, piece)]
+        return [fam for family, piece in by_family(selected) for fam in _parsed(family, piece)]
     except ValueError:
         pass  # said below, from the whole text: which family, after which
     families = iter(text_string_to_metric_families(selected))
@@ -315,70 +314,7 @@ def _families(selected: str) -> list[Metric]:
             else fam.name
 
 
-def _by_family(selected: str) -> list[tuple[str, str]]:
-    """The selected text cut where the headers of another family begin: (family, piece), each piece one
-    family's headers and samples (a family announced again stays in its piece; untyped samples stay with the
-    family before them, as the parser reads them; samples before any header are a piece of their own)."""
-    pieces: list[tuple[str, list[str]]] = [("", [])]
-    family = None
-    for line in selected.splitlines():
-        if line.startswith(_HEADER_PREFIXES):
-            name = line.split(" ", 3)[2] if line.count(" ") >= 2 else ""
-            if name != family:
-                if pieces[-1][1]:
-                    pieces.append((name, []))
-                else:
-                    pieces[-1] = (name, [])
-            family = name
-        pieces[-1][1].append(line)
-    return [(name, "\n".join(lines) + "\n") for name, lines in pieces if lines]
-
-
-class _PieceCache:
-    """Each family's last few pieces, parsed: a piece is one family's lines (`_by_family`), so an unchanged
-    family is parsed once for as long as it stays the same, and one whose lines move every poll keeps only
-    PER_FAMILY dead pieces (~9 KB each parsed) instead of crowding out the families that did not move, as one
-    shared LRU would. PER_FAMILY pieces a family, the least recently used dropped first: one for each of a
-    few engines of the same dialect."""
-
-    PER_FAMILY = 3
-    MAX_FAMILIES = 512  # past that (a server whose family names change), forget them all
-
-    def __init__(self) -> None:
-        self._by_family: dict[str, dict[str, tuple[Metric, ...]]] = {}
-        self._lock = threading.Lock()  # parsed from the event loop and from threads (an A/B run's polls)
-        self.hits = self.misses = 0
-
-    def __call__(self, family: str, piece: str) -> tuple[Metric, ...]:
-        with self._lock:
-            kept = self._by_family.get(family)
-            if kept is not None and (parsed := kept.pop(piece, None)) is not None:
-                kept[piece] = parsed  # the most recently used last
-                self.hits += 1
-                return parsed
-            self.misses += 1
-        parsed = tuple(text_string_to_metric_families(piece))  # raises ValueError: nothing kept
-        with self._lock:
-            kept = self._by_family.get(family)
-            if kept is None:
-                if len(self._by_family) >= self.MAX_FAMILIES:
-                    self._by_family.clear()
-                kept = self._by_family[family] = {}
-            elif piece not in kept and len(kept) >= self.PER_FAMILY:
-                del kept[next(iter(kept))]  # the least recently used
-            kept[piece] = parsed
-        return parsed
-
-    def cache_info(self) -> _PieceCache:
-        return self  # hits and misses, as functools' caches give them
-
-    def cache_clear(self) -> None:
-        with self._lock:
-            self._by_family.clear()
-            self.hits = self.misses = 0
-
-
-_parsed = _PieceCache()
+_parsed = PieceCache()
 
 
 def _finish(dialect: Dialect, values: dict[str, Any], present: set[str]) -> EngineReading:
