@@ -7,14 +7,16 @@ second (`--interval 1`, its default) and redrawing every 2 s (its default), for 
   every second as under traffic (requests finish, tokens flow, histograms fill), answering `/metrics/?name[]=`
   as vLLM's prometheus_client does (tests/prom_filter.py);
 - llama: the real llama-server with the demo model, two slots, no --metrics (as llamastat's README starts it),
-  under two agents' steady traffic, read through /slots.
+  under two agents' steady traffic (each pausing 0.5 s between requests), read through /slots;
+- vllm-real (only when asked: `--only vllm-real`): the real CPU vLLM of the demo profile under the same two
+  agents, its /metrics as they come.
 Each is run twice: once plain, its CPU read from outside by the scheduler's own clock (every thread:
 the event loop, the samplers' threads, the terminal writer) and its peak RSS; once under cProfile (the event
 loop's thread), whose own time per function is summed by the part of the cycle it belongs to. The shares
 are of the profiled thread's busy time; cProfile's overhead inflates small calls, so read them as where the
 time goes, not as absolute figures (those are the plain run's).
 
-    .venv/bin/python bench/bench_cycle.py [--seconds 60] [--only vllm|llama] [--still] [--keep DIR]
+    .venv/bin/python bench/bench_cycle.py [--seconds 60] [--only vllm|llama|vllm-real] [--still] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))  # tests/conftest.py imports its helpers by name
 
 from bench.bench_app import cpu_ns, serve  # noqa: E402
-from bench.bench_monitors import Traffic  # noqa: E402
+from bench.bench_monitors import VLLM_MODEL, Traffic, start_vllm  # noqa: E402
 from tests.conftest import start_engine  # noqa: E402
 from tests.prom_filter import restricted  # noqa: E402
 from tui.base.process import stop_group  # noqa: E402
@@ -198,7 +200,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--warmup", type=float, default=8.0)
-    ap.add_argument("--only", choices=["vllm", "llama"], action="append")
+    ap.add_argument("--only", choices=["vllm", "llama", "vllm-real"], action="append")
     ap.add_argument("--functions", type=int, default=3, help="each part's costliest functions shown")
     ap.add_argument("--keep", type=Path, default=None,
                     help="keep the profiles and the terminals' logs in this folder (pstats files)")
@@ -217,6 +219,13 @@ def main() -> None:
                        args.warmup, work, args.functions)
             finally:
                 server.shutdown()
+        if "vllm-real" in only:
+            launched, url = start_vllm()
+            try:
+                with Traffic(url, VLLM_MODEL):
+                    report("vllm-real", f"vllm={url}", args.seconds, args.warmup, work, args.functions)
+            finally:
+                stop_group(launched)
         if "llama" in only:
             engine = start_engine("cycle", "llama-server", lambda port: [
                 a for a in demo_argv(port, "--parallel", "2") if a != "--metrics"])

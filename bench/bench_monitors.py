@@ -61,6 +61,28 @@ def peer(name: str, llmtop_source: str | None = None) -> Path | None:
     return ensure_tool(PEERS, requirement, name, "~40 MB")
 
 
+VLLM_MODEL = "enginetop-tiny-llama"  # the demo vLLM profile's served name
+
+
+def start_vllm() -> tuple[subprocess.Popen, str]:
+    """The real vLLM of the bundled demo profile (demo-vllm-tiny) on a free port, ready: (process, URL)."""
+    from tui.lifecycle.profile_files import load_profiles, repo_profiles_dir
+    from tui.lifecycle.profile_resolve import resolve
+
+    port = free_port()
+    profile = dataclasses.replace(load_profiles([repo_profiles_dir()]).get("demo-vllm-tiny"), port=port)
+    resolved = resolve(profile)
+    assert resolved.argv is not None
+    launched = launch(list(resolved.argv), runs_dir() / f"bench-vllm-{port}.log", env=resolved.env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_openai_ready("vLLM", url, launched, timeout=300)
+    except BaseException:
+        stop_group(launched)
+        raise
+    return launched, url
+
+
 class Traffic:
     """Agents in a loop until stopped: a request, its answer, a think time; the tokens answers reported."""
 
@@ -234,22 +256,14 @@ def main() -> None:
             stop_group(engine.launched)
     if "vllm" in sections:
         vllmstat, vllm_htop = str(peer("vllmstat")), str(peer("vllm-htop"))
-        from tui.lifecycle.profile_files import load_profiles, repo_profiles_dir
-        from tui.lifecycle.profile_resolve import resolve
-
-        port = free_port()
-        profile = dataclasses.replace(load_profiles([repo_profiles_dir()]).get("demo-vllm-tiny"), port=port)
-        resolved = resolve(profile)
-        assert resolved.argv is not None
-        launched = launch(list(resolved.argv), runs_dir() / f"bench-vllm-{port}.log", env=resolved.env)
-        url = f"http://127.0.0.1:{port}"
+        launched, url = start_vllm()
+        port = int(url.rsplit(":", 1)[1])
         try:
-            wait_openai_ready("vLLM", url, launched, timeout=300)
             peers = [[vllm_htop, "--url", url, "--interval", INTERVAL_S, "--no-gpu-detect"],
                      [vllmstat, "-u", url, "--no-gpu", "-i", INTERVAL_S]]
             if llmtop is not None:
                 peers.append([str(llmtop), "--port", str(port), "--no-gpu", "--interval", INTERVAL_S])
-            section("vllm", url, "enginetop-tiny-llama", peers,
+            section("vllm", url, VLLM_MODEL, peers,
                     [vllmstat, "-u", url, "--no-gpu", "--once", "--json"], VLLM_ROWS, args.seconds, work,
                     args.warmup)
         finally:

@@ -115,6 +115,9 @@ TRICKY = {
     "three fields": ("# TYPE g gauge\ng {v} 1 2\n", False),
     "leading blanks and a blank line": ("# TYPE g gauge\n  g{a=\"1\"}   {v}  \n\ng{a=\"2\"} {v}\n", True),
     "untyped lines between typed ones": ("# TYPE a gauge\na {v}\nb_total {v}\n# TYPE c gauge\nc {v}\n", True),
+    # the library ends a label set at its first unquoted `}` and reads the first and last fields after it
+    "a brace after the label set": ("# TYPE g gauge\ng{} 3 } {v} 100{t}\n", False),
+    "a quoted brace with no label set": ('# TYPE g gauge\ng 1 "{"} {v} 1{t}\n', False),
 }
 
 
@@ -127,7 +130,8 @@ def test_tricky_lines_read_as_the_library_reads_them_at_every_poll(text: str, re
     assert (_parsed.reshaped > 0) == reshaped
 
 
-@pytest.mark.parametrize("value", ["1_0", "abc", "0x10", "1 2 3 x", "\u00a02"])
+@pytest.mark.parametrize("value", ["1_0", "abc", "0x10", "1 2 3 x", "\u00a02",
+                                   pytest.param("1 " + "9" * 400, id="a timestamp past a float")])
 def test_a_bad_value_in_a_known_shape_is_refused_as_the_whole_text_refuses_it(value: str) -> None:
     good = ("# HELP vllm:num_requests_running r\n# TYPE vllm:num_requests_running gauge\n"
             'vllm:num_requests_running{engine="0"} 1.0\n')
@@ -136,7 +140,7 @@ def test_a_bad_value_in_a_known_shape_is_refused_as_the_whole_text_refuses_it(va
     bad = good.replace("1.0", value)
     try:
         whole = _whole(bad)
-    except ValueError:
+    except (ValueError, OverflowError):
         with pytest.raises(MetricsFormatError):
             parse_reading(bad)
     else:

@@ -193,10 +193,13 @@ def test_the_watch_relaxes_its_pace_while_every_end_is_counted_and_reads_once_pe
     read(SlotsReading((dataclasses.replace(busy(70, 0), prompt_tokens=None),)), after=0.6)
     read(slots(ended(70, 3)))
     assert counters.uncounted and not pace.relaxed and pace.needed == 8 * RELAX_AFTER
-    # a new run of the server is a new tally: its first ends are not misses of the old one's
+    # a new run of the server is a new tally: its first ends are not misses of the old one's, nor seen ones
     pace.needed = pace.seen_in_a_row = 1
     read(slots(ended(3, 2)))  # an id far back: a restart, counted as the new run's (uncounted) end
-    assert counters.restarts == 1 and pace.relaxed
+    assert counters.restarts == 1 and not pace.relaxed and pace.needed == 1
+    read(slots(busy(4, 2)), after=0.6)
+    read(slots(ended(4, 3)))
+    assert pace.relaxed
     # the ends needed never grow past MAX_RELAX_AFTER
     pace.needed = pace.seen_in_a_row = MAX_RELAX_AFTER
     read(slots(busy(4, 1)))
@@ -216,6 +219,35 @@ def test_the_watch_relaxes_its_pace_while_every_end_is_counted_and_reads_once_pe
         slow.note(counters, slots(busy(k // 2, 3) if k % 2 else ended(k // 2, 3)), k * 5.0)
         slow.note(counters, slots(busy(k // 2, 3) if k % 2 else ended(k // 2, 3)), k * 5.0 + 4.0)
     assert slow.relaxed_gap_s() == RELAXED_MAX_GAP_S
+
+
+def test_the_watch_judges_its_first_reading_and_its_last(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run of the watch that reads once, as it leaves (its linger over): a task begun and ended since the
+    poll's reading is a miss even so, and the watch relaxed no longer."""
+    import asyncio
+
+    from tui.sources import slot_watch
+
+    monkeypatch.setattr(slot_watch, "LINGER_S", 0.0)
+    counters = SlotCounters()
+    counted = slots(ended(1, 3))
+    counters.add(counted)  # the poll's reading
+    answers = [slots(ended(5, 2))]
+
+    async def ask() -> SlotsReading | None:
+        return answers.pop(0) if answers else None
+
+    async def run() -> slot_watch.SlotWatch:
+        watch = slot_watch.SlotWatch(ask, counters, lambda: 1.0)
+        watch.pace.needed = watch.pace.seen_in_a_row = slot_watch.RELAX_AFTER
+        watch.start(counted)
+        assert watch._task is not None
+        await watch._task
+        return watch
+
+    watch = asyncio.run(run())
+    assert (watch.asked, counters.ended, counters.uncounted) == (1, 1, 1)
+    assert not watch.pace.relaxed and watch.pace.needed == 2 * slot_watch.RELAX_AFTER
 
 
 def test_the_column_says_what_the_slots_missed_and_a_counter_that_moves_only_at_the_end():

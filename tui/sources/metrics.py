@@ -295,7 +295,7 @@ def _families(selected: str) -> list[Metric]:
     a malformed body raises MetricsFormatError saying where, as the parser meets it in the whole text."""
     try:
         return [fam for family, piece in by_family(selected) for fam in _parsed(family, piece)]
-    except ValueError:
+    except (ValueError, OverflowError):  # OverflowError: a timestamp past a float
         pass  # said below, from the whole text: which family, after which
     families = iter(text_string_to_metric_families(selected))
     out: list[Metric] = []
@@ -305,7 +305,7 @@ def _families(selected: str) -> list[Metric]:
             fam = next(families)
         except StopIteration:
             return out
-        except ValueError as exc:  # the parser is lazy: it raises mid-iteration, after earlier families
+        except (ValueError, OverflowError) as exc:  # the parser is lazy: it raises mid-iteration
             detail = str(exc) or "unparseable line"
             raise MetricsFormatError(f"malformed /metrics at family {len(out) + 1} (after {last}): "
                                      f"{detail}") from exc

@@ -75,7 +75,7 @@ def _split(line: str) -> tuple[str, Value] | None:
             return head, (_number(values[0]), None)
         if len(values) == 2:
             return head, (_number(values[0]), _number(values[1]) / 1000)
-    except ValueError:
+    except (ValueError, OverflowError):  # not a number, or a timestamp past a float
         return None
     return None
 
@@ -92,9 +92,37 @@ def _shape(piece: str) -> tuple[str, list[Value]] | None:
         split = _split(line)
         if split is None:
             return None
-        heads.append("\x00" + split[0])  # a sample's series, never taken for a comment
+        heads.append(SERIES + split[0])
         values.append(split[1])
     return "\n".join(heads), values
+
+
+SERIES = "\x00"  # starts a sample's series in a shape: never taken for a comment
+# Values and timestamps no series holds, given to a new shape's samples to see where the library reads them
+PROBE_VALUE, PROBE_TIMESTAMP = 9876543.0625, 4321098765432
+
+
+def _splits_as_the_library(shape: str, parsed: tuple[Metric, ...]) -> bool:
+    """Whether the library reads every sample's value and timestamp of this shape where `_split` cut them
+    (a series whose label set ends before its last `}`, or whose `{` is quoted, is read otherwise): the
+    shape is parsed once more with a probe value and timestamp on each sample, which must come out as
+    given, on the same series."""
+    lines, n = [], 0
+    for head in shape.split("\n"):
+        if head.startswith(SERIES):
+            head = f"{head[1:]} {PROBE_VALUE + n!r} {PROBE_TIMESTAMP + n}"
+            n += 1
+        lines.append(head)
+    try:
+        probed = tuple(text_string_to_metric_families("\n".join(lines) + "\n"))
+    except (ValueError, OverflowError):
+        return False
+    got = [s for f in probed for s in f.samples]
+    want = [s for f in parsed for s in f.samples]
+    return len(got) == len(want) == n and all(
+        (g.name, g.labels, g.value, g.timestamp)
+        == (w.name, w.labels, PROBE_VALUE + i, (PROBE_TIMESTAMP + i) / 1000)
+        for i, (g, w) in enumerate(zip(got, want, strict=True)))
 
 
 def _same(library: tuple[float, object], here: Value) -> bool:
@@ -146,12 +174,14 @@ class PieceCache:
                     self.reshaped += 1
                     self._keep(self._pieces, family, piece, parsed)
                 return parsed
-        parsed = tuple(text_string_to_metric_families(piece))  # raises ValueError: nothing kept
+        parsed = tuple(text_string_to_metric_families(piece))  # ValueError, OverflowError: nothing kept
         samples = [(s.value, s.timestamp) for f in parsed for s in f.samples]
         with self._lock:
             self.misses += 1
             self._keep(self._pieces, family, piece, parsed)
-            if shape is not None and len(samples) == len(shape[1]) and all(map(_same, samples, shape[1])):
+        if shape is not None and len(samples) == len(shape[1]) and all(map(_same, samples, shape[1])) \
+                and _splits_as_the_library(shape[0], parsed):
+            with self._lock:
                 self._keep(self._shapes, family, shape[0], parsed)
         return parsed
 

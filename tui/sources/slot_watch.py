@@ -16,10 +16,12 @@ Reading once per token is needed only where a slot is taken again at once (a que
 request as soon as the answer came). Where clients think between requests, a slot stands ended for that
 while, and is seen so read far less often (Pace): once `needed` ends in a row were read and counted to their
 last token (SlotCounters.seen_ended), the watch reads at half the shortest stretch a slot was lately seen busy
-or ended (from its first to its last reading in that state: never longer than it was), between MAX_GAP_S and
-RELAXED_MAX_GAP_S. Any other end (one that fell between two readings, a task begun and ended between them,
-one whose tokens could not all be counted) loses the tokens of one gap at most, puts the watch back to once
-per token, and, if it was relaxed, doubles the ends it needs in a row to relax again.
+or ended (from its first to its last reading in that state: never longer than it was), 100 to 500 ms apart
+(MAX_GAP_S to RELAXED_MAX_GAP_S), lingering too. Any other end (one that fell between two readings, a task
+begun and ended between them, one whose tokens could not all be counted) loses at most the tokens of one gap,
+puts the watch back to once per token, and, if it was relaxed, doubles the ends it needs in a row to relax
+again (3 at first, 64 at most). One request shorter than any stretch seen, begun and ended between two
+relaxed readings after its slot was read ended, is lost unseen (Pace says why).
 """
 
 from __future__ import annotations
@@ -64,10 +66,16 @@ def gap_s(before: SlotsReading | None, before_t: float, now: SlotsReading, now_t
 
 
 class Pace:
-    """Whether requests follow each other at once on a slot: the ends read and counted in a row since the last
-    missed one (SlotCounters' own tally, so an end is missed exactly where its tokens were not all read).
-    Relaxed, the watch reads at half the shortest stretch a slot was seen busy or ended lately (so neither a
-    request nor the pause after one falls between two readings), between MAX_GAP_S and RELAXED_MAX_GAP_S."""
+    """Whether requests follow each other at once on a slot: the ends read and counted to their last token in
+    a row since the last other end (SlotCounters' own tally: an end between two readings, a task begun and
+    ended between them, one whose prompt was never read, one recovered from its max_tokens). Relaxed, the
+    watch reads at half the shortest stretch a slot was seen busy or ended lately (so neither a request nor
+    the pause after one falls between two readings), between MAX_GAP_S and RELAXED_MAX_GAP_S.
+
+    What no reading can tell: after a slot was read ended, a request that began and ended before the next
+    request took the slot, all between two readings (shorter than any stretch seen, so not guarded by the
+    pace), leaves no trace in /slots (task ids are taken by every request and every reading, on every
+    slot): its tokens are lost and it is not counted as missed."""
 
     def __init__(self) -> None:
         self.seen_in_a_row = 0
@@ -77,13 +85,18 @@ class Pace:
         self._since: dict[int, tuple[int | None, bool, float, float]] = {}
         self._stretches: deque[float] = deque(maxlen=STRETCHES)
 
-    def resume(self) -> None:
-        """The watch runs again: what the poll counted meanwhile is not the watch's to judge."""
-        self._mark = None
+    def resume(self, counters: SlotCounters) -> None:
+        """The watch runs again from the counters as they stand: what the poll counted meanwhile is not the
+        watch's to judge, every end its own readings count is."""
+        self._mark = (counters.restarts, counters.ended, counters.seen_ended)
 
     def note(self, counters: SlotCounters, now: SlotsReading, now_t: float) -> None:
         mark = (counters.restarts, counters.ended, counters.seen_ended)
-        if self._mark is not None and self._mark[0] == mark[0]:  # a new run of the server starts a new tally
+        if self._mark is not None and self._mark[0] != mark[0]:
+            # a new run of the server: a new tally, and its slots' states are not the old run's
+            self.seen_in_a_row = 0
+            self._since.clear()
+        elif self._mark is not None:
             ended, seen = mark[1] - self._mark[1], mark[2] - self._mark[2]
             if ended > seen:
                 if self.relaxed:
@@ -152,7 +165,7 @@ class SlotWatch:
     async def _run(self) -> None:
         before: SlotsReading | None = None
         before_t = busy_t = time.monotonic()
-        self.pace.resume()
+        self.pace.resume(self._counters)
         while time.monotonic() - self._touched < UNREAD_INTERVALS * self._interval_s():
             asked = time.monotonic()
             reading = await self._ask()
@@ -161,12 +174,12 @@ class SlotWatch:
             self._counters.add(reading)
             self.latest = reading
             self.asked += 1
+            wait = self.pace.gap_s(self._counters, before, before_t, reading, asked)  # judged, even the last
+            before, before_t = reading, asked
             if any(s.processing for s in reading.slots):
                 busy_t = asked
             elif asked - busy_t > LINGER_S:
                 return
-            wait = self.pace.gap_s(self._counters, before, before_t, reading, asked)
-            before, before_t = reading, asked
             await asyncio.sleep(max(0.0, wait - (time.monotonic() - asked)))
 
     def cancel(self) -> None:
