@@ -8,6 +8,10 @@ each vLLM capture, bench/bench_app.py's): the poller's CPU per poll (its thread'
 answers the `name[]` filter on /metrics/ as a real vLLM does, and when it does not (only /metrics), in one
 run, alternating.
 
+Then the same capture as a vLLM under traffic gives it, every counter and bucket grown each poll:
+parse_reading with each family's shape kept (only the values read again) and with every family parsed again,
+in one run, alternating.
+
 Run: .venv/bin/python bench/bench_parse.py [--runs N]
 """
 
@@ -64,12 +68,38 @@ def main(argv: list[str] | None = None) -> int:
     print(f"(prometheus_client parser alone on the whole vllm body: {full:.1f} ms median)")
     verdict = "OK" if worst < TARGET_MS else "OVER TARGET"
     print(f"vllm target < {TARGET_MS:g} ms: {verdict}")
+    shaped, library = growing(args.runs)
+    print(f"a vLLM under traffic (the real capture, every counter and bucket grown each poll): "
+          f"{shaped:.2f} ms a poll with each family's shape kept, {library:.2f} ms parsing every family "
+          f"each poll: {library / shaped:.1f}x")
     for name in ("vllm_cpu_0.32_real.txt", "vllm_0_33.txt"):
         bench_app.VLLM_BODY = (DATA / name).read_bytes()
         alone, whole = asyncio.run(poll_cpu_us(args.runs))
         print(f"poll of a vLLM serving {name}: {alone:.0f} us CPU asking the series alone (name[]), "
               f"{whole:.0f} us asking the whole body: {whole / alone:.1f}x")
     return 0
+
+
+def growing(polls: int) -> tuple[float, float]:
+    """Median ms of parse_reading on the vLLM capture as successive polls read it under traffic (bench_cycle's
+    grown capture), with the shapes kept (tui.sources.metrics_pieces) and without, alternating."""
+    from bench.bench_cycle import grown
+    from tui.sources import metrics, metrics_pieces
+
+    with_shapes, without = metrics_pieces.PieceCache(), metrics_pieces.PieceCache(shapes=False)
+    times: list[list[float]] = [[], []]
+    for poll in range(polls + 2):
+        text = grown(poll + 1)
+        for cache, took in zip((with_shapes, without), times, strict=True):
+            metrics._parsed = cache
+            metrics._parse_selected.cache_clear()  # the same text, just parsed by the other
+            started = time.perf_counter()
+            parse_reading(text)
+            if poll >= 2:  # the first poll parses every family either way
+                took.append(time.perf_counter() - started)
+    metrics._parsed = metrics_pieces.PieceCache()
+    assert with_shapes.reshaped and not without.reshaped
+    return statistics.median(times[0]) * 1e3, statistics.median(times[1]) * 1e3
 
 
 class Unfiltered(bench_app.FakeVllm):

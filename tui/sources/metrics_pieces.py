@@ -153,7 +153,8 @@ class PieceCache:
     PER_FAMILY = 3
     MAX_FAMILIES = 512  # past that (a server whose family names change), forget them all
 
-    def __init__(self) -> None:
+    def __init__(self, shapes: bool = True) -> None:
+        self.shapes = shapes  # False: every new piece parsed by the library (bench/bench_parse.py compares)
         self._pieces: dict[str, dict[str, tuple[Metric, ...]]] = {}
         self._shapes: dict[str, dict[str, tuple[Metric, ...]]] = {}
         self._lock = threading.Lock()  # parsed from the event loop and from threads (an A/B run's polls)
@@ -164,7 +165,7 @@ class PieceCache:
             if (parsed := _take(self._pieces.get(family), piece)) is not None:
                 self.hits += 1
                 return parsed
-        shape = _shape(piece)
+        shape = _shape(piece) if self.shapes else None
         if shape is not None:
             with self._lock:
                 template = _take(self._shapes.get(family), shape[0])
