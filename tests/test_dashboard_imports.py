@@ -30,6 +30,8 @@ def test_the_dashboard_app_and_its_sources_import_no_proxy_fleet_ab_or_bench() -
     assert not {m for m in imported if m.split(".")[0] == "aiohttp" or m in NOT_FOR_A_PLAIN_DASHBOARD}
     # nor httpx's command-line client (click, pygments' lexers): enginetop only uses httpx's client
     assert "httpx" in imported and not {m for m in imported if m.split(".")[0] == "click"}
+    # nor importlib.metadata (~0.7 MB with zipfile): asked only when a hint names the installed command
+    assert "tui.base.install" in imported and "importlib.metadata" not in imported
 
 
 def test_the_dashboards_command_line_without_recording_imports_no_sqlite() -> None:

@@ -29,7 +29,6 @@ Nothing here runs anything: it only says what to run.
 
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 import os
 import platform
@@ -94,6 +93,8 @@ def _under(path: Path, roots: list[Path]) -> bool:
 
 def wheel_installer() -> str | None:
     """What the installed wheel's dist-info INSTALLER file says ("pip", "uv"), or None."""
+    import importlib.metadata  # ~0.7 MiB: only when a hint names the command (not at every dashboard start)
+
     try:
         text = importlib.metadata.distribution("enginetop").read_text("INSTALLER")
     except importlib.metadata.PackageNotFoundError:
