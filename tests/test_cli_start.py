@@ -14,7 +14,8 @@ from tui.cli.main import COMMAND_MODULES, build_parser
 # What a command imports when it runs, never for the parser: the packages (and any module in them) and the
 # engines' option tables
 HEAVY = ("textual", "httpx", "rich", "prometheus_client", "orjson", "psutil", "numpy", "plotext", "aiohttp",
-         "tui.engines.options_llamacpp", "tui.engines.options_vllm", "tui.engines.known")
+         "tui.engines.options_llamacpp", "tui.engines.options_vllm", "tui.engines.known",
+         "statistics", "tui.compare.stats")  # statistics brings decimal and fractions: ~0.5 MB
 
 
 def _imported(*args: str) -> tuple[subprocess.CompletedProcess[str], set[str]]:

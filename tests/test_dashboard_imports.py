@@ -35,13 +35,17 @@ def test_the_dashboard_app_and_its_sources_import_no_proxy_fleet_ab_or_bench() -
 
 
 def test_the_dashboards_command_line_without_recording_imports_no_sqlite() -> None:
-    """`enginetop --no-record` parses its options (the recordings' retention among them) without the
-    recorder's sqlite3 (~1 MB of library): it is imported when a recording is opened."""
+    """`enginetop --no-record` parses its options (the recordings' retention among them, the fleet's)
+    without the recorder's sqlite3 (~1 MB of library), imported when a recording is opened, nor the fleet's
+    clients."""
     imported = _imported("import argparse\nfrom tui.cli.dashboard import add_dashboard_args\n"
                          "parser = argparse.ArgumentParser()\nadd_dashboard_args(parser)\n"
-                         "parser.parse_args(['--no-record', '--no-discover'])")
+                         "args = parser.parse_args(['--no-record', '--no-discover'])\n"
+                         "from tui.cli.options import fleet_options\nassert fleet_options(args) is None")
     assert "tui.cli.dashboard" in imported
     assert "sqlite3" not in imported and "tui.record.schema" not in imported
+    # nor the fleet's clients without --prometheus or --dcgm
+    assert not {m for m in imported if m in NOT_FOR_A_PLAIN_DASHBOARD or m == "tui.fleet.options"}
 
 
 def test_a_proxy_brings_its_server_when_asked() -> None:

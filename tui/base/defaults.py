@@ -25,3 +25,6 @@ PORTS_ENV = "ENGINETOP_DISCOVER_PORTS"
 # tui.record.retention: recordings older than this, and the oldest past this total size, are deleted
 KEEP_DAYS = 7.0
 KEEP_BYTES = 2 * 2**30
+
+# tui.compare.stats: the run-to-run spread (CV, %) past which a comparison says its arm is not reproducible
+DEFAULT_CV_THRESHOLD_PCT = 5.0

@@ -14,9 +14,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tui.base.defaults import WORKLOADS
+from tui.base.defaults import DEFAULT_CV_THRESHOLD_PCT, WORKLOADS
 from tui.cli.options import add_output
-from tui.compare.stats import DEFAULT_CV_THRESHOLD_PCT
 
 if TYPE_CHECKING:
     from tui.compare.ab import ABConfig, Mode

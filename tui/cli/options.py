@@ -90,14 +90,14 @@ def add_retention(parser: argparse.ArgumentParser) -> None:
 
 def fleet_options(args: argparse.Namespace) -> Any:
     """FleetOptions from --prometheus/--dcgm (None when neither is given); the key file is read here."""
-    from tui.base.secrets import read_api_key
-    from tui.fleet.options import DEFAULT_REFRESH_S, FleetOptions
     from tui.run.targets import TargetError
 
     if not (args.prometheus or args.dcgm):
         if args.match or args.prometheus_key_file:
             raise TargetError("--match and --prometheus-key-file need --prometheus URL")
         return None
+    from tui.base.secrets import read_api_key
+    from tui.fleet.options import DEFAULT_REFRESH_S, FleetOptions  # the fleet's clients: only for a fleet
     for url in [args.prometheus or "http://x", *(args.dcgm or [])]:
         if not url.startswith(("http://", "https://")):
             raise TargetError(f"expected an http(s) URL, got {url!r}")

@@ -29,12 +29,12 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
 
-from tui.base.defaults import WORKLOADS
+from tui.base.defaults import DEFAULT_CV_THRESHOLD_PCT, WORKLOADS
 from tui.compare.analysis import METRICS, analyze
 from tui.compare.engines import ArmEngine, Started, StartError, Target, engine_version
 from tui.compare.gpu_watch import GpuSource, GpuWatch
 from tui.compare.platform_info import platform_info
-from tui.compare.stats import DEFAULT_CV_THRESHOLD_PCT, median
+from tui.compare.stats import median
 from tui.engines.argv import mask_argv
 from tui.engines.known import by_name
 from tui.findings.facts import spec_between
