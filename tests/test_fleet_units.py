@@ -140,6 +140,21 @@ async def test_an_engine_screen_drawn_before_it_is_composed_waits_for_the_next_r
         assert app.is_running
 
 
+async def test_a_redraw_after_the_screens_are_gone_draws_nothing() -> None:
+    """The redraw timer can fire once more while the app quits, after its screens are popped (seen in CI:
+    ScreenStackError from the fleet's redraw ended a test): it must draw nothing then."""
+    from tui.base.process import free_port
+    from tui.fleet.options import FleetOptions
+    from tui.ui.app import EnginetopApp
+    from tui.ui.config import AppConfig
+
+    app = EnginetopApp(AppConfig(fleet=FleetOptions(prometheus=f"http://127.0.0.1:{free_port()}")))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+    assert not app._screen_stack
+    app.redraw(force=True)
+
+
 def test_fleet_engine_keys_by_name_else_the_star() -> None:
     from tui.fleet.options import FleetOptions
 

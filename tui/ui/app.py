@@ -19,7 +19,7 @@ import signal
 from datetime import datetime
 
 from textual import events
-from textual.app import ComposeResult
+from textual.app import ComposeResult, ScreenStackError
 from textual.binding import Binding
 from textual.css.query import NoMatches
 from textual.widgets import Footer, Header
@@ -180,9 +180,10 @@ class EnginetopApp(Measuring, Lifecycle, FleetMode):
     def redraw(self, force: bool = False) -> None:
         try:
             self._draw(force)
-        except NoMatches:
-            # The app is quitting: its screen's widgets are removed before its timers stop. Anything else
-            # that misses a widget draws nothing, which every test of the screens would see.
+        except (NoMatches, ScreenStackError):
+            # The app is quitting: its screen's widgets, then its screens, are removed before its timers
+            # stop. Anything else that misses a widget draws nothing, which every test of the screens would
+            # see.
             return
 
     def _draw(self, force: bool) -> None:
