@@ -25,7 +25,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from tui.model.samples import Buckets, Dialect, EngineReading
-from tui.sources.metrics_pieces import PieceCache, by_family
+from tui.sources.metrics_pieces import HEADER_PREFIXES, PieceCache, by_family
 
 
 class MetricsFormatError(ValueError):
@@ -133,7 +133,6 @@ _FAMILY_TO_SOURCE: dict[str, _Source] = {
 _WANTED_NAMES: frozenset[str] = frozenset(
     fam + suffix for fam in _FAMILY_TO_SOURCE for suffix in ("", "_total", "_bucket", "_sum", "_count")
 )
-_HEADER_PREFIXES = ("# HELP ", "# TYPE ")
 
 
 @functools.cache
@@ -163,7 +162,7 @@ def select_lines(text: str) -> list[str]:
         if not line:
             continue
         if line[0] == "#":
-            if line.startswith(_HEADER_PREFIXES):
+            if line.startswith(HEADER_PREFIXES):
                 parts = line.split(" ", 3)
                 if len(parts) > 2 and parts[2] in wanted:
                     keep.append(line)

@@ -20,7 +20,8 @@ import threading
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-_HEADER_PREFIXES = ("# HELP ", "# TYPE ")
+HEADER_PREFIXES = ("# HELP ", "# TYPE ")  # a family's header lines (tui.sources.metrics selects by them too)
+SERIES = "\x00"  # starts a sample's series in a shape: never taken for a comment
 Value = tuple[int | float, float | None]  # a sample's value and timestamp, as the library reads them
 
 
@@ -31,7 +32,7 @@ def by_family(selected: str) -> list[tuple[str, str]]:
     pieces: list[tuple[str, list[str]]] = [("", [])]
     family = None
     for line in selected.splitlines():
-        if line.startswith(_HEADER_PREFIXES):
+        if line.startswith(HEADER_PREFIXES):
             name = line.split(" ", 3)[2] if line.count(" ") >= 2 else ""
             if name != family:
                 if pieces[-1][1]:
@@ -97,7 +98,6 @@ def _shape(piece: str) -> tuple[str, list[Value]] | None:
     return "\n".join(heads), values
 
 
-SERIES = "\x00"  # starts a sample's series in a shape: never taken for a comment
 # Values and timestamps no series holds, given to a new shape's samples to see where the library reads them
 PROBE_VALUE, PROBE_TIMESTAMP = 9876543.0625, 4321098765432
 
@@ -128,6 +128,13 @@ def _splits_as_the_library(shape: str, parsed: tuple[Metric, ...]) -> bool:
 def _same(library: tuple[float, object], here: Value) -> bool:
     """The library read this value and timestamp as `_split` did (the same type too: 3 is not 3.0)."""
     return library[0] == here[0] and type(library[0]) is type(here[0]) and library[1] == here[1]
+
+
+def _keeps_shape(shape: tuple[str, list[Value]], parsed: tuple[Metric, ...]) -> bool:
+    """The library read this piece's values as `_split` cut them, and reads any values of its shape so."""
+    samples = [(s.value, s.timestamp) for f in parsed for s in f.samples]
+    return len(samples) == len(shape[1]) and all(map(_same, samples, shape[1])) \
+        and _splits_as_the_library(shape[0], parsed)
 
 
 def _with_values(families: tuple[Metric, ...], values: list[Value]) -> tuple[Metric, ...]:
@@ -176,12 +183,10 @@ class PieceCache:
                     self._keep(self._pieces, family, piece, parsed)
                 return parsed
         parsed = tuple(text_string_to_metric_families(piece))  # ValueError, OverflowError: nothing kept
-        samples = [(s.value, s.timestamp) for f in parsed for s in f.samples]
         with self._lock:
             self.misses += 1
             self._keep(self._pieces, family, piece, parsed)
-        if shape is not None and len(samples) == len(shape[1]) and all(map(_same, samples, shape[1])) \
-                and _splits_as_the_library(shape[0], parsed):
+        if shape is not None and _keeps_shape(shape, parsed):
             with self._lock:
                 self._keep(self._shapes, family, shape[0], parsed)
         return parsed

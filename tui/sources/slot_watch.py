@@ -65,6 +65,11 @@ def gap_s(before: SlotsReading | None, before_t: float, now: SlotsReading, now_t
     return min(MAX_GAP_S, max(MIN_GAP_S, 1.0 / fastest))
 
 
+def _tally(counters: SlotCounters) -> tuple[int, int, int]:
+    """What Pace compares between two readings: the server's run, its ends, and those read to the last."""
+    return counters.restarts, counters.ended, counters.seen_ended
+
+
 class Pace:
     """Whether requests follow each other at once on a slot: the ends read and counted to their last token in
     a row since the last other end (SlotCounters' own tally: an end between two readings, a task begun and
@@ -88,10 +93,10 @@ class Pace:
     def resume(self, counters: SlotCounters) -> None:
         """The watch runs again from the counters as they stand: what the poll counted meanwhile is not the
         watch's to judge, every end its own readings count is."""
-        self._mark = (counters.restarts, counters.ended, counters.seen_ended)
+        self._mark = _tally(counters)
 
     def note(self, counters: SlotCounters, now: SlotsReading, now_t: float) -> None:
-        mark = (counters.restarts, counters.ended, counters.seen_ended)
+        mark = _tally(counters)
         if self._mark is not None and self._mark[0] != mark[0]:
             # a new run of the server: a new tally, and its slots' states are not the old run's
             self.seen_in_a_row = 0
