@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -26,7 +27,10 @@ from widgets.gpu_panel import render_gpus
 
 GiB = 1 << 30
 MiB = 1 << 20
-ENGINE_PID, OTHER_PID = 4242, 5353
+# Above the kernel's pid_max, so no process on the machine running the tests can have them: the host's RSS
+# is read for a unified GPU's processes, and a real pid 5353 (seen in CI) gave one 1.7 GB.
+_PID_MAX = int(Path("/proc/sys/kernel/pid_max").read_text())
+ENGINE_PID, OTHER_PID = _PID_MAX + 4242, _PID_MAX + 5353
 
 
 def gb10(**changes: Any) -> FakeGpu:
