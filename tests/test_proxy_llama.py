@@ -183,13 +183,17 @@ async def test_a_stream_dropped_after_a_few_tokens_frees_the_engines_slot_within
             async with client.stream("POST", proxy.routes[0].proxy_url + "/v1/chat/completions",
                                      json=body) as reply:
                 seen = 0
-                async for line in reply.aiter_lines():
+                # The lines' iterator is held until the stream is dropped: an async generator left by `break`
+                # with nothing holding it is closed by asyncio's finalizer on the next turns of the loop, and
+                # httpcore closes the connection with it, so the client left at once (a race that, once lost,
+                # read requests_processing 0 for the whole wait below).
+                lines = reply.aiter_lines()
+                async for line in lines:
                     seen += '"content":"' in line
                     if seen >= 3:
                         break
                 assert seen >= 3, f"the engine ended the stream after {seen} tokens of 2000"
-                # Read until it shows rather than once: on a loaded CI machine the first read once gave 0
-                # mid-stream.
+                # Read until it shows rather than once: the engine counts the slot at its next metrics task.
                 async def busy() -> bool:
                     return await metric(client, llama_server.url, "llamacpp:requests_processing") == 1
 
