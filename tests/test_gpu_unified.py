@@ -16,6 +16,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import psutil
 import pynvml
 import pytest
 from fake_pynvml import FakeGpu, FakeNvml, h200
@@ -31,6 +32,8 @@ MiB = 1 << 20
 # is read for a unified GPU's processes, and a real pid 5353 (seen in CI) gave one 1.7 GB.
 _PID_MAX = int(Path("/proc/sys/kernel/pid_max").read_text())
 ENGINE_PID, OTHER_PID = _PID_MAX + 4242, _PID_MAX + 5353
+# pid_max lowered at run time leaves the processes above it alive: the premise is checked, not assumed
+assert not any(psutil.pid_exists(p) for p in (ENGINE_PID, OTHER_PID)), "a test pid names a real process"
 
 
 def gb10(**changes: Any) -> FakeGpu:
@@ -195,7 +198,6 @@ def test_a_unified_gpu_is_recorded_and_read_back() -> None:
 def test_a_unified_gpus_processes_take_their_share_from_the_host() -> None:
     """NVML gives a GB10's processes no memory: each one's share is its resident memory on the host (the
     same pages), said so; a process that cannot be read stays n/a, never 0."""
-    import psutil
 
     me = os.getpid()
     sampler = GpuSampler(FakeNvml([gb10(compute_procs=[(me, None), (OTHER_PID, None)])]))
