@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
 import shutil
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -245,48 +243,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.engine)
         if group := _group(item):
             item.add_marker(pytest.mark.xdist_group(group))
-
-
-# --- the engines first on the CPU ---------------------------------------------------------------------------
-# The engine tests are the suite's critical path (one worker, 1.4 of the 2 cores while they run); the rest,
-# on the other worker, took their share of the CPU from them at the same priority, so the two together ran
-# about as long as one after the other. The rest now runs BACKGROUND_NICE above the worker's own nice value,
-# on the cycles the engines leave; an engine test runs at the worker's own. Linux keeps a nice value per
-# thread, and every thread and process a test starts inherits the one it ran at: so a session- or
-# module-scoped fixture that starts an engine must be used only by `engine` tests (ENGINE_FIXTURES, or a
-# marked module), or the first unmarked test to ask for it would start it niced. Going back down needs the
-# right to lower a nice value (root, or RLIMIT_NICE): where the worker lacks it, nothing is niced at all.
-BACKGROUND_NICE = 10
-_BASE_NICE = os.getpriority(os.PRIO_PROCESS, 0)
-
-
-def _can_renice() -> bool:
-    """Tried on a thread of its own, whose nice value nothing else inherits: a raise that could not be undone
-    leaves the worker as it was."""
-    undone: list[bool] = []
-
-    def attempt() -> None:
-        try:
-            os.setpriority(os.PRIO_PROCESS, 0, _BASE_NICE + 1)
-            os.setpriority(os.PRIO_PROCESS, 0, _BASE_NICE)
-        except OSError:
-            return
-        undone.append(True)
-
-    thread = threading.Thread(target=attempt)
-    thread.start()
-    thread.join()
-    return bool(undone)
-
-
-_RENICE = _BASE_NICE < 19 and _can_renice()
-
-
-@pytest.hookimpl(tryfirst=True)  # before the test's fixtures: an engine they start inherits the value
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    if _RENICE:
-        engine = item.get_closest_marker("engine") is not None
-        os.setpriority(os.PRIO_PROCESS, 0, _BASE_NICE if engine else min(19, _BASE_NICE + BACKGROUND_NICE))
 
 
 @pytest.fixture(autouse=True)
