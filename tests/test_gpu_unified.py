@@ -198,7 +198,6 @@ def test_a_unified_gpu_is_recorded_and_read_back() -> None:
 def test_a_unified_gpus_processes_take_their_share_from_the_host() -> None:
     """NVML gives a GB10's processes no memory: each one's share is its resident memory on the host (the
     same pages), said so; a process that cannot be read stays n/a, never 0."""
-
     me = os.getpid()
     sampler = GpuSampler(FakeNvml([gb10(compute_procs=[(me, None), (OTHER_PID, None)])]))
     gpu = sampler.sample({"llama": {me}}).gpus[0]

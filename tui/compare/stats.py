@@ -18,11 +18,6 @@ from typing import Literal
 from tui.base.defaults import DEFAULT_CV_THRESHOLD_PCT
 from tui.base.stats import median, quantile
 
-# Dispersion across instances above this is "not reproducible". The seeds' steady arms scattered
-# 0.3-0.6% across 4-5 instances; the arm they could not trust spanned 46.7-73.4 (CV ~15%). 5% sits
-# well clear of both, and above the ~1-3% that a shared 2-core CPU adds to a steady llama-server.
-# (Defined in tui.base.defaults, so that `enginetop --help` shows it without importing statistics.)
-
 Verdict = Literal["reproducible", "not reproducible", "single instance"]
 
 
