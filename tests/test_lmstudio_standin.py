@@ -63,9 +63,12 @@ def lmstudio(llama_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         stop_group(standin.launched)
 
 
-# llama-server adds each request's milliseconds to an integer total (server_metrics' uint64_t fields), so a
-# request's share of a seconds counter is its time cut to the whole millisecond
-TRUNCATED_S = 0.001
+# A request's step in llama-server's seconds counters against its reply's own timings, measured on this
+# build (60 requests on an idle machine): generation within 0.05 ms; the prompt counter behind prompt_ms by
+# 0.53 to 2.0 ms, never ahead (2.1 ms once in a loaded CI run): it is read at another point of the first
+# token's step. Allowed: 1 ms either way for any counter, 5 ms behind for the prompt's.
+COUNTER_SLACK_S = 0.001
+PROMPT_COUNTER_BEHIND_S = 0.005
 
 
 def llama_counters(url: str) -> dict[str, float]:
@@ -166,15 +169,16 @@ def test_chat_stats_are_llama_servers_own(lmstudio: Standin, llama_server) -> No
 
     tokens = after["tokens_predicted_total"] - before["tokens_predicted_total"]
     assert usage["completion_tokens"] == tokens > 1
-    for stat, counter in (("generation_time", "tokens_predicted_seconds_total"),
-                          ("time_to_first_token", "prompt_seconds_total")):
+    for stat, counter, behind in (("generation_time", "tokens_predicted_seconds_total", 0.0),
+                                  ("time_to_first_token", "prompt_seconds_total", PROMPT_COUNTER_BEHIND_S)):
         spent = after[counter] - before[counter]
         # + the stat's rounding to LM Studio's milliseconds
-        slack = printed_error(after[counter]) + printed_error(before[counter]) + TRUNCATED_S + 0.0005
-        assert abs(stats[stat] - spent) <= slack, (stat, stats[stat], spent)
+        slack = printed_error(after[counter]) + printed_error(before[counter]) + 0.0005
+        slack += COUNTER_SLACK_S
+        assert -slack <= stats[stat] - spent <= slack + behind, (stat, stats[stat], spent)
     spent = after["tokens_predicted_seconds_total"] - before["tokens_predicted_seconds_total"]
     slack = printed_error(after["tokens_predicted_seconds_total"]) + printed_error(
-        before["tokens_predicted_seconds_total"]) + TRUNCATED_S
+        before["tokens_predicted_seconds_total"]) + COUNTER_SLACK_S
     assert spent > 0
     assert stats["tokens_per_second"] == pytest.approx((tokens - uncounted) / spent, rel=slack / spent)
 

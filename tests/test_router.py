@@ -100,7 +100,9 @@ async def test_a_router_is_one_engine_with_a_row_per_model_and_looking_loads_not
     assert statuses(router) == {"broken": "unloaded", "gemma-a": "loaded", "gemma-b": "unloaded"}
     target = EngineTarget("router", router)
     transports = Transports()
-    source = EngineSource(target, transports, interval_s=0.1)
+    # polled back to back, but given the 2 s a 1 Hz poll has: at 0.1 s the deadline would be 0.2 s, and one
+    # late answer on a loaded machine (the last of 240, seen in CI) is not what this test looks at
+    source = EngineSource(target, transports, interval_s=0.1, timeout_s=2.0)
     try:
         seen = [s for _ in range(240) for s in await source.read()]  # four minutes of 1 Hz polls, in seconds
     finally:
@@ -325,7 +327,7 @@ def gemma_a_router(tmp_path: Path):
 async def test_a_router_that_restarts_reads_down_then_its_models_again(tmp_path, llama_server):
     models, port, launched = gemma_a_router(tmp_path)
     url = f"http://127.0.0.1:{port}"
-    source = EngineSource(EngineTarget("router", url), Transports(), interval_s=0.2)
+    source = EngineSource(EngineTarget("router", url), Transports(), interval_s=0.2, timeout_s=2.0)
     try:
         [before] = await source.read()
         assert before.model == "router: 1 model, 0 loaded"
@@ -352,7 +354,7 @@ async def test_a_loading_models_progress_comes_from_the_routers_event_stream(tmp
     second, so the load is repeated (at most three times) until the stream was seen in time."""
     _, port, launched = gemma_a_router(tmp_path)
     url = f"http://127.0.0.1:{port}"
-    source = EngineSource(EngineTarget("router", url), Transports(), interval_s=0.05)
+    source = EngineSource(EngineTarget("router", url), Transports(), interval_s=0.05, timeout_s=2.0)
     seen: list[tuple[str, float | None]] = []
     try:
         await source.read()

@@ -74,7 +74,7 @@ def swap():
 
 
 async def test_llama_swap_is_seen_model_by_model_and_looking_starts_nothing(swap):
-    source = EngineSource(EngineTarget("swap", swap.url), Transports(), interval_s=0.1)
+    source = EngineSource(EngineTarget("swap", swap.url), Transports(), interval_s=0.1, timeout_s=2.0)
     seen = [s for _ in range(30) for s in await source.read()]
     last = seen[-1]
     assert last.health == "up" and last.model == "llama-swap: 3 models, 0 ready"
@@ -166,7 +166,7 @@ def swap_processes(url: str, model: str) -> int:
 
 
 async def test_a_llama_swap_that_restarts_reads_down_then_its_models_again(swap):
-    source = EngineSource(EngineTarget("swap", swap.url), Transports(), interval_s=0.2)
+    source = EngineSource(EngineTarget("swap", swap.url), Transports(), interval_s=0.2, timeout_s=2.0)
     [before] = await source.read()
     assert before.models is not None
     swap.stop()
