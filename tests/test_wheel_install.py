@@ -66,19 +66,23 @@ def fresh(tmp_path_factory: pytest.TempPathFactory) -> Fresh:
     for name in ("tui", "widgets", "profiles"):
         shutil.copytree(REPO / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
     pip = ["-m", "pip", "--disable-pip-version-check", "-q"]
+    # as a pip user's venv: no PYTHONPATH of ours, and its bytecode inside it (`make test` sets a pycache
+    # prefix in the shared cache, where a throwaway venv's 45 MB and pip's build env would pile up run
+    # after run)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONPYCACHEPREFIX")}
     built = subprocess.run([sys.executable, *pip, "wheel", "--no-deps", "-w", str(tmp / "dist"), str(source)],
-                           capture_output=True, text=True, timeout=300)
+                           capture_output=True, text=True, timeout=300, env=env)
     assert built.returncode == 0, built.stderr
     [wheel] = (tmp / "dist").glob("enginetop-*.whl")
     venv = tmp / "venv"
     base = getattr(sys, "_base_executable", sys.executable)  # the interpreter, not the project's venv
-    subprocess.run([base, "-m", "venv", str(venv)], check=True, timeout=120)
+    subprocess.run([base, "-m", "venv", str(venv)], check=True, timeout=120, env=env)
     installed = subprocess.run([str(venv / "bin" / "python"), *pip, "install", str(wheel)],
-                               capture_output=True, text=True, timeout=600)
+                               capture_output=True, text=True, timeout=600, env=env)
     assert installed.returncode == 0, installed.stderr
     cwd = tmp / "elsewhere"
     cwd.mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
     env.update(PATH=f"{venv / 'bin'}:/usr/local/bin:/usr/bin:/bin", VIRTUAL_ENV=str(venv),
                TERM="xterm-256color")
     return Fresh(venv, cwd, env)

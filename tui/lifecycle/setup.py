@@ -174,7 +174,9 @@ def setup_vllm(say: Say = print) -> None:
         stamp.touch()
     gguf = demo_model_path()  # EngineNotInstalled, saying `enginetop setup demo`, when the model is missing
     with tempfile.TemporaryDirectory(prefix="enginetop-models-") as tmp:
-        env = {"PYTHONPATH": str(_models_path(Path(tmp))), "ENGINETOP_CACHE": str(cache_dir())}
+        # no bytecode for a copy deleted right after (with PYTHONPYCACHEPREFIX set it would outlive the copy)
+        env = {"PYTHONPATH": str(_models_path(Path(tmp))), "ENGINETOP_CACHE": str(cache_dir()),
+               "PYTHONDONTWRITEBYTECODE": "1"}
         _run([str(python), "-m", "tui.engines.models", "tiny"], env)
         _run([str(python), "-m", "tui.engines.models", "gemma", "--gguf", str(gguf)], env)
     _run([sys.executable, "-m", "tui.engines.install_vllm", "--check"])
