@@ -98,13 +98,18 @@ async def test_llama_and_vllm_side_by_side_on_gemma(tmp_path):
             # long enough (~20 s here) that 1 s polls see it on a loaded machine, where vLLM's /metrics
             # can take a poll's whole timeout to answer; it is not waited for
             burst = asyncio.gather(*(chat(vllm.url, 128) for _ in range(6)))
-            await wait_for(pilot, lambda: (vllm_state.sample.reading.running or 0) >= 2, timeout=60,
+
+            def running() -> int | None:  # None for a poll that got no reading (a late /metrics)
+                reading = vllm_state.sample.reading
+                return reading.running if reading is not None else None
+
+            await wait_for(pilot, lambda: (running() or 0) >= 2, timeout=60,
                            what="vLLM running >= 2 on the dashboard")
             assert not burst.done()
             burst.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await burst
-            await wait_for(pilot, lambda: vllm_state.sample.reading.running == 0, timeout=30,
+            await wait_for(pilot, lambda: running() == 0, timeout=30,
                            what="running back to 0")
 
             await pilot.press("c")

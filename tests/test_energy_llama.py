@@ -52,7 +52,7 @@ async def test_joules_per_token_on_llama_server_is_the_package_watts_over_its_ge
     store = Store(rate_window_s=WINDOW_S)
     host = HostSampler()
     transports = Transports()
-    source = EngineSource(EngineTarget("llama", llama_server.url), transports, interval_s=0.5)
+    source = EngineSource(EngineTarget("llama", llama_server.url), transports, interval_s=0.5, timeout_s=2.0)
     pid = llama_server.launched.pid
     polled: list[tuple[float, float]] = []  # (t, the engine's own generated-token counter)
     stop = asyncio.Event()
@@ -118,7 +118,7 @@ async def test_a_forwarder_in_front_takes_none_of_the_engines_joules(
     store = Store(rate_window_s=WINDOW_S)
     host = HostSampler()
     transports = Transports()
-    sources = [EngineSource(t, transports, interval_s=0.5) for t in targets]
+    sources = [EngineSource(t, transports, interval_s=0.5, timeout_s=2.0) for t in targets]
     pids = LocalPids(targets)
     polled: list[tuple[float, float]] = []
     stop = asyncio.Event()

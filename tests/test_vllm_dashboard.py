@@ -48,8 +48,9 @@ async def test_dashboard_shows_vllm_values(vllm_server, tmp_path):
         await wait_for(pilot, lambda: state.sample and state.sample.reading, timeout=30, what="a reading")
         before = state.sample.reading.generation_tokens_total
         produced = complete(vllm_server.url, 31)
-        await wait_for(pilot, lambda: state.sample.reading.generation_tokens_total == before + produced,
-                       timeout=30, what="generation counter moved by the reported completion tokens")
+        await wait_for(pilot, lambda: state.sample.reading and  # a late /metrics reads no reading
+                       state.sample.reading.generation_tokens_total == before + produced, timeout=30,
+                       what="generation counter moved by the reported completion tokens")
         await wait_for(pilot, lambda: state.stats.ttft_p50_s is not None, timeout=30, what="TTFT quantile")
         await wait_for(pilot, lambda: re.search(r"TTFT p50/p90\s*\d+ ms", screen_text(app)), timeout=10,
                        what="the TTFT quantile drawn")
