@@ -226,8 +226,9 @@ def test_two_slots_two_clients_the_live_rate_is_the_responses_own_within_5_perce
                 stop_at = t0 + 8.0
                 await watched.until(stop_at)
                 per_s = (watch.asked - asked) / (time.monotonic() - t0)
+                relaxed = watch.pace.relaxed  # at the window's end, not after the clients stopped
                 await watched.settle(jobs)
-                return watched.counted, told.total, per_s, watch.pace.relaxed, t0 - start
+                return watched.counted, told.total, per_s, relaxed, t0 - start
             finally:
                 await watched.aclose()
 
