@@ -10,6 +10,7 @@ subtitle) is here.
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from collections.abc import Callable
@@ -38,6 +39,15 @@ class AppCore(App[None]):
 
     # the screen the widgets live on (set on mount); modal screens stack above it
     _main: Screen[object]
+
+    def run(self, *args: Any, **kwargs: Any) -> None:
+        """Textual's run, with what start-up built (modules, classes, the engines' tables, this app) frozen
+        first: it lives as long as the process, and Python's full collection walks every tracked object
+        however old, ~85 ms for the ~100,000 of a dashboard on vLLM, every ~50 s under traffic (1.7 ms of CPU
+        a second). Left out of it, the collection costs 0.4 ms a second. An object that loses its last
+        reference is still freed; only a cycle of start-up's objects that became garbage would stay."""
+        gc.freeze()
+        super().run(*args, **kwargs)
 
     def __init__(self, config: AppConfig) -> None:
         super().__init__()
