@@ -16,7 +16,11 @@ loop's thread), whose own time per function is summed by the part of the cycle i
 are of the profiled thread's busy time; cProfile's overhead inflates small calls, so read them as where the
 time goes, not as absolute figures (those are the plain run's).
 
-    .venv/bin/python bench/bench_cycle.py [--seconds 60] [--only vllm|llama|vllm-real] [--still] [--keep DIR]
+    .venv/bin/python bench/bench_cycle.py [--seconds 60] [--only vllm|llama|vllm-real] [--still] [--no-freeze]
+        [--keep DIR]
+
+`--no-freeze`: the dashboard without its freeze of what start-up built (tui.ui.core.AppCore.run), to see
+what the freeze saves: Python's full collections then walk every object the process keeps.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ SIZE = {"COLUMNS": "200", "LINES": "55"}
 GROWING = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*(?:_total|_count|_sum|_bucket))(\{[^}]*\})? (\S+)$")
 T0 = time.monotonic()
 GROW = True  # --still: the capture as it is, every poll (an idle vLLM)
+APP_FLAGS: list[str] = []  # passed on to bench/app_under_test.py (--no-freeze)
 
 
 @functools.lru_cache(maxsize=4)
@@ -144,10 +149,12 @@ def shares(profile: Path) -> tuple[dict[str, float], float, dict[str, list[tuple
 
 
 def run_app(engine: str, seconds: float, warmup: float, profile: Path | None, log: Path
-            ) -> tuple[float, float, int]:
+            ) -> tuple[float, float, int, dict[int, tuple[int, float]]]:
     """The dashboard in a 200×55 pseudo-terminal: (CPU seconds of all its threads, of its event loop's
-    thread, peak RSS)."""
-    argv = [sys.executable, str(ROOT / "bench/app_under_test.py"), "--tty", "--engine", engine]
+    thread, peak RSS, the garbage collector's collections in the window by generation: (count, CPU s))."""
+    gc_log = log.with_suffix(".gc")
+    argv = [sys.executable, str(ROOT / "bench/app_under_test.py"), "--tty", "--engine", engine, *APP_FLAGS,
+            "--gc-log", str(gc_log)]
     if profile is not None:
         argv += ["--profile", str(profile)]
     cmd = ["script", "-qfec", " ".join(argv), "/dev/null"]
@@ -177,15 +184,24 @@ def run_app(engine: str, seconds: float, warmup: float, profile: Path | None, lo
                 os.killpg(term.pid, signal.SIGTERM)
             term.wait(30)
     ran = {tid: (ns - before.get(tid, 0)) / 1e9 for tid, ns in after.items()}
-    return sum(ran.values()), ran.get(app.pid, 0.0), peak
+    collected: dict[int, tuple[int, float]] = {0: (0, 0.0), 1: (0, 0.0), 2: (0, 0.0)}
+    for line in gc_log.read_text().splitlines() if gc_log.exists() else ():
+        t, generation, cpu = line.split()
+        if t0 <= float(t) <= t0 + seconds:
+            n, spent = collected[int(generation)]
+            collected[int(generation)] = (n + 1, spent + float(cpu))
+    return sum(ran.values()), ran.get(app.pid, 0.0), peak, collected
 
 
 def report(label: str, engine: str, seconds: float, warmup: float, work: Path, functions: int) -> None:
-    cpu, loop, rss = run_app(engine, seconds, warmup, None, work / f"{label}.log")
+    cpu, loop, rss, collected = run_app(engine, seconds, warmup, None, work / f"{label}.log")
     print(f"\n== {label}: {engine.split('=', 1)[1]}")
     print(f"  plain: {100 * cpu / seconds:.2f} % of a core ({1000 * cpu / seconds:.1f} ms of CPU a second, "
           f"every thread; {1000 * loop / seconds:.1f} ms the event loop's), peak RSS {rss / 2**20:.0f} MiB, "
           f"over {seconds:.0f} s after {warmup:.0f} s")
+    print("  garbage collections in it (their own CPU): " + ", ".join(
+        f"generation {g}: {n} ({1000 * spent / seconds:.2f} ms a second)"
+        for g, (n, spent) in collected.items()))
     prof = work / f"{label}.prof"
     run_app(engine, seconds, warmup, prof, work / f"{label}-profiled.log")
     parts, total, top = shares(prof)
@@ -205,9 +221,13 @@ def main() -> None:
     ap.add_argument("--keep", type=Path, default=None,
                     help="keep the profiles and the terminals' logs in this folder (pstats files)")
     ap.add_argument("--still", action="store_true", help="vLLM's counters do not move (an idle engine)")
+    ap.add_argument("--no-freeze", action="store_true",
+                    help="the dashboard without its freeze of what start-up built (what the freeze saves)")
     args = ap.parse_args()
     global GROW
     GROW = not args.still
+    if args.no_freeze:
+        APP_FLAGS.append("--no-freeze")
     only = args.only or ["vllm", "llama"]
     with tempfile.TemporaryDirectory() as tmp:
         work = args.keep or Path(tmp)

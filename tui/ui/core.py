@@ -40,15 +40,6 @@ class AppCore(App[None]):
     # the screen the widgets live on (set on mount); modal screens stack above it
     _main: Screen[object]
 
-    def run(self, *args: Any, **kwargs: Any) -> None:
-        """Textual's run, with what start-up built (modules, classes, the engines' tables, this app) frozen
-        first: it lives as long as the process, and Python's full collection walks every tracked object
-        however old, ~85 ms for the ~100,000 of a dashboard on vLLM, every ~50 s under traffic (1.7 ms of CPU
-        a second). Left out of it, the collection costs 0.4 ms a second. An object that loses its last
-        reference is still freed; only a cycle of start-up's objects that became garbage would stay."""
-        gc.freeze()
-        super().run(*args, **kwargs)
-
     def __init__(self, config: AppConfig) -> None:
         super().__init__()
         self.config = config
@@ -84,6 +75,17 @@ class AppCore(App[None]):
                                    probe_every_s=config.probe_every_managed_s))
         for slot in self.slots:
             self.store.engine(slot.target.name, slot.target.url)
+
+    def run(self, *args: Any, **kwargs: Any) -> None:
+        """Textual's run, with what start-up built (modules, classes, the engines' tables, this app) frozen
+        first: it lives as long as the process, and Python's full collection walks every tracked object
+        however old, 60-85 ms for the ~100,000 of a dashboard on vLLM, about once a minute under traffic;
+        left out of it, 18 ms (bench/bench_cycle.py against its --no-freeze). Start-up's garbage is collected
+        first (discovery's refused connects leave cycles), since a frozen cycle is never collected; what is
+        frozen is still freed when its last reference goes."""
+        gc.collect()
+        gc.freeze()
+        return super().run(*args, **kwargs)
 
     def _engine_pids(self) -> dict[str, int | str]:
         """In the machine source's thread: the watched engines found by port, and the ones we launched."""
