@@ -57,4 +57,3 @@ def test_a_proxy_brings_its_server_when_asked() -> None:
         "listen = parse_listen('127.0.0.1:9', allow_remote=False)\n"
         "build_sources(RunOptions(watched=[t], proxy=ProxyOptions(listens={'e': listen})))")
     assert {"aiohttp", "tui.proxy.server"} <= imported
-
