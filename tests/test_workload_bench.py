@@ -182,6 +182,12 @@ def test_an_engine_that_dies_mid_run_ends_its_part_and_the_other_goes_on(tmp_pat
     assert len(lives.get("workers") or [None]) == int(workers)
 
 
+def ctrl_c_as_from_a_terminal() -> None:
+    """The bench as a terminal starts it, Ctrl-C's default action on: a suite started in the background
+    (`make test &`, `nohup`) ignores SIGINT, and so would every process it starts."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("workers", ["1", "2"])
 def test_ctrl_c_keeps_what_was_measured_and_writes_it(tmp_path, workers):
     workload = tmp_path / "w.jsonl"
@@ -191,7 +197,8 @@ def test_ctrl_c_keeps_what_was_measured_and_writes_it(tmp_path, workers):
     with SSEServer() as engine:
         run = subprocess.Popen([sys.executable, "-m", "tui", "bench", f"vllm-custom:{workload}", "--engine",
                                 f"e={engine.url}", "--rate", "10", "--workers", workers, "-o", str(out)],
-                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=ctrl_c_as_from_a_terminal)
         until(lambda: sum(1 for r in engine.requests if r.body) >= 10, "ten requests sent", timeout=30)
         children = psutil.Process(run.pid).children(recursive=True)  # the workers, if any
         assert len(children) >= int(workers) - 1
