@@ -212,15 +212,10 @@ ENGINE_FIXTURES = {"llama_server", "vllm_server", "llama_container"}
 
 # --- groups for parallel runs (pytest-xdist, --dist loadgroup: see pyproject.toml) -------------------------
 # Tests in one xdist group run one after the other on one worker. Every test marked `engine` is in one group:
-# two engines generating at once on 2 cores run each other down (bench/bench_engines_at_once.py: two demo
-# llama-servers of 2 threads, 1-12 tok/s each at once against 32-35 alone), the vLLM tests share the
-# session's vLLM, and the bundled demo profiles share their fixed port. Engine tests that only start and
-# stop small engines were tried on the other worker: no faster (fresh clone, 18 min 35 s against 18 min 14 s;
-# again warm, 47 of them as a second group: 15 min 18 s against 15 min 14 s, and a router probe timed out
-# beside demo_both; again on 2026-12-07, 25 modules of light engine tests as a second group: stopped after
-# 14.5 min with 116 tests done and 4 failed, where one group runs all 1,189 in 18.8 min). Measured per test
-# from /proc/stat, the engine tests alone keep 1.4 of the 2 cores busy (740 s, 1,010 CPU s) and the rest 0.5
-# (400 s, 209 CPU s): together they fill the machine either way.
+# two engines generating at once on 2 cores run each other down (bench/bench_engines_at_once.py), the vLLM
+# tests share the session's vLLM, and the bundled demo profiles share their fixed port. Moving engine tests to
+# the other worker, which is done after ~7 of the ~15 minutes, was tried four times and never made the suite
+# shorter (README, Tests: the tries, their figures, and why: most of the engine tests' CPU is the engines').
 # Other tests that share a module-scoped fixture (a Prometheus over the synthetic fleet, a recording) share
 # a worker, so it is built once.
 ENGINE_GROUP = "engines"  # a test that must not run beside an engine may join it (xdist_group)

@@ -182,9 +182,10 @@ def test_an_engine_that_dies_mid_run_ends_its_part_and_the_other_goes_on(tmp_pat
     assert len(lives.get("workers") or [None]) == int(workers)
 
 
-def ctrl_c_as_from_a_terminal() -> None:
-    """The bench as a terminal starts it, Ctrl-C's default action on: a suite started in the background
-    (`make test &`, `nohup`) ignores SIGINT, and so would every process it starts."""
+def sigint_default() -> None:
+    """The bench with SIGINT's default action, whatever the suite inherited: started with `&` where job
+    control is off (a script, `sh -c 'make test &'`), the suite and every process it starts ignore SIGINT,
+    and Python then leaves it ignored (as it should: so a shell keeps Ctrl-C from its background jobs)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
@@ -198,7 +199,7 @@ def test_ctrl_c_keeps_what_was_measured_and_writes_it(tmp_path, workers):
         run = subprocess.Popen([sys.executable, "-m", "tui", "bench", f"vllm-custom:{workload}", "--engine",
                                 f"e={engine.url}", "--rate", "10", "--workers", workers, "-o", str(out)],
                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               preexec_fn=ctrl_c_as_from_a_terminal)
+                               preexec_fn=sigint_default)
         until(lambda: sum(1 for r in engine.requests if r.body) >= 10, "ten requests sent", timeout=30)
         children = psutil.Process(run.pid).children(recursive=True)  # the workers, if any
         assert len(children) >= int(workers) - 1
