@@ -90,7 +90,7 @@ async def test_llama_and_vllm_side_by_side_on_gemma(tmp_path):
             assert engines[0].stats.ttft_p50_s is None  # llama.cpp has no histogram: n/a, not 0
             # the columns as of the stats just read: the last 0.5 s redraw may predate the poll that set them
             # (a fresh clone once read vLLM's TTFT as not yet there, the poll that gave its first in hand)
-            app.redraw(force=True)
+            app.redraw()
             await pilot.pause()
             text = screen_text(app)
             # each column at a glance: llama.cpp's from its slots' estimate, vLLM's with its TTFT and KV pool
